@@ -1,0 +1,197 @@
+package gate
+
+// This file holds what every gate mechanism shares: sentinel errors, the
+// Options common to all of them, the Run handed to a job, outcomes, and the
+// Hooks interface. See doc.go for the package overview.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+)
+
+// Sentinel errors. Compare with errors.Is; returned errors usually wrap one of
+// these with the job or lock name.
+var (
+	// ErrSkipped means the job did not run because another run owns it: the
+	// tick is already in the ledger, or the lock is held elsewhere. Skipping is
+	// the normal outcome on every instance but one; callers usually treat it
+	// as success.
+	ErrSkipped = errors.New("gate: skipped")
+
+	// ErrHeld means the lock (advisory, lease or election) is held by another
+	// holder. It wraps ErrSkipped, so errors.Is(err, ErrSkipped) also holds.
+	ErrHeld = fmt.Errorf("%w: lock held elsewhere", ErrSkipped)
+
+	// ErrLockLost means exclusion was lost while the job was running: the
+	// session holding the advisory lock died (backend terminated, server
+	// restart, network) or the lease was taken over. The job's context was
+	// cancelled when the loss was seen.
+	ErrLockLost = errors.New("gate: lock lost while running")
+
+	// ErrClockSkew means a scheduled instant is further from database time
+	// than the configured tolerance: the instance clock (or the schedule) is
+	// off, and running would guess which tick is meant.
+	ErrClockSkew = errors.New("gate: fire time too far from database time")
+
+	// ErrInvalid is wrapped by every error about bad input (an empty name, a
+	// nil function, a meaningless duration). The message names the field.
+	ErrInvalid = errors.New("gate: invalid argument")
+)
+
+// fieldError reports bad input for one named field. It reads
+// "gate: <field>: <msg>" and unwraps to ErrInvalid.
+type fieldError struct {
+	field string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return "gate: " + e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return ErrInvalid }
+
+// invalid returns an error naming field that wraps ErrInvalid.
+func invalid(field, msg string) error { return &fieldError{field: field, msg: msg} }
+
+// checkName validates a job, lock or election name given as field.
+func checkName(field, name string) error {
+	if name == "" {
+		return invalid(field, "must not be empty")
+	}
+	return nil
+}
+
+// Options are the settings every gate mechanism shares. The zero value is
+// ready to use.
+type Options struct {
+	// Holder identifies this instance in the ledger, in lock rows and in
+	// logs. Default: "hostname:pid".
+	Holder string
+
+	// Logger receives acquired / skipped / lost / finished records.
+	// Default: a logger that discards everything.
+	Logger *slog.Logger
+
+	// Hooks observes the same events for metrics. Default: no-op.
+	Hooks Hooks
+}
+
+// withDefaults fills unset fields. It never fails: a Holder can always be
+// derived.
+func (o Options) withDefaults() Options {
+	if o.Holder == "" {
+		o.Holder = defaultHolder()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Hooks == nil {
+		o.Hooks = noHooks{}
+	}
+	return o
+}
+
+// defaultHolder is "hostname:pid", or "pid:<pid>" when the host name is
+// unavailable.
+func defaultHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "pid"
+	}
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// Run describes one execution granted by a gate. It is passed to the job.
+type Run struct {
+	// Name is the job, lock or election name.
+	Name string
+	// FireAt is the scheduled instant (truncated to microseconds) for ledger
+	// runs; zero for runs that are not ticks.
+	FireAt time.Time
+	// Holder is the identity this run was recorded under.
+	Holder string
+	// Fence is a fencing token from pgclaim_fence_seq: strictly greater than
+	// the token of every earlier grant. Pass it to the systems the job writes
+	// to so they can reject a stale holder. Zero when the mechanism issues
+	// no token (bare advisory exclusion).
+	Fence int64
+}
+
+// Func is the job a gate runs. ctx is cancelled when the run must stop: the
+// caller's context ended, or exclusion was lost (then the run reports
+// ErrLockLost).
+type Func func(ctx context.Context, run Run) error
+
+// Outcome is how a run ended, as stored in pgclaim_ticks.outcome.
+type Outcome string
+
+// Outcomes of a run.
+const (
+	OutcomeSucceeded Outcome = "succeeded" // the job returned nil
+	OutcomeFailed    Outcome = "failed"    // the job returned an error
+	OutcomeLost      Outcome = "lost"      // exclusion was lost while running
+	OutcomeAbandoned Outcome = "abandoned" // the caller's context ended, or the job panicked
+)
+
+// EventKind says what an Event reports.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventAcquired: the tick or lock was won; the job is about to run.
+	EventAcquired EventKind = iota + 1
+	// EventSkipped: another run owns the tick or lock; the job did not run.
+	EventSkipped
+	// EventLost: exclusion was lost while the job was running.
+	EventLost
+	// EventFinished: the job returned; Outcome, Duration and Err are set.
+	EventFinished
+)
+
+// String returns "acquired", "skipped", "lost" or "finished".
+func (k EventKind) String() string {
+	switch k {
+	case EventAcquired:
+		return "acquired"
+	case EventSkipped:
+		return "skipped"
+	case EventLost:
+		return "lost"
+	case EventFinished:
+		return "finished"
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is one observation reported to Hooks.
+type Event struct {
+	Kind   EventKind
+	Name   string    // job, lock or election name
+	FireAt time.Time // scheduled instant for ledger runs; zero otherwise
+	Holder string    // this instance's identity
+	Fence  int64     // fencing token of the run, when one was issued
+
+	// Set for EventFinished only.
+	Outcome  Outcome
+	Duration time.Duration // how long the job ran
+	Err      error         // the job's error (or ErrLockLost); nil on success
+}
+
+// Hooks receives events for metrics and tracing. Observe is called
+// synchronously on the goroutine running the gate and must not block.
+type Hooks interface {
+	Observe(Event)
+}
+
+// HooksFunc adapts a function to Hooks.
+type HooksFunc func(Event)
+
+// Observe calls f(e).
+func (f HooksFunc) Observe(e Event) { f(e) }
+
+type noHooks struct{}
+
+func (noHooks) Observe(Event) {}
