@@ -149,9 +149,12 @@ const (
 	EventLost
 	// EventFinished: the job returned; Outcome, Duration and Err are set.
 	EventFinished
+	// EventReleased: a lease or a leadership was given up by its holder
+	// (Release, Resign); Duration is how long it was held.
+	EventReleased
 )
 
-// String returns "acquired", "skipped", "lost" or "finished".
+// String returns "acquired", "skipped", "lost", "finished" or "released".
 func (k EventKind) String() string {
 	switch k {
 	case EventAcquired:
@@ -162,6 +165,8 @@ func (k EventKind) String() string {
 		return "lost"
 	case EventFinished:
 		return "finished"
+	case EventReleased:
+		return "released"
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
