@@ -38,6 +38,9 @@ var (
 	// off, and running would guess which tick is meant.
 	ErrClockSkew = errors.New("gate: fire time too far from database time")
 
+	// ErrClosed means the gate (or lock, or elector) was closed.
+	ErrClosed = errors.New("gate: closed")
+
 	// ErrInvalid is wrapped by every error about bad input (an empty name, a
 	// nil function, a meaningless duration). The message names the field.
 	ErrInvalid = errors.New("gate: invalid argument")
@@ -115,8 +118,7 @@ type Run struct {
 	Holder string
 	// Fence is a fencing token from pgclaim_fence_seq: strictly greater than
 	// the token of every earlier grant. Pass it to the systems the job writes
-	// to so they can reject a stale holder. Zero when the mechanism issues
-	// no token (bare advisory exclusion).
+	// to so they can reject a stale holder.
 	Fence int64
 }
 
@@ -185,8 +187,9 @@ type Event struct {
 	Err      error         // the job's error (or ErrLockLost); nil on success
 }
 
-// Hooks receives events for metrics and tracing. Observe is called
-// synchronously on the goroutine running the gate and must not block.
+// Hooks receives events for metrics and tracing. Observe may be called from
+// several goroutines at once (EventLost comes from the goroutine watching the
+// connection) and must not block.
 type Hooks interface {
 	Observe(Event)
 }
