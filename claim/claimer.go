@@ -1,0 +1,581 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is what every operation runs on: *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx all satisfy it, as does the DBTX interface sqlc generates for pgx.
+// Passing a pgx.Tx (see Claimer.WithTx) makes the operation part of the
+// caller's transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Options configures a Claimer.
+type Options struct {
+	// From is the state rows are claimed from (for example "PAUSED").
+	// Required.
+	From string
+	// To is the state a claimed row is in while its holder works on it
+	// (for example "PROCESSING"). Required; must differ from From.
+	To string
+	// Holder is written to Table.ClaimedBy. Default: DefaultHolder().
+	Holder string
+	// Lease, when positive, sets Table.LeaseUntil to database time plus
+	// Lease at every claim (the table must have LeaseUntil). Zero means
+	// claims carry no lease, and LeaseUntil (if configured) is set to NULL.
+	Lease time.Duration
+	// Order is an SQL ORDER BY list deciding which rows ClaimBatch takes
+	// first, for example "created_at, id". It is trusted SQL: never build
+	// it from user input. Default: the key column, ascending.
+	Order string
+	// Where is an optional SQL condition that ClaimBatch adds to its
+	// selection, for example "tenant_id = $1 AND priority > $2". It is
+	// trusted SQL: never build it from user input; pass values as
+	// parameters $1, $2, ... bound by ClaimBatch's args.
+	Where string
+	// Logger receives claim transitions and lost claims. Default: discard.
+	Logger *slog.Logger
+}
+
+// Claim is one row held by a claimer.
+type Claim[K any] struct {
+	// Key is the claimed row's key.
+	Key K
+	// Token is the fencing token stamped in Table.Fence by this claim; 0
+	// when the table has no Fence column.
+	Token int64
+	// ClaimedAt is the database time stamped in Table.ClaimedAt.
+	ClaimedAt time.Time
+	// Attempts is Table.Attempts after this claim (1 on the first claim);
+	// 0 when the table has no Attempts column.
+	Attempts int
+}
+
+// Claimer claims rows of one table from one state to another and finishes
+// them, fenced by token. It is safe for concurrent use. Every method runs on
+// the DBTX the claimer is bound to; WithTx binds a copy to a transaction.
+type Claimer[K any] struct {
+	db DBTX
+	c  *core
+}
+
+// core is the immutable part shared by a Claimer and its WithTx copies.
+type core struct {
+	t           *table
+	from, to    string
+	holder      string
+	lease       time.Duration
+	whereParams int
+	log         *slog.Logger
+	perRowFence bool
+
+	sqlClaim, sqlBatch, sqlBatchPerRow               string
+	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
+	sqlHeartbeat, sqlHeld                            string
+	claimArgs                                        []any // SET arguments shared by Claim and ClaimBatch
+}
+
+// DefaultHolder returns the default instance identity, "hostname:pid".
+func DefaultHolder() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "unknown"
+	}
+	return h + ":" + strconv.Itoa(os.Getpid())
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// New returns a claimer for rows of tbl moving from opts.From to opts.To,
+// running on db. It validates tbl and opts and returns an error naming the
+// first bad field; it does not contact the database (see Verify).
+//
+// K is the Go type of the key column: int64, string, [16]byte,
+// pgtype.UUID, uuid.UUID or any other type pgx maps to it.
+func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
+	if db == nil {
+		return nil, invalid("db", "must not be nil")
+	}
+	t, err := tbl.validate()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.From == "":
+		return nil, invalid("Options.From", "must not be empty")
+	case opts.To == "":
+		return nil, invalid("Options.To", "must not be empty")
+	case opts.From == opts.To:
+		return nil, invalid("Options.To", fmt.Sprintf("must differ from Options.From (both %q)", opts.From))
+	case opts.Lease < 0:
+		return nil, invalid("Options.Lease", "must not be negative")
+	case opts.Lease > 0 && t.leaseUntil == "":
+		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Options.Lease")
+	case opts.Lease > 0 && opts.Lease < time.Microsecond:
+		return nil, invalid("Options.Lease", "must be at least 1µs")
+	}
+	n, err := countParams(opts.Where)
+	if err != nil {
+		return nil, err
+	}
+	c := &core{
+		t:           t,
+		from:        opts.From,
+		to:          opts.To,
+		holder:      opts.Holder,
+		lease:       opts.Lease,
+		whereParams: n,
+		log:         opts.Logger,
+	}
+	if c.holder == "" {
+		c.holder = DefaultHolder()
+	}
+	if c.log == nil {
+		c.log = discard()
+	}
+	c.build(opts)
+	return &Claimer[K]{db: db, c: c}, nil
+}
+
+// countParams returns the highest $N placeholder in a trusted SQL fragment,
+// skipping quoted strings and identifiers.
+func countParams(where string) (int, error) {
+	max := 0
+	for i := 0; i < len(where); i++ {
+		switch ch := where[i]; ch {
+		case '\'', '"':
+			j := strings.IndexByte(where[i+1:], ch)
+			if j < 0 {
+				return 0, invalid("Options.Where", "unterminated quote")
+			}
+			i += j + 1
+		case '$':
+			j := i + 1
+			for j < len(where) && where[j] >= '0' && where[j] <= '9' {
+				j++
+			}
+			if j > i+1 {
+				n, err := strconv.Atoi(where[i+1 : j])
+				if err != nil || n < 1 {
+					return 0, invalid("Options.Where", fmt.Sprintf("bad placeholder %q", where[i:j]))
+				}
+				max = ints(max, n)
+			}
+			i = j - 1
+		}
+	}
+	return max, nil
+}
+
+func ints(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// micros converts d to whole microseconds for an interval parameter.
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// claimSet returns the SET list of a claim and its arguments, numbered
+// from $p.
+func (c *core) claimSet(p int, perRowFence bool) (string, []any) {
+	t := c.t
+	var b strings.Builder
+	args := []any{c.to}
+	fmt.Fprintf(&b, "%s = $%d, %s = statement_timestamp()", t.state, p, t.claimedAt)
+	p++
+	if t.claimedBy != "" {
+		fmt.Fprintf(&b, ", %s = $%d", t.claimedBy, p)
+		args = append(args, c.holder)
+		p++
+	}
+	if t.fence != "" {
+		if perRowFence {
+			fmt.Fprintf(&b, ", %s = nextval('pgclaim_fence_seq')", t.fence)
+		} else {
+			// An uncorrelated subquery is evaluated once per statement: one
+			// token for the whole batch, unique to this claim event.
+			fmt.Fprintf(&b, ", %s = (SELECT nextval('pgclaim_fence_seq'))", t.fence)
+		}
+	}
+	if t.attempts != "" {
+		fmt.Fprintf(&b, ", %s = COALESCE(pgclaim_t.%s, 0) + 1", t.attempts, t.attempts)
+	}
+	if t.leaseUntil != "" {
+		if c.lease > 0 {
+			fmt.Fprintf(&b, ", %s = statement_timestamp() + ($%d::bigint * interval '1 microsecond')", t.leaseUntil, p)
+			args = append(args, micros(c.lease))
+		} else {
+			fmt.Fprintf(&b, ", %s = NULL", t.leaseUntil)
+		}
+	}
+	return b.String(), args
+}
+
+// returning is the RETURNING list shared by Claim and ClaimBatch (after the
+// key): claimed_at, token, attempts.
+func (c *core) returning() string {
+	t := c.t
+	s := "pgclaim_t." + t.claimedAt
+	if t.fence != "" {
+		s += ", pgclaim_t." + t.fence
+	} else {
+		s += ", 0::bigint"
+	}
+	if t.attempts != "" {
+		s += ", pgclaim_t." + t.attempts + "::bigint"
+	} else {
+		s += ", 0::bigint"
+	}
+	return s
+}
+
+func (c *core) build(opts Options) {
+	t := c.t
+	set, args := c.claimSet(3, true)
+	c.claimArgs = args
+	c.sqlClaim = fmt.Sprintf(
+		"UPDATE %s AS pgclaim_t SET %s WHERE pgclaim_t.%s = $1 AND pgclaim_t.%s = $2 RETURNING %s",
+		t.qname, set, t.key, t.state, c.returning())
+
+	order := t.key
+	if strings.TrimSpace(opts.Order) != "" {
+		order = opts.Order
+	}
+	where := ""
+	if strings.TrimSpace(opts.Where) != "" {
+		where = " AND (" + opts.Where + ")"
+	}
+	k := c.whereParams
+	batch := func(perRow bool) string {
+		set, _ := c.claimSet(k+3, perRow)
+		return fmt.Sprintf(`WITH pgclaim_c AS (
+  SELECT %[2]s FROM %[1]s WHERE %[3]s = $%[4]d%[5]s ORDER BY %[6]s LIMIT $%[7]d FOR UPDATE SKIP LOCKED
+)
+UPDATE %[1]s AS pgclaim_t SET %[8]s
+FROM pgclaim_c WHERE pgclaim_t.%[2]s = pgclaim_c.%[2]s AND pgclaim_t.%[3]s = $%[4]d
+RETURNING pgclaim_t.%[2]s, %[9]s`,
+			t.qname, t.key, t.state, k+1, where, order, k+2, set, c.returning())
+	}
+	c.sqlBatch = batch(false)
+	c.sqlBatchPerRow = batch(true)
+
+	if t.fence == "" {
+		return
+	}
+	c.sqlFinish = fmt.Sprintf(
+		"UPDATE %s SET %s = $1 WHERE %s = $2 AND %s = $3 AND %s = $4",
+		t.qname, t.state, t.key, t.state, t.fence)
+	// The first CTE is never executed: it only lets the server infer the
+	// type of $1 (an array of the key column's type) before unnest uses it.
+	typing := fmt.Sprintf("WITH pgclaim_typing AS (SELECT FROM %s WHERE %s = ANY($1))", t.qname, t.key)
+	c.sqlFinishBatch = fmt.Sprintf(`%[1]s
+UPDATE %[2]s AS pgclaim_t SET %[4]s = $3
+FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+WHERE pgclaim_t.%[3]s = pgclaim_in.k AND pgclaim_t.%[4]s = $4 AND pgclaim_t.%[5]s = pgclaim_in.tok
+RETURNING pgclaim_in.n`, typing, t.qname, t.key, t.state, t.fence)
+	release := fmt.Sprintf("%s = $1", t.state)
+	if t.attempts != "" {
+		release += fmt.Sprintf(", %[1]s = GREATEST(COALESCE(%[1]s, 1) - 1, 0)", t.attempts)
+	}
+	c.sqlRelease = fmt.Sprintf(
+		"UPDATE %s SET %s WHERE %s = $2 AND %s = $3 AND %s = $4",
+		t.qname, release, t.key, t.state, t.fence)
+	if t.leaseUntil == "" {
+		return
+	}
+	c.sqlExtend = fmt.Sprintf(
+		"UPDATE %s SET %s = statement_timestamp() + ($1::bigint * interval '1 microsecond') WHERE %s = $2 AND %s = $3 AND %s = $4 RETURNING %s",
+		t.qname, t.leaseUntil, t.key, t.state, t.fence, t.leaseUntil)
+	// Heartbeat: extend many claims at once, skipping rows locked by
+	// another transaction (typically the worker's own work transaction
+	// touching the row) instead of waiting for it.
+	c.sqlHeartbeat = fmt.Sprintf(`%[1]s,
+pgclaim_l AS (
+  SELECT pgclaim_in.n, pgclaim_t.%[3]s AS k
+  FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+  JOIN %[2]s AS pgclaim_t ON pgclaim_t.%[3]s = pgclaim_in.k
+  WHERE pgclaim_t.%[4]s = $3 AND pgclaim_t.%[5]s = pgclaim_in.tok
+  FOR UPDATE OF pgclaim_t SKIP LOCKED
+)
+UPDATE %[2]s AS pgclaim_t SET %[6]s = statement_timestamp() + ($4::bigint * interval '1 microsecond')
+FROM pgclaim_l WHERE pgclaim_t.%[3]s = pgclaim_l.k AND pgclaim_t.%[4]s = $3
+RETURNING pgclaim_l.n`, typing, t.qname, t.key, t.state, t.fence, t.leaseUntil)
+	c.sqlHeld = fmt.Sprintf(`%[1]s
+SELECT pgclaim_in.n
+FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+JOIN %[2]s AS pgclaim_t ON pgclaim_t.%[3]s = pgclaim_in.k
+WHERE pgclaim_t.%[4]s = $3 AND pgclaim_t.%[5]s = pgclaim_in.tok`, typing, t.qname, t.key, t.state, t.fence)
+}
+
+// WithTx returns a copy of the claimer that runs on db, typically the
+// caller's pgx.Tx, so that a claim or finish commits or rolls back with the
+// caller's own writes.
+func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
+	return &Claimer[K]{db: db, c: c.c}
+}
+
+// Verify checks that the table exists with the configured columns, each of
+// a usable type (State text, varchar, char or an enum; ClaimedAt and
+// LeaseUntil timestamptz; Fence bigint; Attempts an integer; ClaimedBy
+// text), that Key has a unique index of its own, and that pgclaim's fencing
+// sequence exists when Fence is set. The error names every field that is
+// wrong and matches ErrInvalid.
+func (c *Claimer[K]) Verify(ctx context.Context) error {
+	return c.c.t.verify(ctx, c.db)
+}
+
+// Claim moves the row with the given key from From to To if it is in From,
+// stamping claimed_at (database time), claimed_by, a fresh fencing token
+// and attempts+1. It returns ErrNotClaimed when the row was not in From
+// (another holder won, or there is no such row).
+func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
+	args := make([]any, 0, 2+len(c.c.claimArgs))
+	args = append(args, key, c.c.from)
+	args = append(args, c.c.claimArgs...)
+	cl := Claim[K]{Key: key}
+	var attempts int64
+	err := c.db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claim[K]{}, ErrNotClaimed
+	}
+	if err != nil {
+		return Claim[K]{}, fmt.Errorf("claim: Claim: %w", err)
+	}
+	cl.Attempts = int(attempts)
+	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed",
+		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("token", cl.Token))
+	return cl, nil
+}
+
+// ClaimBatch claims up to n rows in From in one statement, picking them in
+// Options.Order and skipping rows locked by other transactions (FOR UPDATE
+// SKIP LOCKED), so concurrent claimers never receive the same row and never
+// wait for each other. args bind the placeholders of Options.Where. All rows
+// of one batch share one fencing token, fresh for this claim. The returned
+// claims are in no particular order; an empty slice means nothing was
+// claimable.
+func (c *Claimer[K]) ClaimBatch(ctx context.Context, n int, args ...any) ([]Claim[K], error) {
+	return c.claimBatch(ctx, n, args)
+}
+
+func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Claim[K], error) {
+	if n <= 0 {
+		return nil, invalid("ClaimBatch: n", "must be positive")
+	}
+	if len(where) != c.c.whereParams {
+		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
+	}
+	args := make([]any, 0, len(where)+2+len(c.c.claimArgs))
+	args = append(args, where...)
+	args = append(args, c.c.from, n)
+	args = append(args, c.c.claimArgs...)
+	q := c.c.sqlBatch
+	if c.c.perRowFence {
+		q = c.c.sqlBatchPerRow
+	}
+	rows, err := c.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
+	}
+	out := make([]Claim[K], 0, n)
+	for rows.Next() {
+		var cl Claim[K]
+		var attempts int64
+		if err := rows.Scan(&cl.Key, &cl.ClaimedAt, &cl.Token, &attempts); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
+		}
+		cl.Attempts = int(attempts)
+		out = append(out, cl)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
+	}
+	if len(out) > 0 {
+		c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed batch",
+			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("token", out[0].Token))
+	}
+	return out, nil
+}
+
+func (c *Claimer[K]) checkState(op, state string) error {
+	if state == "" {
+		return invalid(op+": state", "must not be empty")
+	}
+	if state == c.c.to {
+		return invalid(op+": state", fmt.Sprintf("must differ from Options.To (%q)", state))
+	}
+	return c.c.t.needs("Table.Fence", c.c.t.fence, op)
+}
+
+func (c *Claimer[K]) lost(ctx context.Context, op string, cl Claim[K]) {
+	c.c.log.LogAttrs(ctx, slog.LevelWarn, "claim: claim lost",
+		slog.String("op", op), slog.String("table", c.c.t.qname),
+		slog.Any("key", cl.Key), slog.Int64("token", cl.Token))
+}
+
+// Finish moves the claimed row from To to state, only if it is still in To
+// with this claim's token. Otherwise it returns ErrLost and changes nothing.
+// It needs Table.Fence; state must not be empty or equal To.
+func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) error {
+	if err := c.checkState("Finish", state); err != nil {
+		return err
+	}
+	tag, err := c.db.Exec(ctx, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
+	if err != nil {
+		return fmt.Errorf("claim: Finish: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		c.lost(ctx, "Finish", cl)
+		return ErrLost
+	}
+	return nil
+}
+
+// FinishBatch finishes many claims in one statement, like Finish for each:
+// done holds the claims whose rows moved to state, lost the ones no longer
+// held (each also logged). err reports only failures of the statement
+// itself. Inside a transaction, call it before writing the effects, and
+// write effects only for done.
+func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state string) (done, lost []Claim[K], err error) {
+	if err := c.checkState("FinishBatch", state); err != nil {
+		return nil, nil, err
+	}
+	if len(cls) == 0 {
+		return nil, nil, nil
+	}
+	keys := make([]K, len(cls))
+	toks := make([]int64, len(cls))
+	for i, cl := range cls {
+		keys[i], toks[i] = cl.Key, cl.Token
+	}
+	ok, err := c.ordinals(ctx, c.c.sqlFinishBatch, keys, toks, state, c.c.to)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim: FinishBatch: %w", err)
+	}
+	done = make([]Claim[K], 0, len(cls))
+	for i, cl := range cls {
+		if ok[i] {
+			done = append(done, cl)
+		} else {
+			lost = append(lost, cl)
+			c.lost(ctx, "FinishBatch", cl)
+		}
+	}
+	return done, lost, nil
+}
+
+// ordinals runs a statement returning 1-based ordinals of its input arrays
+// and reports, per input, whether its ordinal came back.
+func (c *Claimer[K]) ordinals(ctx context.Context, q string, keys []K, toks []int64, args ...any) ([]bool, error) {
+	rows, err := c.db.Query(ctx, q, append([]any{keys, toks}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	ok := make([]bool, len(keys))
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if n >= 1 && int(n) <= len(ok) {
+			ok[n-1] = true
+		}
+	}
+	return ok, rows.Err()
+}
+
+// Extend sets the claimed row's lease to database time plus d, only if the
+// row is still held with this claim's token; otherwise ErrLost. It returns
+// the new lease end. It needs Table.Fence and Table.LeaseUntil.
+func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (time.Time, error) {
+	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Extend"); err != nil {
+		return time.Time{}, err
+	}
+	if err := c.c.t.needs("Table.LeaseUntil", c.c.t.leaseUntil, "Extend"); err != nil {
+		return time.Time{}, err
+	}
+	if d < time.Microsecond {
+		return time.Time{}, invalid("Extend: d", "must be positive")
+	}
+	var until time.Time
+	err := c.db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		c.lost(ctx, "Extend", cl)
+		return time.Time{}, ErrLost
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("claim: Extend: %w", err)
+	}
+	return until, nil
+}
+
+// Release gives the claimed row back: it moves from To to From, only if it
+// is still held with this claim's token; otherwise ErrLost. Attempts is
+// decremented, so a released claim does not count as an attempt. It needs
+// Table.Fence.
+func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
+	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
+		return err
+	}
+	tag, err := c.db.Exec(ctx, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token)
+	if err != nil {
+		return fmt.Errorf("claim: Release: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		c.lost(ctx, "Release", cl)
+		return ErrLost
+	}
+	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
+		slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("token", cl.Token))
+	return nil
+}
+
+// heartbeat extends the leases of many claims in one statement. It returns,
+// per claim, whether the claim is known to be lost: neither extended nor
+// still held (a row locked by another transaction is skipped, not waited
+// for, and counts as held while its token is unchanged).
+func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration) ([]bool, error) {
+	keys := make([]K, len(cls))
+	toks := make([]int64, len(cls))
+	for i, cl := range cls {
+		keys[i], toks[i] = cl.Key, cl.Token
+	}
+	ext, err := c.ordinals(ctx, c.c.sqlHeartbeat, keys, toks, c.c.to, micros(d))
+	if err != nil {
+		return nil, err
+	}
+	all := true
+	for _, ok := range ext {
+		all = all && ok
+	}
+	lost := make([]bool, len(cls))
+	if all {
+		return lost, nil
+	}
+	held, err := c.ordinals(ctx, c.c.sqlHeld, keys, toks, c.c.to)
+	if err != nil {
+		return nil, err
+	}
+	for i := range lost {
+		lost[i] = !ext[i] && !held[i]
+	}
+	return lost, nil
+}
