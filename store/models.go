@@ -16,6 +16,17 @@ type PgclaimLock struct {
 	Fence     int64
 }
 
+type PgclaimTerm struct {
+	Election   string
+	Term       int64
+	Holder     string
+	Method     string
+	StartedAt  pgtype.Timestamptz
+	LeaseUntil pgtype.Timestamptz
+	EndedAt    pgtype.Timestamptz
+	EndReason  *string
+}
+
 type PgclaimTick struct {
 	Job        string
 	FireAt     pgtype.Timestamptz

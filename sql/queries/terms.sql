@@ -1,0 +1,78 @@
+-- Leadership terms (gate.Elector). Durations are passed in microseconds; all
+-- times are the database's.
+
+-- name: ElectionLock :exec
+-- Block until the session advisory lock of an election is granted. Timeouts
+-- a role or database may configure are lifted for this statement only: a
+-- standby waits as long as the leader lives.
+WITH t AS (
+    SELECT set_config('lock_timeout', '0', true) AS a,
+           set_config('statement_timeout', '0', true) AS b
+)
+SELECT pg_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) FROM t;
+
+-- name: ElectionUnlock :one
+SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked;
+
+-- name: OpenTerm :one
+-- The open term of an election, if any.
+SELECT term, holder, method, started_at, lease_until
+FROM pgclaim_terms
+WHERE election = sqlc.arg(election)::text AND ended_at IS NULL;
+
+-- name: StartAdvisoryTerm :one
+-- Record a new term for the holder of the election's advisory lock. A term
+-- still open (its leader did not close it) is closed first, as superseded.
+WITH superseded AS (
+    UPDATE pgclaim_terms
+    SET ended_at = least(now(), lease_until), end_reason = 'superseded'
+    WHERE election = sqlc.arg(election)::text AND ended_at IS NULL
+    RETURNING term
+)
+INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
+SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'advisory', now()
+FROM (SELECT count(*) FROM superseded) AS s
+RETURNING term, started_at;
+
+-- name: StartLeaseTerm :one
+-- Win the election if no unexpired term is open: close an expired term (it
+-- ended when its lease ran out), then open a term leased until now() + ttl.
+-- The partial unique index on open terms lets one of several racing
+-- standbys win; no row returned means another one leads.
+WITH expired AS (
+    UPDATE pgclaim_terms
+    SET ended_at = lease_until, end_reason = 'expired'
+    WHERE election = sqlc.arg(election)::text AND ended_at IS NULL AND lease_until <= now()
+    RETURNING term
+)
+INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
+SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease', now(),
+       now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+FROM (SELECT count(*) FROM expired) AS e
+WHERE NOT EXISTS (
+    SELECT 1 FROM pgclaim_terms o
+    WHERE o.election = sqlc.arg(election)::text AND o.ended_at IS NULL
+      AND (o.lease_until IS NULL OR o.lease_until > now())
+)
+ON CONFLICT (election) WHERE ended_at IS NULL DO NOTHING
+RETURNING term, started_at, lease_until;
+
+-- name: RenewTerm :one
+-- Extend this term's lease, only while it is open and unexpired. No row
+-- returned: the term ended (expired, or closed by someone else).
+UPDATE pgclaim_terms
+SET lease_until = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+WHERE election = sqlc.arg(election)::text
+  AND term = sqlc.arg(term)::bigint
+  AND ended_at IS NULL
+  AND lease_until > now()
+RETURNING lease_until;
+
+-- name: EndTerm :execrows
+-- Close this term. A lease term that already ran out ended when it expired.
+UPDATE pgclaim_terms
+SET ended_at   = least(now(), lease_until),
+    end_reason = CASE WHEN lease_until <= now() THEN 'expired' ELSE sqlc.arg(reason)::text END
+WHERE election = sqlc.arg(election)::text
+  AND term = sqlc.arg(term)::bigint
+  AND ended_at IS NULL;
