@@ -6,11 +6,96 @@ package store
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type Querier interface {
+	// Lease locks (gate.Lease). Every statement stands alone: no session state,
+	// so they work through PgBouncer in transaction pooling mode. All times are
+	// the database's; durations are passed in microseconds.
+	// Take the lease on name until now() + at_most, with a fresh fencing token.
+	// An existing row is taken over only when it has expired. The WHERE of the
+	// DO UPDATE applies to the one conflicting row, so only this name can ever be
+	// taken over. No row returned: the lease is held elsewhere.
+	AcquireLease(ctx context.Context, arg AcquireLeaseParams) (AcquireLeaseRow, error)
+	// The backend pid holding a gate advisory lock, if any (for operators and
+	// tests).
+	AdvisoryHolder(ctx context.Context, arg AdvisoryHolderParams) (int32, error)
+	// Wait for the lock for at most lock_timeout (e.g. '250ms'); fails with
+	// SQLSTATE 55P03 when the wait runs out. The setting lasts for this
+	// statement only.
+	AdvisoryLockWait(ctx context.Context, arg AdvisoryLockWaitParams) (int64, error)
+	// Take the lock if free; a fencing token comes with it (0 when not locked).
+	// Keys are (class, key) int4 pairs; see gate.AdvisoryKey.
+	AdvisoryTryLock(ctx context.Context, arg AdvisoryTryLockParams) (AdvisoryTryLockRow, error)
+	AdvisoryUnlock(ctx context.Context, arg AdvisoryUnlockParams) (bool, error)
+	// Ledger-only claim in one statement: check the fire time against database
+	// time (skipped when tolerance_us is NULL, as for catch-up), then insert the
+	// tick unless it exists. fence is 0 when the tick was already claimed.
+	ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error)
+	// The combined gate in one statement: skew check, a look at the ledger (an
+	// already claimed tick skips without touching the lock), pg_try_advisory_lock
+	// on the job's key, the ledger insert, and, if the insert lost a race, the
+	// unlock. fence <> 0 means this session holds the lock and owns the tick;
+	// in every other case it holds nothing, and taken says whether the tick was
+	// claimed already (else the lock was held elsewhere).
+	ClaimTickLocked(ctx context.Context, arg ClaimTickLockedParams) (ClaimTickLockedRow, error)
+	// Database time: the only clock pgclaim compares against.
+	DBNow(ctx context.Context) (pgtype.Timestamptz, error)
+	// Leadership terms (gate.Elector). Durations are passed in microseconds; all
+	// times are the database's.
+	// Block until the session advisory lock of an election is granted. Timeouts
+	// a role or database may configure are lifted for this statement only: a
+	// standby waits as long as the leader lives.
+	ElectionLock(ctx context.Context, arg ElectionLockParams) error
+	ElectionUnlock(ctx context.Context, arg ElectionUnlockParams) (bool, error)
+	// Close this term. A lease term that already ran out ended when it expired.
+	EndTerm(ctx context.Context, arg EndTermParams) (int64, error)
+	// Push lock_until to now() + at_most, only for the holder of this fence and
+	// only while the lease has not expired. No row returned: expired or taken over.
+	ExtendLease(ctx context.Context, arg ExtendLeaseParams) (pgtype.Timestamptz, error)
+	// Record how a run ended. Only the run that claimed the tick (same fence)
+	// and only while it is still running.
+	FinishTick(ctx context.Context, arg FinishTickParams) (int64, error)
+	// FinishTick and the advisory unlock in one statement, on the session that
+	// holds the lock. unlocked is false if the session did not hold the lock.
+	FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error)
+	// The lease row of name, with whether it is held now (for operators and tests).
+	LeaseByName(ctx context.Context, name string) (LeaseByNameRow, error)
 	// A fresh fencing token: strictly increasing, never reused.
 	NextFence(ctx context.Context) (int64, error)
+	// The open term of an election, if any.
+	OpenTerm(ctx context.Context, election string) (OpenTermRow, error)
+	// Retention: delete finished ticks whose instant and start are both older
+	// than the limit. Running ticks stay (they are live, or stuck and worth
+	// seeing).
+	PruneTicks(ctx context.Context, olderThanUs int64) (int64, error)
+	// Release the lease held with this fence, keeping it until locked_at +
+	// at_least: a fast job stays locked long enough that an instance firing a
+	// little late still finds it held. 0 rows: expired or taken over before the
+	// release; a newer holder's lease is never touched.
+	ReleaseLease(ctx context.Context, arg ReleaseLeaseParams) (int64, error)
+	// Extend this term's lease, only while it is open and unexpired. No row
+	// returned: the term ended (expired, or closed by someone else).
+	RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Timestamptz, error)
+	// Prepare a connection dedicated to holding advisory locks: report the
+	// backend pid (compared with the one announced at connect to detect a
+	// pooler in between), disable idle_session_timeout (an idle lock holder must
+	// not be disconnected), and set TCP keepalives so the server notices a
+	// vanished client in about 11 s and frees its locks. Settings unknown to
+	// the server are skipped.
+	SessionSetup(ctx context.Context) (SessionSetupRow, error)
+	// Record a new term for the holder of the election's advisory lock. A term
+	// still open (its leader did not close it) is closed first, as superseded.
+	StartAdvisoryTerm(ctx context.Context, arg StartAdvisoryTermParams) (StartAdvisoryTermRow, error)
+	// Win the election if no unexpired term is open: close an expired term (it
+	// ended when its lease ran out), then open a term leased until now() + ttl.
+	// The partial unique index on open terms lets one of several racing
+	// standbys win; no row returned means another one leads.
+	StartLeaseTerm(ctx context.Context, arg StartLeaseTermParams) (StartLeaseTermRow, error)
+	// Who claimed a tick and how it ended.
+	TickOwner(ctx context.Context, arg TickOwnerParams) (TickOwnerRow, error)
 }
 
 var _ Querier = (*Queries)(nil)

@@ -1,0 +1,67 @@
+package gate
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// emit reports e to the hooks and writes one log record for it: acquired and
+// skipped at debug level, finished at info (error when the job failed), lost
+// at error.
+func (o *Options) emit(e Event) {
+	o.Hooks.Observe(e)
+	level := slog.LevelDebug
+	switch e.Kind {
+	case EventLost:
+		level = slog.LevelError
+	case EventFinished, EventReleased:
+		level = slog.LevelInfo
+		if e.Outcome != "" && e.Outcome != OutcomeSucceeded {
+			level = slog.LevelError
+		}
+	}
+	ctx := context.Background()
+	if !o.Logger.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs, slog.String("name", e.Name), slog.String("holder", e.Holder))
+	if !e.FireAt.IsZero() {
+		attrs = append(attrs, slog.Time("fire_at", e.FireAt))
+	}
+	if e.Fence != 0 {
+		attrs = append(attrs, slog.Int64("fence", e.Fence))
+	}
+	if e.Kind == EventFinished || e.Kind == EventReleased {
+		if e.Outcome != "" {
+			attrs = append(attrs, slog.String("outcome", string(e.Outcome)))
+		}
+		attrs = append(attrs, slog.Duration("duration", e.Duration))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	o.Logger.LogAttrs(ctx, level, "gate: "+e.Kind.String(), attrs...)
+}
+
+// outcomeOf classifies how a job ended. ctx is the caller's context: a job
+// that failed after it ended was abandoned rather than failed.
+func outcomeOf(ctx context.Context, err error) Outcome {
+	switch {
+	case err == nil:
+		return OutcomeSucceeded
+	case ctx.Err() != nil:
+		return OutcomeAbandoned
+	default:
+		return OutcomeFailed
+	}
+}
+
+// finished builds the EventFinished for run.
+func finished(run Run, out Outcome, d time.Duration, err error) Event {
+	return Event{
+		Kind: EventFinished, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder,
+		Fence: run.Fence, Outcome: out, Duration: d, Err: err,
+	}
+}

@@ -1,0 +1,386 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// DefaultSkewTolerance is the SkewTolerance used when Config leaves it zero.
+// A cron library fires a tick when the instance clock reaches it, so the
+// distance to database time is the instance's clock error plus its firing
+// delay: normally well under a second. A minute leaves room for a busy
+// process while still catching a clock (or time zone) that is plainly wrong.
+const DefaultSkewTolerance = time.Minute
+
+// Schedule yields the scheduled instants of a job: Next returns the first
+// instant strictly after t, or the zero time when there is none. robfig/cron
+// v3's cron.Schedule satisfies it.
+type Schedule interface {
+	Next(t time.Time) time.Time
+}
+
+// Config configures a Gate. The zero value is ready to use.
+type Config struct {
+	Options
+
+	// SkewTolerance bounds how far a fireAt given to Once may be from
+	// database time; further away, Once refuses with ErrClockSkew. Zero
+	// means DefaultSkewTolerance; negative is an error.
+	SkewTolerance time.Duration
+
+	// LockWait is how long Once and Exclusive wait for an advisory lock
+	// held by another session before skipping with ErrHeld. Zero: do not
+	// wait. Negative is an error.
+	LockWait time.Duration
+
+	// LedgerOnly makes Once record ticks without taking the advisory lock.
+	// Use it where session locks cannot live (a transaction-pooling
+	// PgBouncer), and pair it with a Lease when runs of one job must not
+	// overlap. Exclusive always takes the advisory lock.
+	LedgerOnly bool
+}
+
+// Gate runs jobs at most once per scheduled instant (the tick ledger in
+// pgclaim_ticks) and never concurrently with another run of the same job
+// (a session advisory lock held while the job runs). It is safe for
+// concurrent use. Every instance builds its own Gate on the shared database.
+type Gate struct {
+	pool      *pgxpool.Pool
+	q         *store.Queries
+	opts      Options
+	tolerance time.Duration
+	wait      time.Duration
+	ledger    bool // LedgerOnly
+	sessions  *sessions
+}
+
+// New returns a Gate using pool, which must reach a database migrated with
+// pgclaim.Migrate. The advisory lock is held on a connection taken out of
+// pool for the length of a run; up to a few such connections are kept for
+// reuse until Close.
+func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
+	if pool == nil {
+		return nil, invalid("pool", "must not be nil")
+	}
+	if cfg.SkewTolerance < 0 {
+		return nil, invalid("Config.SkewTolerance", "must not be negative")
+	}
+	if cfg.LockWait < 0 {
+		return nil, invalid("Config.LockWait", "must not be negative")
+	}
+	tol := cfg.SkewTolerance
+	if tol == 0 {
+		tol = DefaultSkewTolerance
+	}
+	return &Gate{
+		pool:      pool,
+		q:         store.New(pool),
+		opts:      cfg.Options.withDefaults(),
+		tolerance: tol,
+		wait:      cfg.LockWait,
+		ledger:    cfg.LedgerOnly,
+		sessions:  &sessions{pool: pool},
+	}, nil
+}
+
+// Holder returns the identity this gate records runs under.
+func (g *Gate) Holder() string { return g.opts.Holder }
+
+// Close closes the connections kept for reuse. Runs in progress finish
+// normally; calls after Close return ErrClosed. The pool is not closed.
+func (g *Gate) Close() {
+	g.sessions.close()
+}
+
+// Once runs fn for the tick (name, fireAt) unless some instance has claimed
+// that tick already, and returns fn's error. Every instance computes the
+// same fireAt from the shared schedule, so one INSERT … ON CONFLICT DO
+// NOTHING into pgclaim_ticks decides which one runs it, whatever the clock
+// skew between them. fireAt is truncated to microseconds, Postgres's
+// precision.
+//
+// In the same statement Once takes the job's advisory lock, so a run never
+// overlaps another run of the same job (a slow previous tick, a manual
+// Exclusive run); the lock is held on a dedicated connection that is
+// watched while fn runs. See Exclusive for what happens when it is lost.
+//
+// Once returns an error wrapping ErrSkipped when the tick was claimed
+// already, ErrHeld when another run of the job holds the lock (the tick is
+// then not recorded), ErrClockSkew when fireAt is further than
+// Config.SkewTolerance from database time, and ErrLockLost when the lock was
+// lost while fn ran. The ledger row records holder, fence, start, finish and
+// the outcome (succeeded, failed with the error text, lost, or abandoned
+// when ctx ended first or fn panicked).
+func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func) error {
+	if err := checkName("name", name); err != nil {
+		return err
+	}
+	if fireAt.IsZero() {
+		return invalid("fireAt", "must not be zero")
+	}
+	if fn == nil {
+		return invalid("fn", "must not be nil")
+	}
+	tol := g.tolerance.Microseconds()
+	return g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn)
+}
+
+// CatchUp runs the tick that was missed while no instance was up: it takes
+// the latest instant of sched within the window before database time and,
+// unless some instance has claimed that tick already, runs fn for it through
+// the ledger exactly as Once would (without the skew check, since the
+// instant is old on purpose). Earlier missed instants are not run: the
+// latest one stands for them (Kubernetes CronJob's policy with
+// startingDeadlineSeconds). Call it at start-up; several instances may call
+// it at once.
+//
+// CatchUp returns an error wrapping ErrSkipped when there is no instant in
+// the window or its tick was claimed already, and otherwise what Once
+// returns. Keep ledger retention (Prune) longer than window, or pruned ticks
+// look missed.
+func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window time.Duration, fn Func) error {
+	if err := checkName("name", name); err != nil {
+		return err
+	}
+	if sched == nil {
+		return invalid("sched", "must not be nil")
+	}
+	if window <= 0 {
+		return invalid("window", "must be positive")
+	}
+	if fn == nil {
+		return invalid("fn", "must not be nil")
+	}
+	now, err := g.q.DBNow(ctx)
+	if err != nil {
+		return fmt.Errorf("gate: catch-up %q: read database time: %w", name, err)
+	}
+	at, err := latest(sched, now.Time.Add(-window), now.Time)
+	if err != nil {
+		return fmt.Errorf("gate: catch-up %q: %w", name, err)
+	}
+	if at.IsZero() {
+		g.opts.emit(Event{Kind: EventSkipped, Name: name, Holder: g.opts.Holder})
+		return fmt.Errorf("%w: catch-up %q: no scheduled instant in the last %s", ErrSkipped, name, window)
+	}
+	return g.once(ctx, name, at.Truncate(time.Microsecond), nil, fn)
+}
+
+// maxCatchUpSteps bounds the walk over a schedule in CatchUp.
+const maxCatchUpSteps = 10_000_000
+
+// latest returns the last instant of sched in (from, to], or the zero time.
+func latest(sched Schedule, from, to time.Time) (time.Time, error) {
+	var last time.Time
+	t := from
+	for i := 0; ; i++ {
+		if i == maxCatchUpSteps {
+			return time.Time{}, fmt.Errorf("schedule has more than %d instants in the window", maxCatchUpSteps)
+		}
+		next := sched.Next(t)
+		if next.IsZero() || next.After(to) {
+			return last, nil
+		}
+		if !next.After(t) {
+			return time.Time{}, fmt.Errorf("schedule does not advance: Next(%s) = %s", t, next)
+		}
+		last, t = next, next
+	}
+}
+
+// Prune deletes finished ticks whose instant and start are both older than
+// olderThan (by database time) and returns how many it deleted. Ticks still
+// marked running are kept. olderThan must exceed every catch-up window, or
+// CatchUp would take pruned ticks for missed ones.
+func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, invalid("olderThan", "must be positive")
+	}
+	n, err := g.q.PruneTicks(ctx, olderThan.Microseconds())
+	if err != nil {
+		return 0, fmt.Errorf("gate: prune ticks: %w", err)
+	}
+	return n, nil
+}
+
+// once claims the tick (name, at) and runs fn. tol is the skew tolerance in
+// microseconds, nil for none.
+func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
+	if g.ledger {
+		return g.onceLedger(ctx, name, at, tol, fn)
+	}
+	s, err := g.sessions.get(ctx)
+	if err != nil {
+		return err
+	}
+	class, key := AdvisoryKey(name)
+	ts := pgtype.Timestamptz{Time: at, Valid: true}
+	var fence int64
+	if g.wait > 0 {
+		// Wait for the lock first, then claim the tick.
+		if _, err := s.tryLock(ctx, class, key, g.wait); err != nil {
+			if errors.Is(err, ErrHeld) {
+				g.sessions.put(s)
+				return g.skipped(name, at, ErrHeld)
+			}
+			s.close() // a failed statement may leave the lock held: drop the session
+			return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
+		}
+		row, err := s.q.ClaimTick(ctx, store.ClaimTickParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
+		if err != nil {
+			s.close()
+			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+		}
+		if !row.InTolerance || row.Fence == 0 {
+			if _, err := s.q.AdvisoryUnlock(ctx, store.AdvisoryUnlockParams{LockClass: class, LockKey: key}); err != nil {
+				s.close()
+			} else {
+				g.sessions.put(s)
+			}
+			if !row.InTolerance {
+				return g.skewed(name, at, row.DbNow.Time)
+			}
+			return g.skipped(name, at, errTaken)
+		}
+		fence = row.Fence
+	} else {
+		row, err := s.q.ClaimTickLocked(ctx, store.ClaimTickLockedParams{
+			LockClass: class, LockKey: key, ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder,
+		})
+		if err != nil {
+			s.close()
+			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+		}
+		if row.Fence == 0 {
+			g.sessions.put(s)
+			switch {
+			case !row.InTolerance:
+				return g.skewed(name, at, row.DbNow.Time)
+			case row.Taken:
+				return g.skipped(name, at, errTaken)
+			default:
+				return g.skipped(name, at, ErrHeld)
+			}
+		}
+		fence = row.Fence
+	}
+	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
+	return g.hold(ctx, s, run, fn, tickRelease{g: g, class: class, key: key})
+}
+
+// errTaken is the ErrSkipped returned for a tick claimed already.
+var errTaken = fmt.Errorf("%w: tick claimed already", ErrSkipped)
+
+// skipped reports a skip and returns why, naming the tick.
+func (g *Gate) skipped(name string, at time.Time, why error) error {
+	g.opts.emit(Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why})
+	if at.IsZero() {
+		return fmt.Errorf("%w: %q", why, name)
+	}
+	return fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
+}
+
+// skewed returns the ErrClockSkew for fireAt at, measured against dbNow.
+func (g *Gate) skewed(name string, at, dbNow time.Time) error {
+	err := fmt.Errorf("%w: %q at %s is %s from database time %s (tolerance %s)",
+		ErrClockSkew, name, at.Format(time.RFC3339Nano), at.Sub(dbNow), dbNow.Format(time.RFC3339Nano), g.tolerance)
+	g.opts.emit(Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: err})
+	return err
+}
+
+// onceLedger is Once with Config.LedgerOnly: claim through the pool, run,
+// record the outcome.
+func (g *Gate) onceLedger(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
+	ts := pgtype.Timestamptz{Time: at, Valid: true}
+	row, err := g.q.ClaimTick(ctx, store.ClaimTickParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
+	if err != nil {
+		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+	}
+	if !row.InTolerance {
+		return g.skewed(name, at, row.DbNow.Time)
+	}
+	if row.Fence == 0 {
+		return g.skipped(name, at, errTaken)
+	}
+	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
+	g.opts.emit(Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
+	start := time.Now()
+	panicked, fnErr := callJob(ctx, fn, run)
+	d := time.Since(start)
+	out := outcomeOf(ctx, fnErr)
+	if panicked != nil {
+		out, fnErr = OutcomeAbandoned, panicError(panicked)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := g.finishTick(rctx, run, out, fnErr); err != nil {
+		g.opts.Logger.Error("gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", err)
+	}
+	g.opts.emit(finished(run, out, d, fnErr))
+	if panicked != nil {
+		panic(panicked)
+	}
+	return fnErr
+}
+
+// finishTick records a run's outcome through the pool, retrying while ctx
+// allows: after a server restart the pool's first connections are dead.
+func (g *Gate) finishTick(ctx context.Context, run Run, out Outcome, jobErr error) error {
+	p := store.FinishTickParams{
+		Outcome: string(out), Error: errText(jobErr), Job: run.Name,
+		FireAt: pgtype.Timestamptz{Time: run.FireAt, Valid: true}, Fence: run.Fence,
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		_, err := g.q.FinishTick(ctx, p)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// errText is err's message for the ledger, nil for nil.
+func errText(err error) *string {
+	if err == nil {
+		return nil
+	}
+	s := err.Error()
+	return &s
+}
+
+// tickRelease ends a ledger run held under the advisory lock.
+type tickRelease struct {
+	g          *Gate
+	class, key int32
+}
+
+func (r tickRelease) release(ctx context.Context, s *session, run Run, out Outcome, jobErr error) (bool, error) {
+	row, err := s.q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
+		LockClass: r.class, LockKey: r.key, Outcome: string(out), Error: errText(jobErr),
+		Job: run.Name, FireAt: pgtype.Timestamptz{Time: run.FireAt, Valid: true}, Fence: run.Fence,
+	})
+	if err != nil {
+		return false, err
+	}
+	if row.Finished == 0 {
+		r.g.opts.Logger.Error("gate: tick was not running at finish", "name", run.Name, "fire_at", run.FireAt, "fence", run.Fence)
+	}
+	return row.Unlocked, nil
+}
+
+func (r tickRelease) record(ctx context.Context, run Run, out Outcome, jobErr error) error {
+	return r.g.finishTick(ctx, run, out, jobErr)
+}
