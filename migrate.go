@@ -106,4 +106,3 @@ func newProvider(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
 	}
 	return p, func() { _ = p.Close() }, nil
 }
-
