@@ -79,3 +79,50 @@ func count(t testing.TB, db DBTX, sql string, args ...any) int {
 	}
 	return n
 }
+
+// addAudit records every state change of jobs in table audit, one row per
+// changed row, with the transaction that made it. It uses a statement-level
+// trigger with transition tables, so it is cheap for big statements.
+func addAudit(t testing.TB, pool *pgxpool.Pool, keyType string) {
+	t.Helper()
+	mustExec(t, pool, fmt.Sprintf(`CREATE TABLE audit (id %s, old_state text, new_state text, fence bigint, txid bigint)`, keyType))
+	mustExec(t, pool, `CREATE FUNCTION audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO audit
+  SELECT n.id, o.state, n.state, n.fence, txid_current()
+  FROM new_rows n JOIN old_rows o USING (id)
+  WHERE o.state IS DISTINCT FROM n.state;
+  RETURN NULL;
+END $$`)
+	mustExec(t, pool, `CREATE TRIGGER jobs_audit AFTER UPDATE ON jobs
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION audit_fn()`)
+}
+
+// exactlyOnce fails t unless every one of n jobs has exactly one effect and
+// was claimed (moved PAUSED -> PROCESSING) exactly once.
+func exactlyOnce(t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	if got := count(t, pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`); got != n {
+		t.Errorf("%d of %d rows DONE", got, n)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM effects`); got != n {
+		t.Errorf("%d effects for %d rows", got, n)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM (SELECT job_id FROM effects GROUP BY job_id HAVING count(*) > 1) d`); got != 0 {
+		t.Errorf("%d rows with more than one effect", got)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM effects e WHERE e.job_id = j.id)`); got != 0 {
+		t.Errorf("%d rows without an effect", got)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM audit WHERE old_state = 'PAUSED' AND new_state = 'PROCESSING'`); got != n {
+		t.Errorf("%d claims for %d rows", got, n)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM (SELECT id FROM audit WHERE new_state = 'PROCESSING' GROUP BY id HAVING count(*) > 1) d`); got != 0 {
+		t.Errorf("%d rows claimed more than once", got)
+	}
+	// Each effect was written by the claim that finished the row.
+	if got := count(t, pool, `SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id WHERE e.token <> j.fence OR e.holder <> j.claimed_by`); got != 0 {
+		t.Errorf("%d effects from a holder other than the finishing one", got)
+	}
+}

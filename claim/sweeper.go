@@ -1,0 +1,275 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// SweeperConfig configures a Sweeper.
+type SweeperConfig[K any] struct {
+	// StaleAfter makes a row claimed without a lease stale once its
+	// Table.ClaimedAt is older than this (database time). Rows with a lease
+	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
+	// whatever StaleAfter says. Required unless the table has LeaseUntil,
+	// in which case zero means: sweep expired leases only.
+	StaleAfter time.Duration
+	// Failed is the state stale rows move to when no attempts remain.
+	// Required.
+	Failed string
+	// Retry, when set, is the state stale rows move to while
+	// Table.Attempts is below MaxAttempts (typically Options.From). Needs
+	// Table.Attempts and MaxAttempts.
+	Retry string
+	// MaxAttempts is the number of claims a row gets; required with Retry.
+	MaxAttempts int
+	// BatchSize is the most rows one statement moves (and locks), for
+	// example 1000. Required.
+	BatchSize int
+	// Where is an optional SQL condition narrowing the rows swept, with
+	// placeholders $1, $2, ... bound to Args. It is trusted SQL: never
+	// build it from user input.
+	Where string
+	// Args bind the placeholders of Where.
+	Args []any
+	// OnSwept, when set, is called after each batch with the rows it
+	// moved (already committed when the sweeper runs on a pool).
+	OnSwept func(ctx context.Context, swept []Swept[K])
+	// Logger receives one record per swept row. Default: the claimer's
+	// logger.
+	Logger *slog.Logger
+}
+
+// Swept is one row moved out of the processing state by a sweeper.
+type Swept[K any] struct {
+	// Key is the row's key.
+	Key K
+	// State is the state the row was moved to (Failed or Retry).
+	State string
+	// Token is the fencing token of the claim that went stale (0 without
+	// Table.Fence); that holder can no longer finish the row.
+	Token int64
+	// ClaimedBy is the holder of that claim ("" without Table.ClaimedBy).
+	ClaimedBy string
+	// ClaimedAt is when that claim was made.
+	ClaimedAt time.Time
+	// Attempts is the row's attempts count (0 without Table.Attempts).
+	Attempts int
+}
+
+// Sweeper moves rows stuck in the claimer's To state — their holder died or
+// hung — to a failed state, or back to a retry state while attempts remain.
+// Each batch is one statement that locks at most BatchSize rows with FOR
+// UPDATE SKIP LOCKED and re-checks state and staleness on the locked row,
+// so a row finished a moment ago is never overwritten and two sweepers
+// never move the same row. All times are database time.
+type Sweeper[K any] struct {
+	c     *Claimer[K]
+	cfg   SweeperConfig[K]
+	log   *slog.Logger
+	sql   string
+	args  []any
+	batch int
+}
+
+// NewSweeper returns a sweeper for rows of c's table in c's To state. It
+// runs on c's DBTX; give it a pool, so that each batch commits on its own
+// (on a transaction, every batch's locks are held until it ends). It
+// validates cfg and returns an error naming the first bad field.
+func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error) {
+	if c == nil {
+		return nil, invalid("NewSweeper: claimer", "must not be nil")
+	}
+	t := c.c.t
+	switch {
+	case cfg.Failed == "":
+		return nil, invalid("SweeperConfig.Failed", "must not be empty")
+	case cfg.Failed == c.c.to:
+		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Options.To (%q)", cfg.Failed))
+	case cfg.Retry != "" && cfg.Retry == c.c.to:
+		return nil, invalid("SweeperConfig.Retry", fmt.Sprintf("must differ from Options.To (%q)", cfg.Retry))
+	case cfg.StaleAfter < 0:
+		return nil, invalid("SweeperConfig.StaleAfter", "must not be negative")
+	case cfg.StaleAfter == 0 && t.leaseUntil == "":
+		return nil, invalid("SweeperConfig.StaleAfter", "must be positive (the table has no LeaseUntil column)")
+	case cfg.StaleAfter > 0 && cfg.StaleAfter < time.Microsecond:
+		return nil, invalid("SweeperConfig.StaleAfter", "must be at least 1µs")
+	case cfg.BatchSize <= 0:
+		return nil, invalid("SweeperConfig.BatchSize", "must be positive")
+	case cfg.MaxAttempts < 0:
+		return nil, invalid("SweeperConfig.MaxAttempts", "must not be negative")
+	case cfg.Retry != "" && cfg.MaxAttempts == 0:
+		return nil, invalid("SweeperConfig.MaxAttempts", "must be positive when Retry is set")
+	case cfg.Retry == "" && cfg.MaxAttempts > 0:
+		return nil, invalid("SweeperConfig.Retry", "must be set when MaxAttempts is")
+	case cfg.Retry != "" && t.attempts == "":
+		return nil, t.needs("Table.Attempts", t.attempts, "SweeperConfig.Retry")
+	}
+	n, err := countParams(cfg.Where)
+	if err != nil {
+		return nil, invalid("SweeperConfig.Where", strings.TrimPrefix(err.Error(), "claim: Options.Where: "))
+	}
+	if n != len(cfg.Args) {
+		return nil, invalid("SweeperConfig.Args", fmt.Sprintf("Where uses %d parameters, got %d", n, len(cfg.Args)))
+	}
+	s := &Sweeper[K]{c: c, cfg: cfg, log: cfg.Logger, batch: cfg.BatchSize}
+	if s.log == nil {
+		s.log = c.c.log
+	}
+	s.build(n)
+	return s, nil
+}
+
+func (s *Sweeper[K]) build(k int) {
+	t := s.c.c.t
+	cfg := s.cfg
+	args := append([]any{}, cfg.Args...)
+	p := k + 1
+	param := func(v any) string {
+		args = append(args, v)
+		p++
+		return fmt.Sprintf("$%d", p-1)
+	}
+	processing := param(s.c.c.to)
+	limit := param(s.batch)
+	var staleAfter string
+	if cfg.StaleAfter > 0 {
+		staleAfter = param(micros(cfg.StaleAfter))
+	}
+	// stale is the staleness condition on the row named by prefix.
+	stale := func(prefix string) string {
+		old := fmt.Sprintf("%s%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')", prefix, t.claimedAt, staleAfter)
+		switch {
+		case t.leaseUntil == "":
+			return old
+		case staleAfter == "":
+			return fmt.Sprintf("%s%s < statement_timestamp()", prefix, t.leaseUntil)
+		default:
+			return fmt.Sprintf("(%[1]s%[2]s < statement_timestamp() OR (%[1]s%[2]s IS NULL AND %[3]s))", prefix, t.leaseUntil, old)
+		}
+	}
+	with := "WITH "
+	newState := param(cfg.Failed)
+	if cfg.Retry != "" {
+		failed := newState
+		retry := param(cfg.Retry)
+		maxAttempts := param(cfg.MaxAttempts)
+		// Never executed: it types the state parameters as the state
+		// column's type (which may be an enum) before CASE uses them.
+		with += fmt.Sprintf("pgclaim_typing AS (SELECT FROM %s WHERE %s IN (%s, %s)),\n", t.qname, t.state, failed, retry)
+		newState = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN %s ELSE %s END", t.attempts, maxAttempts, retry, failed)
+	}
+	where := ""
+	if strings.TrimSpace(cfg.Where) != "" {
+		where = " AND (" + cfg.Where + ")"
+	}
+	ret := "pgclaim_t." + t.key + ", pgclaim_t." + t.state + "::text"
+	for _, col := range []struct{ name, zero string }{
+		{t.fence, "0::bigint"}, {t.claimedBy, "''::text"}, {t.claimedAt, ""}, {t.attempts, "0::bigint"},
+	} {
+		switch {
+		case col.name == "":
+			ret += ", " + col.zero
+		case col.name == t.attempts:
+			ret += ", pgclaim_t." + col.name + "::bigint"
+		case col.name == t.claimedBy:
+			ret += ", COALESCE(pgclaim_t." + col.name + "::text, '')"
+		default:
+			ret += ", pgclaim_t." + col.name
+		}
+	}
+	s.sql = fmt.Sprintf(`%[1]spgclaim_c AS (
+  SELECT %[3]s FROM %[2]s
+  WHERE %[4]s = %[5]s AND %[6]s%[7]s
+  ORDER BY %[8]s
+  LIMIT %[9]s
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE %[2]s AS pgclaim_t SET %[4]s = %[10]s
+FROM pgclaim_c
+WHERE pgclaim_t.%[3]s = pgclaim_c.%[3]s AND pgclaim_t.%[4]s = %[5]s AND %[11]s
+RETURNING %[12]s`,
+		with, t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
+		newState, stale("pgclaim_t."), ret)
+	s.args = args
+}
+
+// Sweep moves every stale row, batch by batch, until a batch comes back
+// short, and returns the rows it moved (also passed to OnSwept and logged
+// one record each). On error it returns the rows moved so far. Run it at
+// start-up in every instance, and periodically (see Run).
+func (s *Sweeper[K]) Sweep(ctx context.Context) ([]Swept[K], error) {
+	var all []Swept[K]
+	for {
+		batch, err := s.sweepBatch(ctx)
+		if err != nil {
+			return all, err
+		}
+		all = append(all, batch...)
+		if len(batch) < s.batch {
+			return all, nil
+		}
+	}
+}
+
+func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
+	rows, err := s.c.db.Query(ctx, s.sql, s.args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim: Sweep: %w", err)
+	}
+	var out []Swept[K]
+	for rows.Next() {
+		var sw Swept[K]
+		var attempts int64
+		var token *int64
+		var claimedAt *time.Time
+		if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("claim: Sweep: %w", err)
+		}
+		if token != nil {
+			sw.Token = *token
+		}
+		if claimedAt != nil {
+			sw.ClaimedAt = *claimedAt
+		}
+		sw.Attempts = int(attempts)
+		out = append(out, sw)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim: Sweep: %w", err)
+	}
+	for _, sw := range out {
+		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
+			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
+			slog.Int64("token", sw.Token), slog.String("claimed_by", sw.ClaimedBy),
+			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts))
+	}
+	if len(out) > 0 && s.cfg.OnSwept != nil {
+		s.cfg.OnSwept(ctx, out)
+	}
+	return out, nil
+}
+
+// Run sweeps at once and then every interval until ctx is cancelled, when
+// it returns nil. Failed sweeps are logged and retried at the next tick.
+func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
+	if every <= 0 {
+		return invalid("Sweeper.Run: every", "must be positive")
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.LogAttrs(ctx, slog.LevelError, "claim: sweep failed",
+				slog.String("table", s.c.c.t.qname), slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

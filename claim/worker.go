@@ -1,0 +1,478 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrPanic is matched by the error recorded for work that panicked.
+var ErrPanic = errors.New("claim: work panicked")
+
+// callWork runs f, turning a panic into an error matching ErrPanic.
+func callWork(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrPanic, r, debug.Stack())
+		}
+	}()
+	return f()
+}
+
+// cleanupTimeout bounds the statements that give a claim back or record its
+// failure after the work's context has ended.
+const cleanupTimeout = 10 * time.Second
+
+// WorkerConfig configures a Worker.
+type WorkerConfig[K any] struct {
+	// Work does the work for one claim. It runs inside tx, the transaction
+	// that then finishes the claim: effects written through tx commit
+	// together with the move to Done, and roll back if the claim was lost
+	// meanwhile — exactly once for effects that live in the database.
+	// Returning an error (or panicking) rolls tx back and records a
+	// failure. ctx is cancelled when a heartbeat finds the claim lost, and
+	// after StopTimeout once the worker is stopping. Required.
+	Work func(ctx context.Context, tx pgx.Tx, c Claim[K]) error
+	// Done is the state of a row whose work succeeded. Required.
+	Done string
+	// Failed is the state of a row whose work failed and has no attempts
+	// left. Required.
+	Failed string
+	// Retry, when set, is the state of a row whose work failed while
+	// Table.Attempts is below MaxAttempts; typically Options.From, so the
+	// row is claimed again. Needs Table.Attempts and MaxAttempts.
+	Retry string
+	// MaxAttempts is the number of claims a row gets before a failure is
+	// final. Required with Retry.
+	MaxAttempts int
+	// BatchSize is the most rows claimed by one statement. Required.
+	BatchSize int
+	// Concurrency is the most claims worked on at once (0 means 1). Each
+	// needs a connection for its transaction; size the pool for
+	// Concurrency plus two (claims and heartbeats).
+	Concurrency int
+	// PollInterval is how long the worker waits after finding nothing to
+	// claim (default 1s).
+	PollInterval time.Duration
+	// StopTimeout is how long in-flight work may continue after the
+	// worker's context is cancelled before its own context is cancelled
+	// (0: wait for it to finish). Work ended by that cancellation is
+	// released, not failed.
+	StopTimeout time.Duration
+	// Logger receives failures, lost claims and releases. Default: the
+	// claimer's logger.
+	Logger *slog.Logger
+}
+
+// Worker drains rows in the claimer's From state: it claims batches, runs
+// the work for each claim in its own transaction with bounded concurrency,
+// extends leases while work runs (when the claimer has a Lease), and
+// finishes each claim as Done, Retry or Failed. A Worker may be run more
+// than once, but each run is independent.
+type Worker[K any] struct {
+	c     *Claimer[K]
+	begin func(context.Context) (pgx.Tx, error)
+	cfg   WorkerConfig[K]
+	log   *slog.Logger
+}
+
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// NewWorker returns a worker for c's rows. c must run on a pool (or another
+// DBTX with a Begin method) and its table must have a Fence column. It
+// validates cfg and returns an error naming the first bad field.
+func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
+	if c == nil {
+		return nil, invalid("NewWorker: claimer", "must not be nil")
+	}
+	b, ok := c.db.(beginner)
+	if !ok {
+		return nil, invalid("NewWorker: claimer", "must run on a DBTX with a Begin method, such as *pgxpool.Pool")
+	}
+	t := c.c.t
+	if err := t.needs("Table.Fence", t.fence, "Worker"); err != nil {
+		return nil, err
+	}
+	state := func(field, s string, required bool) error {
+		switch {
+		case s == "" && required:
+			return invalid(field, "must not be empty")
+		case s != "" && s == c.c.to:
+			return invalid(field, fmt.Sprintf("must differ from Options.To (%q)", s))
+		}
+		return nil
+	}
+	for _, e := range []error{
+		state("WorkerConfig.Done", cfg.Done, true),
+		state("WorkerConfig.Failed", cfg.Failed, true),
+		state("WorkerConfig.Retry", cfg.Retry, false),
+	} {
+		if e != nil {
+			return nil, e
+		}
+	}
+	switch {
+	case cfg.Work == nil:
+		return nil, invalid("WorkerConfig.Work", "must not be nil")
+	case cfg.BatchSize <= 0:
+		return nil, invalid("WorkerConfig.BatchSize", "must be positive")
+	case cfg.Concurrency < 0:
+		return nil, invalid("WorkerConfig.Concurrency", "must not be negative")
+	case cfg.MaxAttempts < 0:
+		return nil, invalid("WorkerConfig.MaxAttempts", "must not be negative")
+	case cfg.Retry != "" && cfg.MaxAttempts == 0:
+		return nil, invalid("WorkerConfig.MaxAttempts", "must be positive when Retry is set")
+	case cfg.Retry == "" && cfg.MaxAttempts > 0:
+		return nil, invalid("WorkerConfig.Retry", "must be set when MaxAttempts is")
+	case cfg.Retry != "" && t.attempts == "":
+		return nil, t.needs("Table.Attempts", t.attempts, "WorkerConfig.Retry")
+	case cfg.PollInterval < 0:
+		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
+	case cfg.StopTimeout < 0:
+		return nil, invalid("WorkerConfig.StopTimeout", "must not be negative")
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = time.Second
+	}
+	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
+	if w.log == nil {
+		w.log = c.c.log
+	}
+	return w, nil
+}
+
+// Run works on claims until ctx is cancelled, polling every PollInterval
+// when there is nothing to claim. On cancellation it stops claiming,
+// releases claims whose work has not started, lets in-flight work finish
+// (see StopTimeout), and returns nil: a clean shutdown leaves no row of
+// its own in To. It returns the counts of this run.
+func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
+	return w.run(ctx, false)
+}
+
+// Drain works on claims until nothing is left to claim and no work is in
+// flight (rows moved to a Retry state equal to From are claimed again), then
+// returns. Cancelling ctx stops it like Run, and Drain then returns
+// ctx.Err(). It suits a scheduled job: "at 09:00, resume every paused row".
+func (w *Worker[K]) Drain(ctx context.Context) (Stats, error) {
+	st, err := w.run(ctx, true)
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return st, err
+}
+
+// entry is one claim held by a run.
+type entry[K any] struct {
+	cl     Claim[K]
+	lost   atomic.Bool
+	cancel context.CancelFunc
+}
+
+type run[K any] struct {
+	w        *Worker[K]
+	stopping context.Context // the caller's ctx: done means stop
+	workCtx  context.Context // for work and statements: ends StopTimeout after stop
+
+	mu    sync.Mutex
+	st    Stats
+	held  map[*entry[K]]struct{}
+	freed chan struct{} // a slot was freed (for Drain's polling)
+}
+
+func (r *run[K]) count(f func(*Stats)) {
+	r.mu.Lock()
+	f(&r.st)
+	r.mu.Unlock()
+}
+
+func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	if w.cfg.StopTimeout > 0 {
+		stop := context.AfterFunc(ctx, func() {
+			t := time.AfterFunc(w.cfg.StopTimeout, cancelWork)
+			context.AfterFunc(workCtx, func() { t.Stop() })
+		})
+		defer stop()
+	}
+	r := &run[K]{
+		w:        w,
+		stopping: ctx,
+		workCtx:  workCtx,
+		held:     map[*entry[K]]struct{}{},
+		freed:    make(chan struct{}, 1),
+	}
+
+	hbDone := make(chan struct{})
+	hbCtx, stopHB := context.WithCancel(workCtx)
+	if lease := w.c.c.lease; lease > 0 && w.c.c.t.leaseUntil != "" {
+		go func() {
+			defer close(hbDone)
+			r.heartbeats(hbCtx, lease)
+		}()
+	} else {
+		close(hbDone)
+	}
+	defer func() {
+		stopHB()
+		<-hbDone
+	}()
+
+	sem := make(chan struct{}, w.cfg.Concurrency)
+	var wg sync.WaitGroup
+	inflight := func() int { return len(sem) }
+	wait := func(d time.Duration, onFreed bool) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		var freed <-chan struct{}
+		if onFreed {
+			freed = r.freed
+		}
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-freed:
+		}
+	}
+
+loop:
+	for ctx.Err() == nil {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			break loop
+		}
+		// Claims use workCtx, not ctx: a claim statement cancelled half-way
+		// could commit rows this run would never learn of.
+		cls, err := w.c.ClaimBatch(workCtx, w.cfg.BatchSize)
+		if err != nil {
+			<-sem
+			if workCtx.Err() != nil {
+				break
+			}
+			w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err))
+			wait(w.cfg.PollInterval, false)
+			continue
+		}
+		if len(cls) == 0 {
+			<-sem
+			if drain && inflight() == 0 {
+				break
+			}
+			wait(w.cfg.PollInterval, drain)
+			continue
+		}
+		es := make([]*entry[K], len(cls))
+		r.mu.Lock()
+		r.st.Claimed += len(cls)
+		for i, cl := range cls {
+			es[i] = &entry[K]{cl: cl}
+			r.held[es[i]] = struct{}{}
+		}
+		r.mu.Unlock()
+		for i, e := range es {
+			if i > 0 {
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					for _, e := range es[i:] {
+						r.release(e)
+						r.drop(e)
+					}
+					break loop
+				}
+			}
+			wg.Add(1)
+			go func() {
+				defer func() {
+					r.drop(e)
+					<-sem
+					select {
+					case r.freed <- struct{}{}:
+					default:
+					}
+					wg.Done()
+				}()
+				r.process(e)
+			}()
+		}
+	}
+	wg.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st, nil
+}
+
+func (r *run[K]) drop(e *entry[K]) {
+	r.mu.Lock()
+	delete(r.held, e)
+	r.mu.Unlock()
+}
+
+// cleanupCtx is for statements that must run after the work's context
+// ended: giving a claim back or recording a failure.
+func (r *run[K]) cleanupCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.workCtx), cleanupTimeout)
+}
+
+func (r *run[K]) release(e *entry[K]) {
+	ctx, cancel := r.cleanupCtx()
+	defer cancel()
+	err := r.w.c.Release(ctx, e.cl)
+	switch {
+	case errors.Is(err, ErrLost):
+		r.count(func(s *Stats) { s.Lost++ })
+	case err != nil:
+		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
+			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("error", err))
+	default:
+		r.count(func(s *Stats) { s.Released++ })
+		r.w.log.LogAttrs(ctx, slog.LevelInfo, "claim: worker: released on stop",
+			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token))
+	}
+}
+
+func (r *run[K]) process(e *entry[K]) {
+	w := r.w
+	if r.stopping.Err() != nil {
+		r.release(e)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.workCtx)
+	defer cancel()
+	r.mu.Lock()
+	e.cancel = cancel
+	lost := e.lost.Load()
+	r.mu.Unlock()
+	if lost {
+		r.count(func(s *Stats) { s.Lost++ })
+		return
+	}
+
+	tx, err := w.begin(ctx)
+	if err != nil {
+		w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: begin failed", slog.Any("key", e.cl.Key), slog.Any("error", err))
+		r.release(e)
+		return
+	}
+	werr := callWork(func() error { return w.cfg.Work(ctx, tx, e.cl) })
+	if werr == nil {
+		ferr := w.c.WithTx(tx).Finish(ctx, e.cl, w.cfg.Done)
+		if ferr == nil {
+			ferr = tx.Commit(ctx)
+		}
+		if ferr == nil {
+			r.count(func(s *Stats) { s.Succeeded++ })
+			return
+		}
+		if errors.Is(ferr, ErrLost) {
+			r.rollback(tx)
+			r.count(func(s *Stats) { s.Lost++ })
+			return
+		}
+		werr = ferr
+	}
+	r.rollback(tx)
+
+	if e.lost.Load() {
+		r.count(func(s *Stats) { s.Lost++ })
+		w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: claim lost during work",
+			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("error", werr))
+		return
+	}
+	if r.stopping.Err() != nil && ctx.Err() != nil && (errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded)) {
+		r.release(e)
+		return
+	}
+	state, retry := w.cfg.Failed, false
+	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts {
+		state, retry = w.cfg.Retry, true
+	}
+	cctx, ccancel := r.cleanupCtx()
+	defer ccancel()
+	err = w.c.Finish(cctx, e.cl, state)
+	switch {
+	case errors.Is(err, ErrLost):
+		r.count(func(s *Stats) { s.Lost++ })
+	case err != nil:
+		w.log.LogAttrs(cctx, slog.LevelError, "claim: worker: recording failure failed",
+			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("work_error", werr), slog.Any("error", err))
+	default:
+		r.count(func(s *Stats) {
+			if retry {
+				s.Retried++
+			} else {
+				s.Failed++
+			}
+		})
+		w.log.LogAttrs(cctx, slog.LevelWarn, "claim: worker: work failed",
+			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Int("attempts", e.cl.Attempts),
+			slog.String("state", state), slog.Any("error", werr))
+	}
+}
+
+func (r *run[K]) rollback(tx pgx.Tx) {
+	ctx, cancel := r.cleanupCtx()
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+// heartbeats extends the leases of every held claim every lease/3, and
+// cancels the work of claims found lost.
+func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
+	t := time.NewTicker(lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		es := make([]*entry[K], 0, len(r.held))
+		cls := make([]Claim[K], 0, len(r.held))
+		for e := range r.held {
+			es = append(es, e)
+			cls = append(cls, e.cl)
+		}
+		r.mu.Unlock()
+		if len(es) == 0 {
+			continue
+		}
+		lost, err := r.w.c.heartbeat(ctx, cls, lease)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err))
+			}
+			continue
+		}
+		for i, l := range lost {
+			if !l {
+				continue
+			}
+			e := es[i]
+			r.mu.Lock()
+			e.lost.Store(true)
+			cancel := e.cancel
+			r.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
+			r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat found claim lost",
+				slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token))
+		}
+	}
+}
