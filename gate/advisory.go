@@ -114,6 +114,18 @@ func (c *sessions) get(ctx context.Context) (*session, error) {
 		}
 		return s, nil
 	}
+	// A fresh connection from the pool may turn out dead (the server
+	// restarted since the pool last used it); the setup statement changes
+	// nothing that matters on a dead session, so one retry is safe.
+	s, err := c.open(ctx)
+	if err != nil && !errors.Is(err, ErrPooler) && ctx.Err() == nil {
+		s, err = c.open(ctx)
+	}
+	return s, err
+}
+
+// open takes a connection out of the pool and prepares it for locking.
+func (c *sessions) open(ctx context.Context) (*session, error) {
 	pc, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("gate: acquire connection: %w", err)
