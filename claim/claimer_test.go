@@ -130,7 +130,9 @@ func TestKeyInt64(t *testing.T) { keyRoundTrip(t, "bigint", func(i int) int64 { 
 func TestKeyInt32Column(t *testing.T) {
 	keyRoundTrip(t, "integer", func(i int) int64 { return int64(i) })
 }
-func TestKeyText(t *testing.T) { keyRoundTrip(t, "text", func(i int) string { return "job-" + strconv.Itoa(i) }) }
+func TestKeyText(t *testing.T) {
+	keyRoundTrip(t, "text", func(i int) string { return "job-" + strconv.Itoa(i) })
+}
 
 // md5Key matches the keys createJobs makes for uuid tables: md5(g::text)::uuid.
 func md5Key(i int) [16]byte { return md5.Sum([]byte(strconv.Itoa(i))) }

@@ -255,6 +255,9 @@ loop:
 		case <-ctx.Done():
 			break loop
 		}
+		// Work still in flight may yet put rows back (Retry); only a claim
+		// that finds nothing after all work has ended means drained.
+		busy := inflight() > 1
 		// Claims use workCtx, not ctx: a claim statement cancelled half-way
 		// could commit rows this run would never learn of.
 		cls, err := w.c.ClaimBatch(workCtx, w.cfg.BatchSize)
@@ -269,7 +272,7 @@ loop:
 		}
 		if len(cls) == 0 {
 			<-sem
-			if drain && inflight() == 0 {
+			if drain && !busy {
 				break
 			}
 			wait(w.cfg.PollInterval, drain)
