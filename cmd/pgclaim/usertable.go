@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/claim"
+)
+
+// tableFlags are the flags naming a claimed table and its columns, shared by
+// claims and sweep.
+type tableFlags struct {
+	table, key, state, claimedAt, claimedBy, leaseUntil, attempts string
+	processing                                                    string
+}
+
+func addTableFlags(f *flags, withAttempts bool) *tableFlags {
+	t := &tableFlags{}
+	f.StringVar(&t.table, "table", "", "the claimed table, optionally schema-qualified (required)")
+	f.StringVar(&t.key, "key", "id", "its key column")
+	f.StringVar(&t.state, "state", "status", "its state column")
+	f.StringVar(&t.claimedAt, "claimed-at", "claimed_at", "its timestamptz column stamped when a row is claimed")
+	f.StringVar(&t.claimedBy, "claimed-by", "", "its column holding the claimer's identity, if any")
+	f.StringVar(&t.leaseUntil, "lease-until", "", "its timestamptz lease column, if any: a row whose lease has passed is stale")
+	if withAttempts {
+		f.StringVar(&t.attempts, "attempts", "", "its attempts column, if any (needed by --retry)")
+	}
+	f.StringVar(&t.processing, "processing", "PROCESSING", "the state rows are in while claimed")
+	return t
+}
+
+// spec is the claim.Table the flags describe.
+func (t *tableFlags) spec() claim.Table {
+	return claim.Table{
+		Name: t.table, Key: t.key, State: t.state, ClaimedAt: t.claimedAt,
+		ClaimedBy: t.claimedBy, LeaseUntil: t.leaseUntil, Attempts: t.attempts,
+	}
+}
+
+// flagNames maps the claim package's field names to this command's flags.
+var flagNames = strings.NewReplacer(
+	"claim: ", "",
+	"Table.Name", "--table",
+	"Table.Key", "--key",
+	"Table.State", "--state",
+	"Table.ClaimedAt", "--claimed-at",
+	"Table.ClaimedBy", "--claimed-by",
+	"Table.LeaseUntil", "--lease-until",
+	"Table.Attempts", "--attempts",
+	"Options.To", "--processing",
+	"SweeperConfig.Failed", "--to",
+	"SweeperConfig.Retry", "--retry",
+	"SweeperConfig.MaxAttempts", "--max-attempts",
+	"SweeperConfig.BatchSize", "--batch",
+	"SweeperConfig.StaleAfter", "--older-than",
+)
+
+// claimError turns a claim package error into one naming flags. Bad input
+// found before touching the database is a usage error.
+func claimError(err error, usage bool) error {
+	msg := flagNames.Replace(err.Error())
+	if usage {
+		return &usageError{msg: msg}
+	}
+	return &failure{msg: msg, err: err}
+}
+
+// newClaimer validates the table's identifiers and returns a claimer for rows
+// in the processing state. from is the state the claimer would claim from;
+// sweeping and counting never use it, so any other state will do.
+func (t *tableFlags) newClaimer(db claim.DBTX, from string) (*claim.Claimer[any], error) {
+	if from == "" || from == t.processing {
+		from = t.processing + " (unused)"
+	}
+	c, err := claim.New[any](db, t.spec(), claim.Options{From: from, To: t.processing})
+	if err != nil {
+		return nil, claimError(err, true)
+	}
+	return c, nil
+}
+
+// claimedTable is a claimed table checked against the catalog.
+type claimedTable struct {
+	flags *tableFlags
+	qname string // quoted, possibly schema-qualified
+	// quoted columns; "" when not configured
+	key, state, claimedAt, claimedBy, leaseUntil, attempts string
+}
+
+// quoteTable quotes "table" or "schema.table" (claim.Table's rules: at most
+// one '.').
+func quoteTable(name string) string {
+	parts := strings.Split(name, ".")
+	return pgx.Identifier(parts).Sanitize()
+}
+
+func quoteCol(c string) string {
+	if c == "" {
+		return ""
+	}
+	return pgx.Identifier{c}.Sanitize()
+}
+
+// checkTable checks that the table and every configured column exist,
+// naming the flag of what is missing. Identifiers have been validated by
+// claim.New before.
+func checkTable(ctx context.Context, db dbtx, t *tableFlags, needKey bool) (*claimedTable, error) {
+	ct := &claimedTable{
+		flags: t, qname: quoteTable(t.table),
+		key: quoteCol(t.key), state: quoteCol(t.state), claimedAt: quoteCol(t.claimedAt),
+		claimedBy: quoteCol(t.claimedBy), leaseUntil: quoteCol(t.leaseUntil), attempts: quoteCol(t.attempts),
+	}
+	var database string
+	var oid *uint32
+	var relkind *string
+	err := db.QueryRow(ctx, `
+SELECT current_database()::text, c.oid, c.relkind::text
+FROM (SELECT to_regclass($1) AS oid) r
+LEFT JOIN pg_catalog.pg_class c ON c.oid = r.oid`, ct.qname).Scan(&database, &oid, &relkind)
+	if err != nil {
+		return nil, dbFail("reading the catalog", err)
+	}
+	if oid == nil {
+		return nil, failf("check --table; qualify it as schema.table if it is not in the search_path",
+			"table %s (--table) does not exist in database %q", ct.qname, database)
+	}
+	if *relkind != "r" && *relkind != "p" {
+		return nil, failf("--table must name a table", "%s (--table) is not a table (relkind %q)", ct.qname, *relkind)
+	}
+	var cols []string
+	if err := db.QueryRow(ctx, `
+SELECT coalesce(array_agg(attname::text ORDER BY attnum), '{}') FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid).Scan(&cols); err != nil {
+		return nil, dbFail("reading the catalog", err)
+	}
+	for _, c := range []struct{ flag, col string }{
+		{"--key", t.key}, {"--state", t.state}, {"--claimed-at", t.claimedAt},
+		{"--claimed-by", t.claimedBy}, {"--lease-until", t.leaseUntil}, {"--attempts", t.attempts},
+	} {
+		if c.flag == "--key" && !needKey {
+			continue
+		}
+		if c.col != "" && !slices.Contains(cols, c.col) {
+			return nil, failf(fmt.Sprintf("name the column with %s; the columns of %s are: %s", c.flag, ct.qname, strings.Join(cols, ", ")),
+				"table %s has no column %q (%s)", ct.qname, c.col, c.flag)
+		}
+	}
+	return ct, nil
+}
+
+// stale returns the condition a stale claimed row meets, the same the
+// claim package's sweeper applies: its lease has passed, or (without a
+// lease) it was claimed more than staleAfterParam microseconds ago.
+// staleAfterParam is "" to test leases only.
+func (ct *claimedTable) stale(staleAfterParam string) string {
+	old := fmt.Sprintf("%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')", ct.claimedAt, staleAfterParam)
+	switch {
+	case ct.leaseUntil == "":
+		return old
+	case staleAfterParam == "":
+		return ct.leaseUntil + " < statement_timestamp()"
+	}
+	return fmt.Sprintf("(%[1]s < statement_timestamp() OR (%[1]s IS NULL AND %[2]s))", ct.leaseUntil, old)
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// durationFlag rejects negative durations.
+func checkDuration(name string, d time.Duration) error {
+	if d < 0 {
+		return usagef("--%s must not be negative, got %v", name, d)
+	}
+	return nil
+}
+
+// verifyTypes runs claim's Verify (column types, key uniqueness) and names
+// flags in its errors.
+func verifyTypes[K any](ctx context.Context, c *claim.Claimer[K]) error {
+	if err := c.Verify(ctx); err != nil {
+		if errors.Is(err, claim.ErrInvalid) {
+			return claimError(err, false)
+		}
+		return dbFail("checking the table", err)
+	}
+	return nil
+}
