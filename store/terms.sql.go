@@ -26,7 +26,10 @@ type ElectionLockParams struct {
 }
 
 // Leadership terms (gate.Elector). Durations are passed in microseconds; all
-// times are the database's.
+// times are the database's. started_at and ended_at are read from
+// clock_timestamp(), not now(): now() is when the transaction began, which
+// can precede the commit of the term it follows, and the recorded terms must
+// never appear to overlap.
 // Block until the session advisory lock of an election is granted. Timeouts
 // a role or database may configure are lifted for this statement only: a
 // standby waits as long as the leader lives.
@@ -53,7 +56,7 @@ func (q *Queries) ElectionUnlock(ctx context.Context, arg ElectionUnlockParams) 
 
 const endTerm = `-- name: EndTerm :execrows
 UPDATE pgclaim_terms
-SET ended_at   = least(now(), lease_until),
+SET ended_at   = least(clock_timestamp(), lease_until),
     end_reason = CASE WHEN lease_until <= now() THEN 'expired' ELSE $1::text END
 WHERE election = $2::text
   AND term = $3::bigint
@@ -131,12 +134,12 @@ func (q *Queries) RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Ti
 const startAdvisoryTerm = `-- name: StartAdvisoryTerm :one
 WITH superseded AS (
     UPDATE pgclaim_terms
-    SET ended_at = least(now(), lease_until), end_reason = 'superseded'
+    SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
     WHERE election = $1::text AND ended_at IS NULL
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
-SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'advisory', now()
+SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
 RETURNING term, started_at
 `
@@ -168,7 +171,7 @@ WITH expired AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'lease', now(),
+SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'lease', clock_timestamp(),
        now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e
 WHERE NOT EXISTS (

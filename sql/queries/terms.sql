@@ -1,5 +1,8 @@
 -- Leadership terms (gate.Elector). Durations are passed in microseconds; all
--- times are the database's.
+-- times are the database's. started_at and ended_at are read from
+-- clock_timestamp(), not now(): now() is when the transaction began, which
+-- can precede the commit of the term it follows, and the recorded terms must
+-- never appear to overlap.
 
 -- name: ElectionLock :exec
 -- Block until the session advisory lock of an election is granted. Timeouts
@@ -25,12 +28,12 @@ WHERE election = sqlc.arg(election)::text AND ended_at IS NULL;
 -- still open (its leader did not close it) is closed first, as superseded.
 WITH superseded AS (
     UPDATE pgclaim_terms
-    SET ended_at = least(now(), lease_until), end_reason = 'superseded'
+    SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
     WHERE election = sqlc.arg(election)::text AND ended_at IS NULL
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
-SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'advisory', now()
+SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
 RETURNING term, started_at;
 
@@ -46,7 +49,7 @@ WITH expired AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease', now(),
+SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease', clock_timestamp(),
        now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e
 WHERE NOT EXISTS (
@@ -71,7 +74,7 @@ RETURNING lease_until;
 -- name: EndTerm :execrows
 -- Close this term. A lease term that already ran out ended when it expired.
 UPDATE pgclaim_terms
-SET ended_at   = least(now(), lease_until),
+SET ended_at   = least(clock_timestamp(), lease_until),
     end_reason = CASE WHEN lease_until <= now() THEN 'expired' ELSE sqlc.arg(reason)::text END
 WHERE election = sqlc.arg(election)::text
   AND term = sqlc.arg(term)::bigint

@@ -1,0 +1,469 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// ElectionClass is the first half of the advisory lock key of every
+// election: the bytes "pgce" read as a big-endian int32 (0x70676365 =
+// 1885823845). The second half is the one AdvisoryKey computes from the
+// name, so an election and an advisory gate of the same name use different
+// locks and never exclude each other.
+const ElectionClass int32 = 0x70676365
+
+// ElectionKey returns the advisory lock key of the election called name:
+// ElectionClass and the name's hash from AdvisoryKey.
+func ElectionKey(name string) (class, key int32) {
+	_, key = AdvisoryKey(name)
+	return ElectionClass, key
+}
+
+// DefaultTTL is the ElectorOptions.TTL used when none is set.
+const DefaultTTL = 5 * time.Second
+
+// ElectorOptions configure an Elector.
+type ElectorOptions struct {
+	// Options are the settings every gate mechanism shares.
+	Options
+
+	// Lease selects the lease-table variant: leadership is a lease row in
+	// pgclaim_terms renewed every TTL/4 with database time, and standbys
+	// try to take it every RetryInterval. It works through PgBouncer in
+	// transaction pooling mode. The default variant holds a session
+	// advisory lock on a dedicated connection instead, with standbys
+	// blocked in pg_advisory_lock, and needs a direct connection.
+	//
+	// All instances of one election must use the same variant.
+	Lease bool
+
+	// TTL bounds how long a leader that lost touch with the database may go
+	// on unnoticed. The leader confirms its lock or lease every TTL/4 and
+	// steps down (its context is cancelled) when it has not confirmed for
+	// 3/4 TTL.
+	//
+	// Advisory variant: when a leader's session ends, the standby next in
+	// line gets the lock at once; it leads as soon as the old leader has
+	// closed its term (a live leader does that right after it sees its
+	// session end), or TTL after it got the lock when the old leader does
+	// not (it crashed, or is cut off).
+	//
+	// Lease variant: a leader that stops renewing loses the lease TTL after
+	// its last renewal; a standby takes it at its next try.
+	//
+	// Default: DefaultTTL. At least 10ms.
+	TTL time.Duration
+
+	// RetryInterval is how often a standby of the lease variant tries to
+	// take the lease. Default: TTL/4. The advisory variant does not poll.
+	RetryInterval time.Duration
+}
+
+// check validates the options and fills defaults.
+func (o ElectorOptions) check() (ElectorOptions, error) {
+	switch {
+	case o.TTL < 0:
+		return o, invalid("ElectorOptions.TTL", "must not be negative")
+	case o.TTL > 0 && o.TTL < 10*time.Millisecond:
+		return o, invalid("ElectorOptions.TTL", "must be at least 10ms")
+	case o.RetryInterval < 0:
+		return o, invalid("ElectorOptions.RetryInterval", "must not be negative")
+	}
+	if o.TTL == 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.RetryInterval == 0 {
+		o.RetryInterval = o.TTL / 4
+	}
+	o.Options = o.Options.withDefaults()
+	return o, nil
+}
+
+// Elector elects one leader among the instances campaigning for the same
+// election name: Active/Standby without a flag or a port to remember. While
+// the leader lives it stays leader; when it dies, resigns or loses its
+// connection, a standby takes over within a bounded time (see
+// ElectorOptions.TTL).
+//
+// Each term is recorded in pgclaim_terms (election, holder, term, started_at,
+// ended_at in database time), and the term number is a fencing token from
+// pgclaim_fence_seq. At most one term of an election is open at a time, and
+// terms never overlap: a new leader starts its term only after the previous
+// one was closed.
+//
+// An Elector campaigns for one instance; it is safe for concurrent use.
+type Elector struct {
+	pool *pgxpool.Pool
+	q    *store.Queries
+	name string
+	o    ElectorOptions
+	// key of the advisory variant's lock
+	class, key int32
+
+	sem    chan struct{} // one campaign at a time
+	leader atomic.Bool
+
+	mu  sync.Mutex
+	cur *term // the term being held or ended; nil when none
+}
+
+// NewElector returns an Elector campaigning in the election called name
+// through pool.
+func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector, error) {
+	if pool == nil {
+		return nil, invalid("pool", "must not be nil")
+	}
+	if err := checkName("name", name); err != nil {
+		return nil, err
+	}
+	o, err := opts.check()
+	if err != nil {
+		return nil, err
+	}
+	e := &Elector{pool: pool, q: store.New(pool), name: name, o: o, sem: make(chan struct{}, 1)}
+	e.class, e.key = ElectionKey(name)
+	return e, nil
+}
+
+// Name returns the election's name.
+func (e *Elector) Name() string { return e.name }
+
+// IsLeader reports whether this instance leads now. It turns false before
+// the leadership context is cancelled.
+func (e *Elector) IsLeader() bool { return e.leader.Load() }
+
+// Term returns the term number (fencing token) of the current leadership, or
+// 0 when this instance does not lead.
+func (e *Elector) Term() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur == nil || !e.leader.Load() {
+		return 0
+	}
+	return e.cur.fence
+}
+
+// Campaign waits until this instance leads the election, or ctx ends (when
+// the election is won just as ctx ends, Campaign reports the win). It
+// returns a context that is cancelled when the leadership ends: by Resign,
+// or because it was lost (context.Cause then wraps ErrLockLost). ctx bounds
+// only the wait; the returned context carries its values.
+//
+// Campaign on a leader returns the current leadership's context at once.
+// When leadership was lost, the term is closed by the Elector; call
+// Campaign again to stand for the next one.
+func (e *Elector) Campaign(ctx context.Context) (context.Context, error) {
+	t, err := e.campaign(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return t.ctx, nil
+}
+
+// Resign gives up leadership: IsLeader turns false, the leadership context
+// is cancelled, the term is closed and the lock or lease released, so a
+// standby takes over at once. It does nothing when this instance does not
+// lead. Under Run, the term is closed when fn has returned, and Run then
+// campaigns again.
+func (e *Elector) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	t := e.cur
+	e.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	t.resigned.Store(true)
+	t.stepDown(nil)
+	if t.deferEnd {
+		return nil
+	}
+	return t.end(ctx, reasonResigned)
+}
+
+// Run campaigns, runs fn while this instance leads, and campaigns again when
+// leadership is lost or resigned. fn gets the election name, the holder and
+// the term number (in run.Fence), and a context cancelled when leadership
+// ends or ctx ends; Run closes the term once fn has returned.
+//
+// Run returns when ctx ends (with ctx's error, or fn's when that is not a
+// cancellation), or when fn returns while still leading (with fn's error;
+// leadership is resigned first).
+func (e *Elector) Run(ctx context.Context, fn Func) error {
+	if fn == nil {
+		return invalid("fn", "must not be nil")
+	}
+	for {
+		t, err := e.campaign(ctx, true)
+		if err != nil {
+			return err
+		}
+		ferr, ended := e.lead(ctx, t, fn)
+		if ctx.Err() != nil {
+			if ferr != nil && !errors.Is(ferr, context.Canceled) && !errors.Is(ferr, context.DeadlineExceeded) {
+				return ferr
+			}
+			return ctx.Err()
+		}
+		if ended {
+			if ferr != nil {
+				e.o.Logger.Warn("gate: leader function failed as leadership ended", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", ferr.Error())
+			}
+			if t.resigned.Load() && e.o.Lease {
+				// Let a standby's next try win before standing again.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(e.o.RetryInterval):
+				}
+			}
+			continue
+		}
+		return ferr
+	}
+}
+
+// lead runs fn for term t and closes the term afterwards. ended reports that
+// leadership ended (lost or resigned) before fn returned.
+func (e *Elector) lead(ctx context.Context, t *term, fn Func) (ferr error, ended bool) {
+	fctx, cancel := context.WithCancelCause(t.ctx)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	defer func() {
+		stop()
+		cancel(nil)
+		ended = t.ctx.Err() != nil
+		reason := reasonResigned
+		if t.lostErr() != nil {
+			reason = reasonLost
+		}
+		t.stepDown(nil)
+		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		if err := t.end(ectx, reason); err != nil {
+			e.o.Logger.Warn("gate: closing term failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+		}
+		ecancel()
+	}()
+	return fn(fctx, Run{Name: e.name, Holder: e.o.Holder, Fence: t.fence}), false
+}
+
+// campaign waits for leadership. deferEnd marks a term whose end is left to
+// Run.
+func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
+	select {
+	case e.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-e.sem }()
+
+	e.mu.Lock()
+	cur := e.cur
+	e.mu.Unlock()
+	if cur != nil {
+		if cur.ctx.Err() == nil {
+			return cur, nil
+		}
+		// A term that ended locally but is not closed yet: close it first.
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_ = cur.end(ectx, reasonLost)
+		cancel()
+	}
+
+	var (
+		t   *term
+		err error
+	)
+	if e.o.Lease {
+		t, err = e.campaignLease(ctx, deferEnd)
+	} else {
+		t, err = e.campaignAdvisory(ctx, deferEnd)
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.cur = t
+	e.mu.Unlock()
+	e.leader.Store(true)
+	e.o.emit(Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
+	go t.watch()
+	return t, nil
+}
+
+// Reasons a term ends, as stored in pgclaim_terms.end_reason.
+const (
+	reasonResigned = "resigned"
+	reasonLost     = "lost"
+)
+
+// term is one leadership of this instance.
+type term struct {
+	e        *Elector
+	fence    int64
+	start    time.Time
+	deferEnd bool
+	sess     *session // advisory variant: the connection holding the lock
+
+	ctx    context.Context // cancelled when leadership ends
+	cancel context.CancelCauseFunc
+
+	stopWatch context.CancelFunc // stops the watcher
+	stopCtx   context.Context
+	watchEnd  chan struct{} // closed when the watcher has returned
+
+	resigned atomic.Bool
+	crashed  atomic.Bool // tests: end like a dead process, closing nothing
+
+	mu      sync.Mutex
+	valid   time.Time // confirmed until (instance clock); step down after
+	stepped bool
+	lost    error
+
+	endOnce sync.Once
+	endDone chan struct{}
+	endErr  error
+}
+
+func (e *Elector) newTerm(fence int64, sent time.Time, deferEnd bool) *term {
+	t := &term{
+		e: e, fence: fence, start: sent, deferEnd: deferEnd,
+		valid:    sent.Add(e.validity()),
+		watchEnd: make(chan struct{}),
+		endDone:  make(chan struct{}),
+	}
+	t.ctx, t.cancel = context.WithCancelCause(context.Background())
+	t.stopCtx, t.stopWatch = context.WithCancel(context.Background())
+	return t
+}
+
+// validity is how long one confirmation of the lock or lease keeps this
+// instance leading: 3/4 TTL, a quarter short of the earliest moment a
+// standby can take over without the old leader's hand-over.
+func (e *Elector) validity() time.Duration { return e.o.TTL - e.o.TTL/4 }
+
+// checkEvery is how often a leader confirms its lock or lease.
+func (e *Elector) checkEvery() time.Duration { return e.o.TTL / 4 }
+
+func (t *term) lostErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lost
+}
+
+// confirmed extends the term's validity after a confirmation sent at sent.
+func (t *term) confirmed(sent time.Time) {
+	t.mu.Lock()
+	if v := sent.Add(t.e.validity()); v.After(t.valid) {
+		t.valid = v
+	}
+	t.mu.Unlock()
+}
+
+func (t *term) validUntil() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.valid
+}
+
+// stepDown ends the leadership locally, once: IsLeader turns false, then the
+// leadership context is cancelled. A non-nil why marks the leadership lost
+// and is reported.
+func (t *term) stepDown(why error) {
+	t.mu.Lock()
+	if t.stepped {
+		t.mu.Unlock()
+		return
+	}
+	t.stepped = true
+	t.lost = why
+	t.mu.Unlock()
+	t.e.leader.Store(false)
+	if why != nil {
+		t.cancel(why)
+		t.e.o.emit(Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
+	} else {
+		t.cancel(context.Canceled)
+	}
+}
+
+// watch keeps confirming the term until it is stopped or lost, then (for
+// a lost term not run by Run) closes it.
+func (t *term) watch() {
+	if t.sess != nil {
+		t.watchAdvisory()
+	} else {
+		t.watchLease()
+	}
+	close(t.watchEnd)
+	if t.lostErr() != nil && !t.deferEnd {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		_ = t.end(ctx, reasonLost)
+		cancel()
+	}
+}
+
+// end closes the term, once: it steps down, stops the watcher, records
+// ended_at and releases the lock (advisory) — in that order, so a standby
+// that gets the lock finds the term closed. Concurrent callers wait for the
+// first one.
+func (t *term) end(ctx context.Context, reason string) error {
+	t.endOnce.Do(func() {
+		defer close(t.endDone)
+		t.stepDown(nil)
+		t.stopWatch()
+		<-t.watchEnd
+		e := t.e
+		if t.crashed.Load() {
+			if t.sess != nil {
+				t.sess.close()
+			}
+			e.mu.Lock()
+			if e.cur == t {
+				e.cur = nil
+			}
+			e.mu.Unlock()
+			return
+		}
+		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
+		var err error
+		if t.sess != nil && !t.sess.conn.IsClosed() {
+			_, err = t.sess.q.EndTerm(ctx, p)
+		}
+		if t.sess == nil || t.sess.conn.IsClosed() || err != nil {
+			_, err = e.q.EndTerm(ctx, p)
+		}
+		if err != nil {
+			err = fmt.Errorf("gate: election %q: close term %d: %w", e.name, t.fence, err)
+		}
+		if t.sess != nil {
+			if !t.sess.conn.IsClosed() {
+				if ok, uerr := t.sess.q.ElectionUnlock(ctx, store.ElectionUnlockParams{LockClass: e.class, LockKey: e.key}); uerr == nil && !ok {
+					e.o.Logger.Warn("gate: election lock was not held at resign", "name", e.name, "holder", e.o.Holder, "fence", t.fence)
+				}
+			}
+			t.sess.close()
+		}
+		t.endErr = err
+		e.mu.Lock()
+		if e.cur == t {
+			e.cur = nil
+		}
+		e.mu.Unlock()
+		if reason == reasonResigned && t.lostErr() == nil {
+			e.o.emit(Event{Kind: EventReleased, Name: e.name, Holder: e.o.Holder, Fence: t.fence, Duration: time.Since(t.start)})
+		}
+	})
+	select {
+	case <-t.endDone:
+		return t.endErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,163 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// campaignAdvisory waits in pg_advisory_lock on a dedicated connection until
+// the lock is granted, waits for the previous term to be closed (at most
+// TTL), and opens a term. Connection failures while waiting are retried.
+func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
+	for {
+		t, err := e.tryAdvisory(ctx, deferEnd)
+		if err == nil {
+			return t, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed) {
+			return nil, err
+		}
+		e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(e.retryDelay()):
+		}
+	}
+}
+
+// retryDelay is the pause before a failed advisory campaign is retried.
+func (e *Elector) retryDelay() time.Duration {
+	return min(e.o.TTL/4, time.Second)
+}
+
+// handoverPoll is how often a new lock holder looks whether the previous
+// term was closed.
+func (e *Elector) handoverPoll() time.Duration {
+	return min(max(e.o.TTL/100, time.Millisecond), 10*time.Millisecond)
+}
+
+func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
+	sess, err := (&sessions{pool: e.pool}).get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			sess.close()
+		}
+	}()
+
+	// Block in pg_advisory_lock. The statement runs without ctx so that an
+	// ended campaign can cancel the wait on the server (a cancel request)
+	// instead of leaving a waiter queued behind the leader.
+	locked := make(chan error, 1)
+	go func() {
+		locked <- sess.q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
+	}()
+	select {
+	case err := <-locked:
+		if err != nil {
+			return nil, fmt.Errorf("gate: election %q: lock: %w", e.name, err)
+		}
+	case <-ctx.Done():
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = sess.conn.PgConn().CancelRequest(cctx)
+		cancel()
+		select {
+		case <-locked:
+		case <-time.After(time.Second):
+		}
+		return nil, ctx.Err() // closing the session drops a lock granted meanwhile
+	}
+
+	// The lock is ours: the previous leader's session has ended. Wait until
+	// the previous term is closed, so terms never overlap: a live leader
+	// closes its term as soon as it sees its session end; one that does not
+	// within TTL crashed or is cut off, and has stepped down by then.
+	got := time.Now()
+	for {
+		open, err := sess.q.OpenTerm(ctx, e.name)
+		if errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gate: election %q: read open term: %w", e.name, err)
+		}
+		if time.Since(got) >= e.o.TTL {
+			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
+				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(e.handoverPoll()):
+		}
+	}
+
+	// Not cancelled with ctx: a term recorded must be known, or it would
+	// stay open until the next leader supersedes it after TTL.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	sent := time.Now()
+	row, err := sess.q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder})
+	if err != nil {
+		return nil, fmt.Errorf("gate: election %q: start term: %w", e.name, err)
+	}
+	t := e.newTerm(row.Term, sent, deferEnd)
+	t.sess = sess
+	keep = true
+	return t, nil
+}
+
+// watchAdvisory watches the lock's session while this instance leads. It
+// blocks reading the socket, so a terminated backend, a server shutdown or
+// a closed connection is seen at once; every TTL/4 of silence it pings, and
+// it steps down when no ping succeeded for 3/4 TTL.
+func (t *term) watchAdvisory() {
+	pc := t.sess.conn.PgConn()
+	for {
+		if t.stopCtx.Err() != nil {
+			return
+		}
+		valid := t.validUntil()
+		wait := min(t.e.checkEvery(), time.Until(valid))
+		if wait <= 0 {
+			t.stepDown(fmt.Errorf("%w: election %q: session not confirmed for %v", ErrLockLost, t.e.name, t.e.validity()))
+			return
+		}
+		wctx, cancel := context.WithTimeout(t.stopCtx, wait)
+		err := pc.WaitForNotification(wctx)
+		cancel()
+		if t.stopCtx.Err() != nil && !pc.IsClosed() {
+			return
+		}
+		if err == nil {
+			continue // a notification; nothing listens here
+		}
+		if pgconn.Timeout(err) && !pc.IsClosed() {
+			sent := time.Now()
+			pctx, cancel := context.WithDeadline(context.Background(), valid)
+			err = pc.Ping(pctx)
+			cancel()
+			if err == nil {
+				t.confirmed(sent)
+				continue
+			}
+		}
+		t.stepDown(fmt.Errorf("%w: election %q: session lost: %w", ErrLockLost, t.e.name, err))
+		return
+	}
+}

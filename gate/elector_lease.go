@@ -1,0 +1,76 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// campaignLease tries every RetryInterval to open a term leased for TTL,
+// which succeeds once no unexpired term is open.
+func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, error) {
+	for {
+		// Not cancelled with ctx: a term recorded must be known, or it
+		// would block the election until its lease runs out.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		sent := time.Now()
+		row, err := e.q.StartLeaseTerm(sctx, store.StartLeaseTermParams{
+			Election: e.name, Holder: e.o.Holder, TtlUs: e.o.TTL.Microseconds(),
+		})
+		cancel()
+		if err == nil {
+			return e.newTerm(row.Term, sent, deferEnd), nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(e.o.RetryInterval):
+		}
+	}
+}
+
+// watchLease renews the term's lease every TTL/4, each renewal scoped to this
+// term. It steps down at once when a renewal finds the term ended or
+// expired, and when no renewal succeeded for 3/4 TTL.
+func (t *term) watchLease() {
+	e := t.e
+	timer := time.NewTimer(e.checkEvery())
+	defer timer.Stop()
+	for {
+		select {
+		case <-t.stopCtx.Done():
+			return
+		case <-timer.C:
+		}
+		valid := t.validUntil()
+		if !time.Now().Before(valid) {
+			t.stepDown(fmt.Errorf("%w: election %q: lease not renewed for %v", ErrLockLost, e.name, e.validity()))
+			return
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithDeadline(context.Background(), valid)
+		_, err := e.q.RenewTerm(ctx, store.RenewTermParams{Election: e.name, Term: t.fence, TtlUs: e.o.TTL.Microseconds()})
+		cancel()
+		switch {
+		case err == nil:
+			t.confirmed(sent)
+		case errors.Is(err, pgx.ErrNoRows):
+			t.stepDown(fmt.Errorf("%w: election %q: term %d expired or was closed", ErrLockLost, e.name, t.fence))
+			return
+		default:
+			e.o.Logger.Warn("gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+		}
+		timer.Reset(min(e.checkEvery(), max(time.Until(t.validUntil()), 0)))
+	}
+}

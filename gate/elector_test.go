@@ -1,0 +1,557 @@
+package gate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// variants runs f for both elector variants.
+func variants(t *testing.T, f func(t *testing.T, lease bool)) {
+	for _, lease := range []bool{false, true} {
+		name := "advisory"
+		if lease {
+			name = "lease"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, lease)
+		})
+	}
+}
+
+func newElector(t testing.TB, pool *pgxpool.Pool, name, holder string, o gate.ElectorOptions) *gate.Elector {
+	t.Helper()
+	o.Holder = holder
+	e, err := gate.NewElector(pool, name, o)
+	if err != nil {
+		t.Fatalf("NewElector: %v", err)
+	}
+	return e
+}
+
+// termRow is one row of pgclaim_terms.
+type termRow struct {
+	Term       int64
+	Holder     string
+	StartedAt  time.Time
+	EndedAt    *time.Time
+	EndReason  *string
+	LeaseUntil *time.Time
+}
+
+// checkTerms verifies the recorded terms of election: at most one open, and
+// every term ended at or before the next one started (database time), with
+// term numbers rising in start order. It returns the terms.
+func checkTerms(t testing.TB, pool *pgxpool.Pool, election string) []termRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT term, holder, started_at, ended_at, end_reason, lease_until
+		FROM pgclaim_terms WHERE election = $1 ORDER BY started_at, term`, election)
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms, err := pgx.CollectRows(rows, pgx.RowToStructByPos[termRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := 0
+	for i, tr := range terms {
+		if tr.EndedAt == nil {
+			open++
+			if i != len(terms)-1 {
+				t.Errorf("term %d (%s) is open but not the latest", tr.Term, tr.Holder)
+			}
+			continue
+		}
+		if i+1 < len(terms) {
+			next := terms[i+1]
+			if tr.EndedAt.After(next.StartedAt) {
+				t.Errorf("terms overlap: %d (%s) ended %v after %d (%s) started %v",
+					tr.Term, tr.Holder, tr.EndedAt, next.Term, next.Holder, next.StartedAt)
+			}
+			if next.Term <= tr.Term {
+				t.Errorf("term %d started after term %d", next.Term, tr.Term)
+			}
+		}
+	}
+	if open > 1 {
+		t.Errorf("%d open terms", open)
+	}
+	return terms
+}
+
+// electionHolderPID is the backend holding the election's advisory lock.
+func electionHolderPID(ctx context.Context, pool *pgxpool.Pool, name string) (uint32, error) {
+	class, key := gate.ElectionKey(name)
+	var pid uint32
+	err := pool.QueryRow(ctx, `
+		SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 2
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid = $1::int4::oid AND objid = $2::int4::oid`, class, key).Scan(&pid)
+	return pid, err
+}
+
+func TestElectorOneLeaderAndResign(t *testing.T) {
+	variants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, RetryInterval: 20 * time.Millisecond}
+		ctx := context.Background()
+		es := make([]*gate.Elector, 3)
+		won := make(chan int, len(es))
+		for i := range es {
+			es[i] = newElector(t, db.NewPool(t), "scheduler", fmt.Sprintf("inst-%d", i), o)
+			go func() {
+				if _, err := es[i].Campaign(ctx); err == nil {
+					won <- i
+				}
+			}()
+		}
+		first := <-won
+		select {
+		case i := <-won:
+			t.Fatalf("two leaders: %d and %d", first, i)
+		case <-time.After(300 * time.Millisecond):
+		}
+		for i, e := range es {
+			if e.IsLeader() != (i == first) {
+				t.Fatalf("IsLeader of %d = %v", i, e.IsLeader())
+			}
+		}
+		if es[first].Term() <= 0 {
+			t.Fatalf("leader's Term() = %d", es[first].Term())
+		}
+		lctx, err := es[first].Campaign(ctx) // already leader: at once
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := es[first].Resign(ctx); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		if lctx.Err() == nil || es[first].IsLeader() || es[first].Term() != 0 {
+			t.Fatal("resigned leader still leads")
+		}
+		start := time.Now()
+		second := <-won
+		t.Logf("handover after Resign: %v", time.Since(start))
+		if second == first {
+			t.Fatal("resigned instance won again without campaigning")
+		}
+		if err := es[second].Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		third := <-won
+		if err := es[third].Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		terms := checkTerms(t, db.Pool, "scheduler")
+		if len(terms) != 3 {
+			t.Fatalf("%d terms recorded; want 3", len(terms))
+		}
+		for _, tr := range terms {
+			if tr.EndReason == nil || *tr.EndReason != "resigned" {
+				t.Errorf("term %d: reason %v; want resigned", tr.Term, tr.EndReason)
+			}
+			if (tr.LeaseUntil != nil) != lease {
+				t.Errorf("term %d: lease_until %v for lease=%v", tr.Term, tr.LeaseUntil, lease)
+			}
+		}
+	})
+}
+
+// The leader's backend is terminated: the leader's context is cancelled at
+// once and a standby leads within milliseconds, because the live old leader
+// closes its term as soon as it sees its session end.
+func TestElectorAdvisoryLeaderConnectionKilled(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	srv := pgtest.Shared(t)
+	ctx := context.Background()
+	o := gate.ElectorOptions{TTL: 2 * time.Second}
+	leader := newElector(t, db.NewPool(t), "scheduler", "leader", o)
+	standby := newElector(t, db.NewPool(t), "scheduler", "standby", o)
+	lctx, err := leader.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	won := make(chan time.Time, 1)
+	go func() {
+		if _, err := standby.Campaign(ctx); err == nil {
+			won <- time.Now()
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // the standby is blocked in pg_advisory_lock
+	if standby.IsLeader() {
+		t.Fatal("standby leads while the leader lives")
+	}
+	pid, err := electionHolderPID(ctx, db.Pool, "scheduler")
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lctx.Done():
+	case <-time.After(time.Second):
+		t.Fatal("leader's context not cancelled within 1s of its backend being terminated")
+	}
+	lost := time.Since(killed)
+	if !errors.Is(context.Cause(lctx), gate.ErrLockLost) {
+		t.Fatalf("cause = %v; want ErrLockLost", context.Cause(lctx))
+	}
+	var at time.Time
+	select {
+	case at = <-won:
+	case <-time.After(o.TTL + time.Second):
+		t.Fatalf("standby did not lead within TTL (%v)", o.TTL)
+	}
+	t.Logf("backend terminated: old leader stepped down after %v, standby led after %v (TTL %v)", lost, at.Sub(killed), o.TTL)
+	if leader.IsLeader() {
+		t.Fatal("old leader still reports leadership")
+	}
+	terms := checkTerms(t, db.Pool, "scheduler")
+	if len(terms) != 2 || *terms[0].EndReason != "lost" || terms[1].Holder != "standby" {
+		t.Fatalf("terms = %+v", terms)
+	}
+	standby.Resign(ctx)
+}
+
+// A leader that crashes (no hand-over) is replaced once TTL has passed: the
+// standby gets the lock at once but waits TTL for the old term to close.
+func TestElectorCrashedLeaderReplacedAfterTTL(t *testing.T) {
+	variants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		ctx := context.Background()
+		o := gate.ElectorOptions{Lease: lease, TTL: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
+		leader := newElector(t, db.NewPool(t), "scheduler", "leader", o)
+		standby := newElector(t, db.NewPool(t), "scheduler", "standby", o)
+		lctx, err := leader.Campaign(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		won := make(chan time.Time, 1)
+		go func() {
+			if _, err := standby.Campaign(ctx); err == nil {
+				won <- time.Now()
+			}
+		}()
+		time.Sleep(50 * time.Millisecond)
+		crashed := time.Now()
+		if !leader.Crash() {
+			t.Fatal("no term to crash")
+		}
+		if lctx.Err() == nil {
+			t.Fatal("crashed leader's context not cancelled")
+		}
+		var at time.Time
+		select {
+		case at = <-won:
+		case <-time.After(o.TTL + 2*time.Second):
+			t.Fatalf("standby did not lead within TTL (%v) + 2s", o.TTL)
+		}
+		took := at.Sub(crashed)
+		t.Logf("leader crashed: standby led after %v (TTL %v)", took, o.TTL)
+		if took < o.TTL/2 {
+			t.Fatalf("standby led after %v, before the crashed leader's term could be considered over (TTL %v)", took, o.TTL)
+		}
+		terms := checkTerms(t, db.Pool, "scheduler")
+		want := "superseded"
+		if lease {
+			want = "expired"
+		}
+		if len(terms) != 2 || terms[0].EndReason == nil || *terms[0].EndReason != want {
+			t.Fatalf("terms = %+v; want the crashed term %s", terms, want)
+		}
+		standby.Resign(ctx)
+	})
+}
+
+// In the lease variant a leader's connection can drop without consequence:
+// the lease is renewed on the next connection.
+func TestElectorLeaseSurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	srv := pgtest.Shared(t)
+	ctx := context.Background()
+	o := gate.ElectorOptions{Lease: true, TTL: time.Second}
+	pool := db.NewPool(t)
+	e := newElector(t, pool, "scheduler", "leader", o)
+	lctx, err := e.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := srv.TerminateDatabase(ctx, db.Name); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(o.TTL / 2)
+	}
+	if lctx.Err() != nil || !e.IsLeader() {
+		t.Fatalf("leadership lost with the connections: %v", context.Cause(lctx))
+	}
+	if err := e.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	terms := checkTerms(t, db.Pool, "scheduler")
+	if len(terms) != 1 || *terms[0].EndReason != "resigned" {
+		t.Fatalf("terms = %+v", terms)
+	}
+}
+
+// 60 leadership changes among 3 instances running Run: leaders resign or are
+// killed (backend terminated, or a simulated crash), and a shared counter of
+// running leader functions never exceeds one; the terms table shows no
+// overlap.
+func TestElectorFlip60(t *testing.T) {
+	variants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		srv := pgtest.Shared(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ttl := 300 * time.Millisecond
+		o := gate.ElectorOptions{Lease: lease, TTL: ttl, RetryInterval: 10 * time.Millisecond}
+
+		const n = 3
+		var (
+			active     atomic.Int32
+			violations atomic.Int32
+			entered    = make(chan int, 128)
+		)
+		es := make([]*gate.Elector, n)
+		var wg sync.WaitGroup
+		for i := range es {
+			es[i] = newElector(t, db.NewPool(t), "flip", fmt.Sprintf("inst-%d", i), o)
+			wg.Go(func() {
+				err := es[i].Run(ctx, func(lctx context.Context, run gate.Run) error {
+					if active.Add(1) != 1 {
+						violations.Add(1)
+					}
+					entered <- i
+					<-lctx.Done()
+					active.Add(-1)
+					return nil
+				})
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("Run %d: %v", i, err)
+				}
+			})
+		}
+
+		const flips = 60
+		var resignT, killT []time.Duration
+		again := 0
+		for k := 0; k <= flips; k++ {
+			var who int
+			select {
+			case who = <-entered:
+			case <-time.After(ttl + 5*time.Second):
+				t.Fatalf("flip %d: no leader within TTL+5s", k)
+			}
+			if k == flips {
+				break
+			}
+			prev := who
+			t0 := time.Now()
+			if k%2 == 0 {
+				if err := es[who].Resign(ctx); err != nil {
+					t.Fatalf("flip %d: Resign: %v", k, err)
+				}
+			} else if lease {
+				es[who].Crash()
+			} else {
+				pid, err := electionHolderPID(ctx, db.Pool, "flip")
+				if err != nil {
+					t.Fatalf("flip %d: holder pid: %v", k, err)
+				}
+				if err := srv.Terminate(ctx, pid); err != nil {
+					t.Fatalf("flip %d: terminate: %v", k, err)
+				}
+			}
+			// measured up to the next leader's entry, below
+			select {
+			case who = <-entered:
+			case <-time.After(ttl + 5*time.Second):
+				t.Fatalf("flip %d: no new leader within TTL+5s", k)
+			}
+			d := time.Since(t0)
+			if who == prev {
+				again++
+			}
+			if k%2 == 0 {
+				resignT = append(resignT, d)
+			} else {
+				killT = append(killT, d)
+			}
+			entered <- who // hand the entry to the next iteration
+		}
+		cancel()
+		wg.Wait()
+		if v := violations.Load(); v != 0 {
+			t.Fatalf("%d times two leader functions ran at once", v)
+		}
+		terms := checkTerms(t, db.Pool, "flip")
+		if len(terms) < flips+1 {
+			t.Fatalf("%d terms recorded; want at least %d", len(terms), flips+1)
+		}
+		for _, tr := range terms {
+			if tr.EndedAt == nil {
+				t.Errorf("term %d still open after every Run returned", tr.Term)
+			}
+		}
+		kill := "backend terminated"
+		if lease {
+			kill = "crash"
+		}
+		t.Logf("%d terms, %d times the same instance led again; takeover after resign: %s; after %s: %s (TTL %v)", len(terms), again, stats(resignT), kill, stats(killT), ttl)
+	})
+}
+
+// stats renders min / median / max.
+func stats(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	r := func(d time.Duration) string { return d.Round(10 * time.Microsecond).String() }
+	return fmt.Sprintf("min %s, median %s, max %s (n=%d)", r(s[0]), r(s[len(s)/2]), r(s[len(s)-1]), len(s))
+}
+
+func TestElectorCampaignCancelled(t *testing.T) {
+	variants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		o := gate.ElectorOptions{Lease: lease, TTL: time.Second}
+		leader := newElector(t, db.NewPool(t), "e", "leader", o)
+		standby := newElector(t, db.NewPool(t), "e", "standby", o)
+		if _, err := leader.Campaign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		if _, err := standby.Campaign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign = %v; want DeadlineExceeded", err)
+		}
+		if !lease {
+			// The cancelled wait left no waiter behind in the lock queue.
+			class, key := gate.ElectionKey("e")
+			var waiting int
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
+					WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid`,
+					class, key).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+				if waiting == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if waiting != 0 {
+				t.Fatalf("%d waiters left in the lock queue", waiting)
+			}
+		}
+		if err := leader.Resign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := standby.Campaign(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		standby.Resign(context.Background())
+	})
+}
+
+func TestElectorRunReturnsFnError(t *testing.T) {
+	variants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		var kinds []string
+		var mu sync.Mutex
+		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+			mu.Lock()
+			kinds = append(kinds, e.Kind.String())
+			mu.Unlock()
+		})}}
+		e := newElector(t, db.Pool, "e", "a", o)
+		boom := errors.New("boom")
+		var fence int64
+		err := e.Run(context.Background(), func(ctx context.Context, run gate.Run) error {
+			fence = run.Fence
+			if !e.IsLeader() || run.Name != "e" || run.Holder != "a" || run.Fence <= 0 {
+				return fmt.Errorf("run = %+v, leader %v", run, e.IsLeader())
+			}
+			return boom
+		})
+		if !errors.Is(err, boom) {
+			t.Fatalf("Run = %v; want the function's error", err)
+		}
+		if e.IsLeader() {
+			t.Fatal("still leader after Run returned")
+		}
+		terms := checkTerms(t, db.Pool, "e")
+		if len(terms) != 1 || terms[0].Term != fence || terms[0].EndedAt == nil {
+			t.Fatalf("terms = %+v; want one closed term %d", terms, fence)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if got := strings.Join(kinds, " "); got != "acquired released" {
+			t.Fatalf("events = %q", got)
+		}
+	})
+}
+
+func TestElectorBadInput(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, c := range []struct {
+		name  string
+		pool  *pgxpool.Pool
+		elect string
+		o     gate.ElectorOptions
+		field string
+	}{
+		{"nil pool", nil, "x", gate.ElectorOptions{}, "pool"},
+		{"empty name", pool, "", gate.ElectorOptions{}, "name"},
+		{"negative TTL", pool, "x", gate.ElectorOptions{TTL: -time.Second}, "ElectorOptions.TTL"},
+		{"tiny TTL", pool, "x", gate.ElectorOptions{TTL: time.Millisecond}, "ElectorOptions.TTL"},
+		{"negative RetryInterval", pool, "x", gate.ElectorOptions{RetryInterval: -1}, "ElectorOptions.RetryInterval"},
+	} {
+		e, err := gate.NewElector(c.pool, c.elect, c.o)
+		if e != nil || !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), c.field+":") {
+			t.Errorf("%s: NewElector = %v, %v; want ErrInvalid naming %s", c.name, e, err, c.field)
+		}
+	}
+	e, err := gate.NewElector(pool, "x", gate.ElectorOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Run(context.Background(), nil); !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), "fn:") {
+		t.Errorf("Run(nil) = %v; want ErrInvalid naming fn", err)
+	}
+}
+
+func TestElectionKeyDiffersFromAdvisoryKey(t *testing.T) {
+	c1, k1 := gate.AdvisoryKey("x")
+	c2, k2 := gate.ElectionKey("x")
+	if c1 == c2 || k1 != k2 || c2 != gate.ElectionClass {
+		t.Fatalf("AdvisoryKey = (%d,%d), ElectionKey = (%d,%d)", c1, k1, c2, k2)
+	}
+}

@@ -1,0 +1,359 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// ErrReleased is returned by Extend and Release on a LeaseHandle that was
+// already released.
+var ErrReleased = errors.New("gate: lease already released")
+
+// LeaseOptions configure a Lease.
+type LeaseOptions struct {
+	// Options are the settings every gate mechanism shares.
+	Options
+
+	// AtMost is the lease length: a holder that neither extends nor
+	// releases the lease (it crashed, or lost the network) loses it this
+	// long after the last acquisition or extension, by database time.
+	// Required; at least 1ms.
+	AtMost time.Duration
+
+	// AtLeast is how long the lease stays held after it was acquired, even
+	// when it is released sooner. It keeps a fast job from running again on
+	// an instance that fires the same schedule a little later. Zero (the
+	// default) releases at once; never more than AtMost.
+	AtLeast time.Duration
+
+	// KeepAlive is how often a held lease is extended automatically, by
+	// another AtMost from database time. Default: AtMost/3. Must be less
+	// than AtMost.
+	KeepAlive time.Duration
+
+	// NoKeepAlive turns automatic extension off: the holder calls Extend
+	// itself, or the lease runs out AtMost after it was taken.
+	NoKeepAlive bool
+}
+
+// check validates the options and fills defaults.
+func (o LeaseOptions) check() (LeaseOptions, error) {
+	switch {
+	case o.AtMost <= 0:
+		return o, invalid("LeaseOptions.AtMost", "must be positive")
+	case o.AtMost < time.Millisecond:
+		return o, invalid("LeaseOptions.AtMost", "must be at least 1ms")
+	case o.AtLeast < 0:
+		return o, invalid("LeaseOptions.AtLeast", "must not be negative")
+	case o.AtLeast > o.AtMost:
+		return o, invalid("LeaseOptions.AtLeast", fmt.Sprintf("%v exceeds AtMost (%v)", o.AtLeast, o.AtMost))
+	case o.KeepAlive < 0:
+		return o, invalid("LeaseOptions.KeepAlive", "must not be negative")
+	case o.KeepAlive >= o.AtMost:
+		return o, invalid("LeaseOptions.KeepAlive", fmt.Sprintf("%v must be less than AtMost (%v)", o.KeepAlive, o.AtMost))
+	}
+	if o.KeepAlive == 0 {
+		o.KeepAlive = o.AtMost / 3
+	}
+	o.Options = o.Options.withDefaults()
+	return o, nil
+}
+
+// Lease is a named lease lock kept in the pgclaim_locks table: a ShedLock
+// style lock row with database-time expiry, extension and fencing.
+//
+// Every operation is one self-contained statement, so a Lease works through
+// PgBouncer in transaction pooling mode, where session advisory locks
+// cannot. Each acquisition gets a fresh fencing token from
+// pgclaim_fence_seq; extension and release are scoped to it, so a holder
+// whose lease expired and was taken over can neither extend nor release the
+// new holder's lease. An expired row is taken over only for its own name.
+//
+// A Lease is safe for concurrent use; it holds no state between
+// acquisitions.
+type Lease struct {
+	pool *pgxpool.Pool
+	q    *store.Queries
+	name string
+	o    LeaseOptions
+}
+
+// NewLease returns the lease lock called name, kept through pool.
+func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error) {
+	if pool == nil {
+		return nil, invalid("pool", "must not be nil")
+	}
+	if err := checkName("name", name); err != nil {
+		return nil, err
+	}
+	o, err := opts.check()
+	if err != nil {
+		return nil, err
+	}
+	return &Lease{pool: pool, q: store.New(pool), name: name, o: o}, nil
+}
+
+// Name returns the lease's name.
+func (l *Lease) Name() string { return l.name }
+
+// TryAcquire takes the lease if it is free or expired, without waiting. It
+// returns an error wrapping ErrHeld when another holder has it. ctx bounds
+// only this call: the lease is held until Release, or until it is lost.
+//
+// Unless NoKeepAlive is set, the lease is extended every KeepAlive until it
+// is released or lost.
+func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
+	sent := time.Now()
+	row, err := l.q.AcquireLease(ctx, store.AcquireLeaseParams{
+		Name:     l.name,
+		Holder:   l.o.Holder,
+		AtMostUs: l.o.AtMost.Microseconds(),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		l.o.emit(Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
+		return nil, fmt.Errorf("%w: lease %q", ErrHeld, l.name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gate: lease %q: acquire: %w", l.name, err)
+	}
+	h := &LeaseHandle{
+		l:     l,
+		fence: row.Fence,
+		start: sent,
+		valid: sent.Add(l.o.AtMost),
+		kaEnd: make(chan struct{}),
+	}
+	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	h.mu.Lock()
+	h.timer = time.AfterFunc(l.o.AtMost, h.checkExpiry)
+	h.mu.Unlock()
+	l.o.emit(Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
+	if l.o.NoKeepAlive {
+		close(h.kaEnd)
+	} else {
+		h.kaStop = make(chan struct{})
+		go h.keepAlive()
+	}
+	return h, nil
+}
+
+// Do runs fn while holding the lease: it takes the lease (returning an error
+// wrapping ErrHeld, without running fn, when it is held elsewhere), runs fn
+// with the lease's fencing token in run.Fence, and releases the lease when
+// fn returns (keeping AtLeast).
+//
+// fn's context is cancelled when ctx ends or the lease is lost (its
+// extension found it expired or taken over); Do then returns an error
+// wrapping ErrLockLost, joined with fn's own error if any.
+func (l *Lease) Do(ctx context.Context, fn Func) (err error) {
+	if fn == nil {
+		return invalid("fn", "must not be nil")
+	}
+	h, err := l.TryAcquire(ctx)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(h.Context())
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	run := Run{Name: l.name, Holder: l.o.Holder, Fence: h.fence}
+	start := time.Now()
+	returned := false
+	defer func() {
+		stop()
+		cancel(nil)
+		if !returned { // fn panicked: release, report, let the panic go on
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			_ = h.Release(rctx)
+			rcancel()
+			l.o.emit(finished(run, OutcomeAbandoned, time.Since(start), errors.New("gate: job panicked")))
+		}
+	}()
+	ferr := fn(fctx, run)
+	returned = true
+	d := time.Since(start)
+
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rerr := h.Release(rctx)
+	rcancel()
+
+	out := outcomeOf(ctx, ferr)
+	if errors.Is(rerr, ErrLockLost) {
+		out = OutcomeLost
+	}
+	err = errors.Join(ferr, rerr)
+	l.o.emit(finished(run, out, d, err))
+	return err
+}
+
+// LeaseHandle is one acquisition of a Lease. Its fencing token is fixed for
+// the acquisition's life; extensions keep it.
+type LeaseHandle struct {
+	l     *Lease
+	fence int64
+	start time.Time
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	kaStop chan struct{} // closed to stop the keep-alive; nil without one
+	kaEnd  chan struct{} // closed when the keep-alive has stopped
+
+	mu       sync.Mutex
+	valid    time.Time // instance-clock bound: the lease may have expired after this
+	timer    *time.Timer
+	lost     error // why the lease was lost; nil while held
+	released bool
+}
+
+// Token returns the fencing token of this acquisition: strictly greater than
+// the token of every earlier acquisition of any lease. Pass it to the
+// systems the holder writes to so they can refuse a stale holder.
+func (h *LeaseHandle) Token() int64 { return h.fence }
+
+// Context returns a context that is cancelled when the lease is released or
+// lost: an extension found it expired or taken over, or AtMost passed since
+// the last successful extension (by the instance's clock, counted from when
+// that extension was sent, so it is never later than the database's expiry).
+// context.Cause then wraps ErrLockLost. It carries the values of the context
+// given to TryAcquire, not its cancellation.
+func (h *LeaseHandle) Context() context.Context { return h.ctx }
+
+// Extend pushes the lease's expiry to AtMost from now (database time). It
+// returns an error wrapping ErrLockLost when the lease had expired or was
+// taken over, and ErrReleased after Release. Other errors (the database
+// could not be reached) leave the lease as it was: it may still be
+// extended before it runs out.
+func (h *LeaseHandle) Extend(ctx context.Context) error {
+	h.mu.Lock()
+	released, lost := h.released, h.lost
+	h.mu.Unlock()
+	if released {
+		return ErrReleased
+	}
+	if lost != nil {
+		return lost
+	}
+	return h.extend(ctx)
+}
+
+func (h *LeaseHandle) extend(ctx context.Context) error {
+	l := h.l
+	sent := time.Now()
+	_, err := l.q.ExtendLease(ctx, store.ExtendLeaseParams{Name: l.name, Fence: h.fence, AtMostUs: l.o.AtMost.Microseconds()})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return h.markLost(fmt.Errorf("%w: lease %q (fence %d) expired or was taken over", ErrLockLost, l.name, h.fence))
+	}
+	if err != nil {
+		return fmt.Errorf("gate: lease %q: extend: %w", l.name, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost != nil {
+		return h.lost
+	}
+	if v := sent.Add(l.o.AtMost); v.After(h.valid) {
+		h.valid = v
+		h.timer.Reset(time.Until(v))
+	}
+	return nil
+}
+
+// Release gives the lease up, keeping it held until AtLeast after it was
+// acquired. Only this acquisition's lease is touched: when the lease had
+// expired or was taken over, Release changes nothing and returns an error
+// wrapping ErrLockLost. The handle's context is cancelled. A second Release
+// returns ErrReleased.
+func (h *LeaseHandle) Release(ctx context.Context) error {
+	l := h.l
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return ErrReleased
+	}
+	h.released = true
+	h.mu.Unlock()
+	// No extension may run after the release statement.
+	if h.kaStop != nil {
+		close(h.kaStop)
+	}
+	<-h.kaEnd
+
+	n, err := l.q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: l.name, Fence: h.fence, AtLeastUs: l.o.AtLeast.Microseconds()})
+	h.mu.Lock()
+	h.timer.Stop()
+	lost := h.lost
+	h.mu.Unlock()
+	if err != nil {
+		h.cancel(context.Canceled)
+		return fmt.Errorf("gate: lease %q: release: %w", l.name, err)
+	}
+	if n == 0 && lost == nil {
+		lost = h.markLost(fmt.Errorf("%w: lease %q (fence %d) expired or was taken over before release", ErrLockLost, l.name, h.fence))
+	}
+	h.cancel(context.Canceled)
+	l.o.emit(Event{Kind: EventReleased, Name: l.name, Holder: l.o.Holder, Fence: h.fence, Duration: time.Since(h.start), Err: lost})
+	return lost
+}
+
+// markLost records why the lease was lost (once), cancels the handle's
+// context and reports it. It returns the recorded reason.
+func (h *LeaseHandle) markLost(why error) error {
+	h.mu.Lock()
+	if h.lost != nil {
+		why = h.lost
+		h.mu.Unlock()
+		return why
+	}
+	h.lost = why
+	h.timer.Stop()
+	h.mu.Unlock()
+	h.cancel(why)
+	h.l.o.emit(Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
+	return why
+}
+
+// checkExpiry runs when the instance-clock bound passes without an
+// extension: from then on the database may consider the lease expired.
+func (h *LeaseHandle) checkExpiry() {
+	h.mu.Lock()
+	early := time.Now().Before(h.valid) || h.lost != nil || h.released
+	h.mu.Unlock()
+	if !early {
+		h.markLost(fmt.Errorf("%w: lease %q (fence %d) ran out without extension", ErrLockLost, h.l.name, h.fence))
+	}
+}
+
+// keepAlive extends the lease every KeepAlive until it is released or lost.
+// A failed extension (database unreachable) is retried at the next tick
+// until the lease runs out.
+func (h *LeaseHandle) keepAlive() {
+	defer close(h.kaEnd)
+	t := time.NewTicker(h.l.o.KeepAlive)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.kaStop:
+			return
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+		h.mu.Lock()
+		deadline := h.valid
+		h.mu.Unlock()
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := h.extend(ctx)
+		cancel()
+		if err != nil && !errors.Is(err, ErrLockLost) {
+			h.l.o.Logger.Warn("gate: lease extension failed", "name", h.l.name, "holder", h.l.o.Holder, "fence", h.fence, "error", err.Error())
+		}
+	}
+}
