@@ -1,0 +1,114 @@
+// Package tick derives the scheduled instant a cron library fired a job for,
+// the way every instance computes it alike. It is shared by the cronx
+// adapters.
+package tick
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgclaim/pgclaim/gate"
+)
+
+// DefaultMaxDelay is the MaxDelay used when an adapter's options leave it
+// zero. It matches gate.DefaultSkewTolerance: a run that starts later than
+// that after its instant would be refused by the gate's skew check anyway.
+const DefaultMaxDelay = time.Minute
+
+// ErrNoInstant means a job started with no instant of its schedule within
+// MaxDelay before the instance's clock: it was started late, or by a
+// schedule other than the one given to the adapter.
+var ErrNoInstant = errors.New("cronx: no scheduled instant within MaxDelay before now")
+
+// Invalid returns an error for bad input in field, reading
+// "<pkg>: <field>: <msg>" and wrapping gate.ErrInvalid.
+func Invalid(pkg, field, msg string) error {
+	return &fieldError{pkg: pkg, field: field, msg: msg}
+}
+
+type fieldError struct{ pkg, field, msg string }
+
+func (e *fieldError) Error() string { return e.pkg + ": " + e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return gate.ErrInvalid }
+
+// Check validates a job's name, schedule and maximum delay for package pkg
+// and returns the delay to use (DefaultMaxDelay for zero). now is the
+// instance's clock.
+//
+// The schedule must be a calendar: its instants fixed in time, not counted
+// from when something started. That is what lets every instance name the
+// same instant. It is probed once: with a = Next(now), Next(a-1ns) must be a
+// again. A schedule like robfig/cron's "@every 90s" (each instant 90s after
+// the previous fire, counted from each instance's start) fails the probe.
+func Check(pkg, name string, sched gate.Schedule, maxDelay time.Duration, now time.Time) (time.Duration, error) {
+	if name == "" {
+		return 0, Invalid(pkg, "name", "must not be empty")
+	}
+	if sched == nil {
+		return 0, Invalid(pkg, "sched", "must not be nil")
+	}
+	if maxDelay < 0 {
+		return 0, Invalid(pkg, "MaxDelay", "must not be negative")
+	}
+	if maxDelay == 0 {
+		maxDelay = DefaultMaxDelay
+	}
+	a := sched.Next(now)
+	if a.IsZero() {
+		return 0, Invalid(pkg, "sched", "has no instant after now")
+	}
+	if !a.After(now) {
+		return 0, Invalid(pkg, "sched", fmt.Sprintf("Next(now) is not after now (Next(%s) = %s)",
+			now.Format(time.RFC3339Nano), a.Format(time.RFC3339Nano)))
+	}
+	if b := sched.Next(a.Add(-time.Nanosecond)); !b.Equal(a) {
+		return 0, Invalid(pkg, "sched", fmt.Sprintf(
+			"instants are not fixed in time (Next(%s) = %s, but Next of 1ns earlier = %s); "+
+				"an interval counted from each instance's start (like @every) gives every instance "+
+				"different instants: use a calendar spec", now.Format(time.RFC3339Nano),
+			a.Format(time.RFC3339Nano), b.Format(time.RFC3339Nano)))
+	}
+	return maxDelay, nil
+}
+
+// Latest returns the last instant of sched in (now-maxDelay, now]: the
+// instant a cron library fired the job for, if it started the job at most
+// maxDelay late. A cron library starts a job once its clock has reached the
+// instant, so an instance whose clock is ahead or behind fires earlier or
+// later in real time but computes the same instant; the firing delay
+// (scheduler wake-up, goroutine start) only has to stay below the gap
+// between instants and below maxDelay.
+//
+// The window is searched backwards by doubling from 1ms, so the cost grows
+// with the logarithm of the delay, not with how many instants maxDelay
+// could hold.
+func Latest(sched gate.Schedule, now time.Time, maxDelay time.Duration) (time.Time, error) {
+	if maxDelay <= 0 {
+		return time.Time{}, fmt.Errorf("%w (MaxDelay %s)", ErrNoInstant, maxDelay)
+	}
+	w := min(time.Millisecond, maxDelay)
+	for {
+		if x := sched.Next(now.Add(-w)); !x.IsZero() && !x.After(now) {
+			for {
+				n := sched.Next(x)
+				if n.IsZero() || n.After(now) {
+					return x, nil
+				}
+				if !n.After(x) {
+					return time.Time{}, fmt.Errorf("cronx: schedule does not advance: Next(%s) = %s",
+						x.Format(time.RFC3339Nano), n.Format(time.RFC3339Nano))
+				}
+				x = n
+			}
+		}
+		if w == maxDelay {
+			return time.Time{}, fmt.Errorf("%w (%s before %s)", ErrNoInstant, maxDelay, now.Format(time.RFC3339Nano))
+		}
+		if w > maxDelay/2 {
+			w = maxDelay
+		} else {
+			w *= 2
+		}
+	}
+}

@@ -1,0 +1,165 @@
+// Package robfig runs robfig/cron v3 jobs through a pgclaim gate, so that a
+// job scheduled on every instance of a service runs once per scheduled
+// instant across all of them.
+//
+// Every instance builds the same cron (same spec, same job name) and wraps
+// the job with NewJob or Wrap. When the cron fires, the job works out which
+// instant it fired for from the schedule — the last instant of the schedule
+// at or before the instance's clock — and hands it to gate.Gate.Once: the
+// first instance to record that (name, instant) in the tick ledger runs the
+// job, holding the job's advisory lock; the others skip. An instance whose
+// clock is ahead or behind fires earlier or later in real time, but names
+// the same instant, because the cron fires by the same clock the instant is
+// read from.
+//
+// The schedule must be a calendar (a cron spec such as "0 9 * * *" or
+// "*/10 * * * * *"): instants fixed in time. "@every" intervals count from
+// each instance's start, so no two instances agree on an instant; NewJob and
+// Wrap refuse them.
+//
+// A job must start within Options.MaxDelay of its instant, and before the
+// next instant of its schedule; a job that starts later is counted for a
+// later instant or refused with ErrNoInstant. Keep the cron's jobs short or
+// let them run on their own goroutines (robfig/cron does), and keep the
+// machines' clocks within the gate's skew tolerance of the database.
+package robfig
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/pgclaim/pgclaim/cronx/internal/tick"
+	"github.com/pgclaim/pgclaim/gate"
+)
+
+// DefaultMaxDelay is the Options.MaxDelay used when none is set: one
+// minute, like gate.DefaultSkewTolerance.
+const DefaultMaxDelay = tick.DefaultMaxDelay
+
+// ErrNoInstant means a job was started with no instant of its schedule
+// within Options.MaxDelay before the instance's clock: it started too late,
+// or the cron runs it on a schedule other than the one given to NewJob or
+// Wrap.
+var ErrNoInstant = tick.ErrNoInstant
+
+// Options configure a Job. The zero value is ready to use.
+type Options struct {
+	// Context is the parent of every run's context: cancel it at shutdown
+	// to cancel the runs in progress (cron.Cron.Stop only stops firing).
+	// Default: context.Background().
+	Context context.Context
+
+	// MaxDelay is how late after its scheduled instant a run may start and
+	// still count for it. Default: DefaultMaxDelay. Negative is an error.
+	MaxDelay time.Duration
+
+	// Logger receives the errors Run cannot return: a failed job, a lost
+	// lock, a clock outside the gate's skew tolerance, an unreachable
+	// database, ErrNoInstant. Skips are not errors and are not logged here
+	// (the gate reports them to its own Logger and Hooks). Default: a
+	// logger that discards everything.
+	Logger *slog.Logger
+
+	// now reads the instance's clock; tests set it to simulate skew.
+	now func() time.Time
+}
+
+// Job is a cron.Job that runs a gate.Func once per scheduled instant across
+// all instances. Schedule it with the same schedule it was built with:
+//
+//	c.Schedule(sched, job)
+type Job struct {
+	g        *gate.Gate
+	name     string
+	sched    cron.Schedule
+	fn       gate.Func
+	ctx      context.Context
+	maxDelay time.Duration
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// NewJob returns a Job running fn for the job called name, whose instants
+// are those of sched, through g. fn's Run carries the instant (FireAt) and
+// the fencing token of the run.
+func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts Options) (*Job, error) {
+	if g == nil {
+		return nil, tick.Invalid("robfig", "g", "must not be nil")
+	}
+	if fn == nil {
+		return nil, tick.Invalid("robfig", "fn", "must not be nil")
+	}
+	now := opts.now
+	if now == nil {
+		now = time.Now
+	}
+	maxDelay, err := tick.Check("robfig", name, sched, opts.MaxDelay, now())
+	if err != nil {
+		return nil, err
+	}
+	ctx := opts.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: log, now: now}, nil
+}
+
+// Wrap returns a cron.JobWrapper running the job it wraps through g, as the
+// job called name with the instants of sched (see NewJob). Use one wrapper
+// per job: every job it wraps shares name, and so its ticks.
+//
+// The wrapped cron.Job sees neither a context nor the run's fencing token;
+// when it should stop on a lost lock or use the token, use NewJob.
+func Wrap(g *gate.Gate, name string, sched cron.Schedule, opts Options) (cron.JobWrapper, error) {
+	noop := func(context.Context, gate.Run) error { return nil }
+	base, err := NewJob(g, name, sched, noop, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(inner cron.Job) cron.Job {
+		j := *base
+		j.fn = func(context.Context, gate.Run) error {
+			inner.Run()
+			return nil
+		}
+		return &j
+	}, nil
+}
+
+// Name returns the job's name, its key in the tick ledger.
+func (j *Job) Name() string { return j.name }
+
+// Run implements cron.Job: it runs the job for the instant the cron fired
+// for, unless another instance has claimed that instant. Errors other than
+// a skip go to Options.Logger.
+func (j *Job) Run() {
+	if err := j.fire(j.ctx); err != nil && !errors.Is(err, gate.ErrSkipped) {
+		j.log.Error("robfig: run failed", "name", j.name, "error", err.Error())
+	}
+}
+
+// fire runs the job for the instant the clock says it was fired for.
+func (j *Job) fire(ctx context.Context) error {
+	at, err := tick.Latest(j.sched, j.now(), j.maxDelay)
+	if err != nil {
+		return err
+	}
+	return j.g.Once(ctx, j.name, at, j.fn)
+}
+
+// CatchUp runs the job for the latest instant within window before database
+// time that no instance has run (see gate.Gate.CatchUp), once across all
+// instances. Call it at start-up, before or after starting the cron. It
+// returns an error wrapping gate.ErrSkipped when there is nothing to catch
+// up or another instance did it.
+func (j *Job) CatchUp(ctx context.Context, window time.Duration) error {
+	return j.g.CatchUp(ctx, j.name, j.sched, window, j.fn)
+}
