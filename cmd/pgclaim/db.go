@@ -80,7 +80,7 @@ func connectFailure(cc *pgconn.Config, err error) error {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return &failure{
 			msg:  fmt.Sprintf("cannot connect to %s: connection refused", where),
-			hint: "is the server running and listening on that address? " + urlHint,
+			hint: "is the server running and listening on that address? To use another server, " + urlHint,
 			err:  err,
 		}
 	case errors.As(err, &dnsErr):
@@ -104,7 +104,7 @@ func connectFailure(cc *pgconn.Config, err error) error {
 	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
 		return &failure{
 			msg:  fmt.Sprintf("cannot connect to %s: timed out", where),
-			hint: "is the address reachable (firewall, network)? " + urlHint,
+			hint: "is the address reachable (firewall, network)? To use another server, " + urlHint,
 			err:  err,
 		}
 	}
