@@ -1,0 +1,585 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/examples/pushresume/db"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// demoConfig configures the demo run.
+type demoConfig struct {
+	DatabaseURL string // an existing database; empty: provision one with pgtest
+	Pushes      int    // paused pushes to seed
+	Stuck       int    // requests left PROCESSING by yesterday's crash
+	KillAfter   int    // SIGKILL the Active once it has started this many sends (0: 2/5 of Pushes)
+	NoKill      bool   // let the Active finish (no failover)
+	NoRestart   bool   // do not bring the killed Active back
+	Instance    instanceConfig
+	Timeout     time.Duration // for the whole run after provisioning
+
+	// Exe and Env start an instance: Exe with "instance" and its flags,
+	// Env added to the environment. Default: this program's executable.
+	Exe string
+	Env []string
+
+	Out    io.Writer // the live view and the summary
+	Stderr io.Writer // the instances' standard error
+}
+
+func (c *demoConfig) check() error {
+	switch {
+	case c.Pushes < 1:
+		return errors.New("--pushes: must be at least 1")
+	case c.Stuck < 0:
+		return errors.New("--stuck: must not be negative")
+	case c.KillAfter < 0:
+		return errors.New("--kill-after: must not be negative")
+	case c.KillAfter >= c.Pushes && !c.NoKill:
+		return fmt.Errorf("--kill-after: must be less than --pushes (%d), so the kill lands mid-run", c.Pushes)
+	case c.Timeout <= 0:
+		return errors.New("--timeout: must be positive")
+	}
+	ic := c.Instance
+	ic.URL = "-" // checked once known
+	return ic.check()
+}
+
+// demoResult is what a run established, for the summary and for tests.
+type demoResult struct {
+	OK         bool
+	Failures   []string // invariants that did not hold
+	FireAt     time.Time
+	Procs      []*proc
+	Killed     *proc // the instance killed mid-run, if any
+	KilledMid  int   // rows it left PROCESSING when killed
+	Total      int64 // rows in push_requests
+	States     map[string]int64
+	Sends      int64
+	Pushes     int64 // distinct pushes sent
+	Duplicates int64
+	Odd        db.CountInconsistentRow
+	Ticks      []db.TicksRow
+	SentBy     map[string]int64
+}
+
+// orchestrator runs the demo: it owns the instance processes and the live
+// view. Only its run loop touches the procs' fields.
+type orchestrator struct {
+	cfg    demoConfig
+	start  time.Time
+	out    io.Writer
+	pool   *pgxpool.Pool
+	q      *db.Queries
+	url    string
+	events chan procEvent
+	procs  []*proc
+	leader *proc // the instance last elected
+	fireAt time.Time
+}
+
+// runDemo runs the whole scenario and returns its result. err is set when
+// the demo could not run (no database, an instance failed to start); a run
+// that completed with a broken invariant returns a result with OK false.
+func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("finding this program to start its instances: %w", err)
+		}
+		cfg.Exe = exe
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.KillAfter == 0 {
+		// About 2/5 of the way, in the middle of a batch, so that the
+		// rest of the batch is left claimed.
+		b := cfg.Instance.Batch
+		cfg.KillAfter = max(1, min(cfg.Pushes-1, (cfg.Pushes*2/5)/b*b+b/2))
+	}
+	o := &orchestrator{cfg: cfg, start: time.Now(), out: cfg.Out, events: make(chan procEvent, 256)}
+
+	url, cleanup, err := o.provision(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	o.url = url
+
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	defer o.shutdown()
+	return o.run(ctx)
+}
+
+// say prints one line of the live view.
+func (o *orchestrator) say(who, format string, args ...any) {
+	fmt.Fprintf(o.out, "%6.2fs  %-9s %s\n", time.Since(o.start).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+// provision finds the database: the given URL, else a fresh database on a
+// server from pgtest (PGCLAIM_TEST_DATABASE_URL, Docker, local binaries).
+func (o *orchestrator) provision(ctx context.Context) (url string, cleanup func(), err error) {
+	if o.cfg.DatabaseURL != "" {
+		pool, err := pgxpool.New(ctx, o.cfg.DatabaseURL)
+		if err != nil {
+			return "", nil, fmt.Errorf("--database-url: %w", err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return "", nil, fmt.Errorf("--database-url: %w", err)
+		}
+		o.pool, o.q = pool, db.New(pool)
+		o.say("demo", "Postgres: the database from --database-url / DATABASE_URL (kept after the run)")
+		return o.cfg.DatabaseURL, pool.Close, nil
+	}
+	var source []string
+	srv, err := pgtest.Start(ctx, pgtest.Options{Logf: func(format string, args ...any) {
+		source = append(source, fmt.Sprintf(format, args...))
+	}})
+	if err != nil {
+		return "", nil, err
+	}
+	d, err := srv.CreateDatabase(ctx, pgtest.Template{Name: "pushresume_demo", Unmigrated: true})
+	if err != nil {
+		_ = srv.Close()
+		return "", nil, err
+	}
+	o.pool, o.q = d.Pool, db.New(d.Pool)
+	how := map[pgtest.Source]string{
+		pgtest.SourceURL:       "the server in " + pgtest.EnvURL,
+		pgtest.SourceContainer: "a container (testcontainers, " + pgtest.ContainerImage + ")",
+		pgtest.SourceLocal:     "a throwaway cluster from the local PostgreSQL binaries",
+	}[srv.Source()]
+	o.say("demo", "Postgres: %s; database %s (dropped at the end)", how, d.Name)
+	return d.URL, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d.Drop(ctx)
+		_ = srv.Close()
+	}, nil
+}
+
+// prepare migrates, empties the demo's tables and seeds them.
+func (o *orchestrator) prepare(ctx context.Context) error {
+	if o.cfg.DatabaseURL != "" {
+		t, err := o.q.DemoTables(ctx)
+		if err != nil {
+			return err
+		}
+		if t.PushRequests && !t.VersionTable {
+			return errors.New("the database has a push_requests table this demo did not create; use an empty database")
+		}
+	}
+	applied, err := migrate(ctx, o.pool)
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		o.say("demo", "schema: applied %s", strings.Join(applied, ", "))
+	} else {
+		o.say("demo", "schema: up to date")
+	}
+	if err := o.q.ResetDemo(ctx); err != nil {
+		return err
+	}
+	cfg := o.cfg
+	if cfg.Stuck > 0 {
+		if _, err := o.q.SeedStuck(ctx, db.SeedStuckParams{
+			N: int32(cfg.Stuck), AgeSeconds: (cfg.Instance.StaleAfter + time.Hour).Seconds(), Holder: "active:yesterday",
+		}); err != nil {
+			return err
+		}
+	}
+	if _, err := o.q.SeedPaused(ctx, int32(cfg.Pushes)); err != nil {
+		return err
+	}
+	o.say("demo", "seeded %d PAUSED pushes, and %d requests a crashed server left PROCESSING %s ago",
+		cfg.Pushes, cfg.Stuck, durationText(cfg.Instance.StaleAfter+time.Hour))
+	return nil
+}
+
+// instanceArgs are the flags every instance gets.
+func (o *orchestrator) instanceArgs(label string) []string {
+	c := o.cfg.Instance
+	args := []string{"instance",
+		"--database-url", o.url,
+		"--name", strings.SplitN(label, "#", 2)[0],
+		"--send-delay", c.SendDelay.String(),
+		"--batch", strconv.Itoa(c.Batch),
+		"--lease", c.Lease.String(),
+		"--ttl", c.TTL.String(),
+		"--stale-after", c.StaleAfter.String(),
+		"--max-attempts", strconv.Itoa(c.MaxAttempts),
+		"--sweep-every", c.SweepEvery.String(),
+		"--standby-delay", c.StandbyDelay.String(),
+		"--catch-up", c.CatchUp.String(),
+	}
+	if c.Verbose {
+		args = append(args, "-v")
+	}
+	if !o.fireAt.IsZero() {
+		args = append(args, "--daily-at", o.fireAt.UTC().Format(time.RFC3339Nano))
+	}
+	return args
+}
+
+func (o *orchestrator) startInstance(label string) (*proc, error) {
+	o.say("demo", "starting %s", label)
+	p, err := startProc(label, o.cfg.Exe, o.instanceArgs(label), o.cfg.Env, o.events, o.cfg.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	o.procs = append(o.procs, p)
+	return p, nil
+}
+
+// errExited is returned by wait when an instance exits unexpectedly.
+var errExited = errors.New("instance exited")
+
+// wait handles events until done reports true, polling poll (if set) every
+// 50ms as well. It fails when ctx ends or an instance that was not killed or
+// stopped exits.
+func (o *orchestrator) wait(ctx context.Context, what string, done func() bool, poll func() (bool, error)) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case pe := <-o.events:
+			if err := o.handle(pe); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if poll == nil {
+				continue
+			}
+			ok, err := poll()
+			if err != nil {
+				return fmt.Errorf("waiting for %s: %w", what, err)
+			}
+			if ok {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// handle applies one event to its proc and prints it in the live view.
+func (o *orchestrator) handle(pe procEvent) error {
+	p, e := pe.p, pe.e
+	if pe.exit {
+		p.exited, p.err = true, pe.err
+		if p.leader {
+			p.leader = false
+		}
+		if !p.killed && p.stopped == nil {
+			return fmt.Errorf("%s: %w: %v", p.label, errExited, pe.err)
+		}
+		return nil
+	}
+	if e.Holder != "" {
+		p.holder = e.Holder
+	}
+	switch e.Ev {
+	case evReady:
+		p.ready = true
+	case evSwept:
+		p.seen.SweptFailed += e.To["FAILED"]
+		p.seen.SweptRetry += e.To["PAUSED"]
+		p.swept += e.N
+		for holder, n := range e.By {
+			for _, q := range o.procs {
+				if q.holder == holder && q.killed {
+					q.seen.Claimed += n // claims it held when it died
+				}
+			}
+		}
+		o.say(p.label, "%s", sweptText(e))
+	case evCatchUp:
+		o.say(p.label, "start-up catch-up: %s", e.Msg)
+	case evCampaign:
+		p.campaig = true
+		if o.leader != nil && o.leader != p && !o.leader.killed {
+			o.say(p.label, "standing by: %s is the Active", o.leader.label)
+		}
+	case evElected:
+		p.leader = true
+		p.seen.Terms++
+		switch prev := o.leader; {
+		case prev == nil:
+			o.say(p.label, "elected leader (term %d): the Active", e.Fence)
+		case prev.killed:
+			o.say(p.label, "elected leader (term %d): took over from %s", e.Fence, prev.label)
+		default:
+			o.say(p.label, "elected leader (term %d)", e.Fence)
+		}
+		o.leader = p
+	case evDemoted:
+		p.leader = false
+	case evFired:
+		o.say(p.label, "09:00 fired")
+	case evTickRun:
+		p.ranTick = true
+		p.seen.TicksRun++
+		if e.How == "catch-up" {
+			o.say(p.label, "catch-up: ran the missed tick (fence %d)", e.Fence)
+		} else {
+			o.say(p.label, "ledger: the 09:00 tick is mine (fence %d) → resuming paused pushes", e.Fence)
+		}
+	case evTickSkip:
+		p.seen.TicksSkipped++
+		o.say(p.label, "09:00 skipped (%s)", e.Msg)
+	case evTickDone:
+		p.tickEnd = true
+		if e.Msg != "" {
+			o.say(p.label, "09:00 run ended: %s", e.Msg)
+		}
+	case evSending:
+		p.sending++
+	case evLeftovers:
+		o.say(p.label, "%s due but PAUSED, and no run holds the job → finishing the cut-short run under the job's lock", plural(e.N, "push"))
+	case evResumed:
+		if s := e.Stats; s != nil {
+			p.seen.Claimed += s.Claimed
+			p.seen.Sent += s.Sent
+			text := fmt.Sprintf("%s: resumed %d, sent %d", e.How, s.Claimed, s.Sent)
+			if s.Released > 0 || s.Lost > 0 {
+				text += fmt.Sprintf(", released %d, lost %d", s.Released, s.Lost)
+			}
+			o.say(p.label, "%s", text)
+		}
+	case evError:
+		o.say(p.label, "ERROR %s", short(e.Msg))
+	case evStopped:
+		p.stopped = e.Stats
+	}
+	return nil
+}
+
+func sweptText(e event) string {
+	if e.N == 0 {
+		return e.Rule + " sweep: nothing stuck"
+	}
+	var to []string
+	for _, s := range slices.Sorted(maps.Keys(e.To)) {
+		what := s
+		if s == "PAUSED" {
+			what = "PAUSED (another attempt)"
+		}
+		to = append(to, fmt.Sprintf("%d → %s", e.To[s], what))
+	}
+	var by []string
+	for _, h := range slices.Sorted(maps.Keys(e.By)) {
+		by = append(by, h)
+	}
+	return fmt.Sprintf("%s sweep: %s stuck under %s: %s", e.Rule, plural(e.N, "row"), strings.Join(by, ", "), strings.Join(to, ", "))
+}
+
+// plural returns "1 row", "2 rows", "1 push", "2 pushes".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "sh") {
+		return fmt.Sprintf("%d %ses", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func durationText(d time.Duration) string {
+	if d%time.Hour == 0 {
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return d.String()
+}
+
+// run is the scenario.
+func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
+	cfg := o.cfg
+	if err := o.prepare(ctx); err != nil {
+		return nil, err
+	}
+	res := &demoResult{}
+
+	// Active first, so it is the one elected; then the Standby.
+	active, err := o.startInstance("active")
+	if err != nil {
+		return nil, err
+	}
+	if err := o.wait(ctx, "active to be elected", func() bool { return active.leader }, nil); err != nil {
+		return nil, err
+	}
+	standby, err := o.startInstance("standby")
+	if err != nil {
+		return nil, err
+	}
+	if err := o.wait(ctx, "standby to join the election", func() bool { return standby.campaig }, nil); err != nil {
+		return nil, err
+	}
+
+	// The demo clock: 09:00 is one second from now, by the database's clock.
+	now, err := o.q.DatabaseNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o.fireAt = now.Add(time.Second).Truncate(time.Millisecond)
+	res.FireAt = o.fireAt
+	o.say("demo", "demo clock: 09:00:00 is %s (database time, in 1s); both schedulers fire then", o.fireAt.UTC().Format("15:04:05.000Z"))
+	for _, p := range []*proc{active, standby} {
+		if err := p.fire(o.fireAt); err != nil {
+			return nil, err
+		}
+	}
+
+	// Wait for the 09:00 run to start, then kill its holder mid-run.
+	var runner *proc
+	if err := o.wait(ctx, "the 09:00 run to start", func() bool {
+		for _, p := range o.procs {
+			if p.ranTick {
+				runner = p
+				return true
+			}
+		}
+		return false
+	}, nil); err != nil {
+		return nil, err
+	}
+	if !cfg.NoKill {
+		if err := o.wait(ctx, "the kill point", func() bool { return runner.sending >= cfg.KillAfter || runner.tickEnd }, nil); err != nil {
+			return nil, err
+		}
+		if runner.tickEnd {
+			o.say("demo", "the 09:00 run ended before the kill point; nothing to kill mid-run")
+		} else {
+			if err := runner.kill(); err != nil {
+				return nil, err
+			}
+			res.Killed = runner
+			n, _ := o.countState(ctx, "PROCESSING")
+			res.KilledMid = int(n)
+			o.say("demo", "SIGKILL %s (pid %d) mid-run: %d sends started, %s left PROCESSING under its claims",
+				runner.label, runner.pid, runner.sending, plural(int(n), "row"))
+		}
+	}
+
+	// Every push settles: nothing PAUSED or PROCESSING is left.
+	if err := o.wait(ctx, "every push to settle", nil2false, func() (bool, error) {
+		st, err := o.states(ctx)
+		if err != nil {
+			return false, err
+		}
+		return st["PAUSED"] == 0 && st["PROCESSING"] == 0, nil
+	}); err != nil {
+		return nil, err
+	}
+	o.say("demo", "every push settled (none PAUSED, none PROCESSING)")
+
+	// The killed server comes back, as in the field: its start-up clean-up
+	// runs, it catches up the 09:00 tick if nobody ran it, and it stands by.
+	if res.Killed != nil && !cfg.NoRestart {
+		back, err := o.startInstance(res.Killed.label + "#2")
+		if err != nil {
+			return nil, err
+		}
+		if err := o.wait(ctx, "the restarted instance to join the election", func() bool { return back.campaig }, nil); err != nil {
+			return nil, err
+		}
+	}
+
+	o.say("demo", "stopping the instances")
+	for _, p := range o.procs {
+		if !p.exited && !p.killed {
+			p.stop()
+		}
+	}
+	if err := o.wait(ctx, "the instances to stop", func() bool {
+		for _, p := range o.procs {
+			if !p.exited {
+				return false
+			}
+		}
+		return true
+	}, nil); err != nil {
+		return nil, err
+	}
+	res.Procs = o.procs
+	if err := o.check(ctx, res); err != nil {
+		return nil, err
+	}
+	o.summary(res)
+	return res, nil
+}
+
+func nil2false() bool { return false }
+
+func (o *orchestrator) states(ctx context.Context) (map[string]int64, error) {
+	rows, err := o.q.CountByStatus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := map[string]int64{}
+	for _, r := range rows {
+		st[r.Status] = r.N
+	}
+	return st, nil
+}
+
+func (o *orchestrator) countState(ctx context.Context, state string) (int64, error) {
+	st, err := o.states(ctx)
+	return st[state], err
+}
+
+// shutdown stops (or, after a grace period, kills) every instance still
+// running; used when the demo ends early.
+func (o *orchestrator) shutdown() {
+	alive := func() []*proc {
+		var a []*proc
+		for _, p := range o.procs {
+			if !p.exited {
+				a = append(a, p)
+			}
+		}
+		return a
+	}
+	if len(alive()) == 0 {
+		return
+	}
+	for _, p := range alive() {
+		p.stop()
+	}
+	deadline := time.After(10 * time.Second)
+	for len(alive()) > 0 {
+		select {
+		case pe := <-o.events:
+			if pe.exit {
+				pe.p.exited = true
+			}
+		case <-deadline:
+			for _, p := range alive() {
+				_ = p.kill()
+			}
+			deadline = time.After(5 * time.Second)
+		}
+	}
+}

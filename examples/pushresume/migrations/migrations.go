@@ -1,0 +1,9 @@
+// Package migrations embeds the push service's own goose migrations.
+package migrations
+
+import "embed"
+
+// FS holds the migration files at its root.
+//
+//go:embed *.sql
+var FS embed.FS

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+)
+
+// proc is one instance process started by the orchestrator.
+type proc struct {
+	label string // shown in the live view and the summary
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	pid   int
+
+	// Filled from the instance's events by the orchestrator's loop.
+	holder  string
+	ready   bool
+	campaig bool
+	leader  bool
+	ranTick bool
+	tickEnd bool
+	sending int       // sends started
+	stopped *counters // the instance's own counts, at a clean exit
+	seen    counters  // counts gathered from its events
+	swept   int       // rows it swept
+
+	killed bool
+	exited bool
+	err    error // from Wait
+
+	stopOnce sync.Once
+}
+
+// procEvent is what a proc's reader hands the orchestrator: an event, or
+// (exit set) the process has exited.
+type procEvent struct {
+	p    *proc
+	e    event
+	exit bool
+	err  error
+}
+
+// startProc starts exe with args, env added to the orchestrator's
+// environment. Its events go to events; its standard error is copied to
+// stderr, each line prefixed with label.
+func startProc(label, exe string, args, env []string, events chan<- procEvent, stderr io.Writer) (*proc, error) {
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(cmd.Environ(), env...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", label, err)
+	}
+	p := &proc{label: label, cmd: cmd, stdin: stdin, pid: cmd.Process.Pid}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(errPipe)
+		for sc.Scan() {
+			fmt.Fprintf(stderr, "%s| %s\n", label, sc.Text())
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for sc.Scan() {
+			var e event
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				fmt.Fprintf(stderr, "%s| %s\n", label, sc.Text())
+				continue
+			}
+			events <- procEvent{p: p, e: e}
+		}
+	}()
+	go func() {
+		wg.Wait()
+		err := cmd.Wait()
+		events <- procEvent{p: p, exit: true, err: err}
+	}()
+	return p, nil
+}
+
+// fire tells the instance that its schedule fires for the instant at.
+func (p *proc) fire(at time.Time) error {
+	_, err := fmt.Fprintf(p.stdin, "fire %s\n", at.UTC().Format(time.RFC3339Nano))
+	return err
+}
+
+// stop asks the instance to shut down cleanly.
+func (p *proc) stop() {
+	p.stopOnce.Do(func() {
+		_, _ = io.WriteString(p.stdin, "stop\n")
+		_ = p.stdin.Close()
+	})
+}
+
+// kill ends the process with SIGKILL: no clean-up of any kind runs.
+func (p *proc) kill() error {
+	p.killed = true
+	return p.cmd.Process.Kill()
+}
+
+// short returns the first line of s.
+func short(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

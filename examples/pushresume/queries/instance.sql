@@ -1,0 +1,23 @@
+-- Queries of an instance of the push service.
+
+-- name: RecordSend :exec
+-- "Sends" a push: one row per hand-over to the provider, written in the
+-- transaction that finishes the claim, stamped with the claim's token.
+INSERT INTO sent_pushes (push_id, fence, instance) VALUES ($1, $2, $3);
+
+-- name: CountDue :one
+-- PAUSED rows the latest run of the job should have resumed: paused before
+-- its scheduled instant. Non-zero while no run is going means a run was cut
+-- short (its holder died) or rows came back from the sweeper for a retry.
+SELECT count(*) FROM push_requests
+WHERE status = 'PAUSED'
+  AND paused_at <= (SELECT max(fire_at) FROM pgclaim_ticks WHERE job = sqlc.arg(job)::text);
+
+-- name: NoteFailReason :execrows
+-- Records why swept rows failed; only rows still FAILED with no reason yet.
+UPDATE push_requests SET fail_reason = sqlc.arg(reason)::text
+WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'FAILED' AND fail_reason IS NULL;
+
+-- name: TickAt :one
+-- The ledger row of one tick: who took it and how it ended.
+SELECT holder, fence, outcome FROM pgclaim_ticks WHERE job = $1 AND fire_at = $2;

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+)
+
+// check reads the outcome from the database and records every invariant
+// that does not hold in res.Failures.
+func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
+	var err error
+	if res.States, err = o.states(ctx); err != nil {
+		return err
+	}
+	for _, n := range res.States {
+		res.Total += n
+	}
+	sends, err := o.q.CountSends(ctx)
+	if err != nil {
+		return err
+	}
+	res.Sends, res.Pushes = sends.Sends, sends.Pushes
+	if res.Duplicates, err = o.q.CountDuplicateSends(ctx); err != nil {
+		return err
+	}
+	if res.Odd, err = o.q.CountInconsistent(ctx); err != nil {
+		return err
+	}
+	if res.Ticks, err = o.q.Ticks(ctx, job); err != nil {
+		return err
+	}
+	by, err := o.q.SentByInstance(ctx)
+	if err != nil {
+		return err
+	}
+	res.SentBy = map[string]int64{}
+	for _, r := range by {
+		res.SentBy[r.Instance] = r.N
+	}
+
+	fail := func(format string, args ...any) { res.Failures = append(res.Failures, fmt.Sprintf(format, args...)) }
+	if res.Duplicates != 0 {
+		fail("%d pushes were sent more than once", res.Duplicates)
+	}
+	if n := res.States["PROCESSING"]; n != 0 {
+		fail("%d rows were left PROCESSING", n)
+	}
+	if n := res.States["PAUSED"]; n != 0 {
+		fail("%d pushes were never resumed", n)
+	}
+	if res.Sends != res.States["SENT"] {
+		fail("%d sends for %d SENT rows", res.Sends, res.States["SENT"])
+	}
+	if odd := res.Odd; odd.SentWithoutOneSend+odd.SendsOfUnsent+odd.SendsWithStaleFence != 0 {
+		fail("state and sends disagree: %d SENT rows without exactly one send, %d sends of rows not SENT, %d sends under a stale fencing token",
+			odd.SentWithoutOneSend, odd.SendsOfUnsent, odd.SendsWithStaleFence)
+	}
+	ticks := 0
+	for _, t := range res.Ticks {
+		if t.FireAt.Equal(res.FireAt) {
+			ticks++
+		}
+	}
+	if ticks != 1 {
+		fail("the ledger holds %d rows for the 09:00 tick, not 1", ticks)
+	}
+	res.OK = len(res.Failures) == 0
+	return nil
+}
+
+// procRow is one instance's line in the summary.
+type procRow struct {
+	label, role                    string
+	pid                            int
+	run, skipped, resumed, sent    int
+	sweptFailed, sweptRetry, terms int
+}
+
+func (o *orchestrator) rows(res *demoResult) []procRow {
+	var first *proc
+	for _, p := range res.Procs {
+		if p.seen.Terms > 0 {
+			first = p
+			break
+		}
+	}
+	var out []procRow
+	for _, p := range res.Procs {
+		n := p.seen
+		if p.stopped != nil {
+			n = *p.stopped
+		}
+		r := procRow{label: p.label, pid: p.pid, run: n.TicksRun, skipped: n.TicksSkipped,
+			resumed: n.Claimed, sent: int(res.SentBy[p.holder]),
+			sweptFailed: n.SweptFailed, sweptRetry: n.SweptRetry, terms: n.Terms}
+		switch {
+		case p.killed:
+			// Everything it claimed either committed as SENT or was swept.
+			r.resumed = r.sent + p.seen.Claimed
+			r.role = "Active, SIGKILLed"
+		case n.Terms > 0 && p != first:
+			r.role = "took over as Active"
+		case n.Terms > 0:
+			r.role = "Active"
+		default:
+			r.role = "Standby"
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// summary prints the per-instance table, the overall figures and the verdict.
+func (o *orchestrator) summary(res *demoResult) {
+	w := o.out
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "instance\tpid\trole\tticks run\tticks skipped\trows resumed\tpushes sent\trows swept")
+	for _, r := range o.rows(res) {
+		var swept []string
+		if r.sweptFailed > 0 {
+			swept = append(swept, fmt.Sprintf("%d→FAILED", r.sweptFailed))
+		}
+		if r.sweptRetry > 0 {
+			swept = append(swept, fmt.Sprintf("%d→PAUSED", r.sweptRetry))
+		}
+		if len(swept) == 0 {
+			swept = []string{"0"}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", r.label, r.pid, r.role, r.run, r.skipped, r.resumed, r.sent, strings.Join(swept, ", "))
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+
+	mark := func(ok bool) string {
+		if ok {
+			return "ok"
+		}
+		return "FAILED"
+	}
+	seeded := res.Total - int64(o.cfg.Stuck)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "pushes sent\t%d of %d paused\t%s\n", res.Pushes, seeded, mark(res.Pushes == seeded))
+	fmt.Fprintf(tw, "duplicate sends\t%d\t%s (must be 0)\n", res.Duplicates, mark(res.Duplicates == 0))
+	fmt.Fprintf(tw, "rows left PROCESSING\t%d\t%s (must be 0)\n", res.States["PROCESSING"], mark(res.States["PROCESSING"] == 0))
+	fmt.Fprintf(tw, "rows left PAUSED\t%d\t%s (must be 0)\n", res.States["PAUSED"], mark(res.States["PAUSED"] == 0))
+	odd := res.Odd.SentWithoutOneSend + res.Odd.SendsOfUnsent + res.Odd.SendsWithStaleFence
+	fmt.Fprintf(tw, "sends out of step with states\t%d\t%s (must be 0)\n", odd, mark(odd == 0))
+	fmt.Fprintf(tw, "rows FAILED\t%d\t(the %d requests stuck since yesterday: the 24-hour rule)\n", res.States["FAILED"], o.cfg.Stuck)
+	for _, t := range res.Ticks {
+		if !t.FireAt.Equal(res.FireAt) {
+			continue
+		}
+		note := ""
+		if t.Outcome == "running" && res.Killed != nil && t.Holder == res.Killed.holder {
+			note = " (its holder was killed mid-run; the new Active finished the run)"
+		}
+		fmt.Fprintf(tw, "ledger, 09:00 tick\t1 row\theld by %s, fence %d, outcome %s%s\n", t.Holder, t.Fence, t.Outcome, note)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	if res.OK {
+		fmt.Fprintln(w, "OK: every paused push was sent exactly once, and nothing was left stuck.")
+		return
+	}
+	fmt.Fprintln(w, "FAILED:")
+	for _, f := range res.Failures {
+		fmt.Fprintln(w, "  - "+f)
+	}
+}
