@@ -82,39 +82,40 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 		return nil, ctx.Err() // closing the session drops a lock granted meanwhile
 	}
 
-	// The lock is ours: the previous leader's session has ended. Wait until
-	// the previous term is closed, so terms never overlap: a live leader
-	// closes its term as soon as it sees its session end; one that does not
-	// within TTL crashed or is cut off, and has stepped down by then.
+	// The lock is ours: the previous leader's session has ended. Start a
+	// term once the previous one is closed, so terms never overlap: a live
+	// leader closes its term as soon as it sees its session end; one that
+	// has not within TTL crashed or is cut off, and has stepped down by
+	// then, so its term is superseded. The statement is not cancelled with
+	// ctx: a term recorded must be known, or it would stay open until the
+	// next leader supersedes it.
 	got := time.Now()
+	var (
+		row  store.StartAdvisoryTermRow
+		sent time.Time
+	)
 	for {
-		open, err := sess.q.OpenTerm(ctx, e.name)
-		if errors.Is(err, pgx.ErrNoRows) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("gate: election %q: read open term: %w", e.name, err)
-		}
-		if time.Since(got) >= e.o.TTL {
+		supersede := time.Since(got) >= e.o.TTL
+		if supersede {
+			open, _ := sess.q.OpenTerm(ctx, e.name)
 			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		sent = time.Now()
+		row, err = sess.q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder, Supersede: supersede})
+		cancel()
+		if err == nil {
 			break
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("gate: election %q: start term: %w", e.name, err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(e.handoverPoll()):
 		}
-	}
-
-	// Not cancelled with ctx: a term recorded must be known, or it would
-	// stay open until the next leader supersedes it after TTL.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	sent := time.Now()
-	row, err := sess.q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder})
-	if err != nil {
-		return nil, fmt.Errorf("gate: election %q: start term: %w", e.name, err)
 	}
 	t := e.newTerm(row.Term, sent, deferEnd)
 	t.sess = sess

@@ -18,8 +18,8 @@ import (
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
-// variants runs f for both elector variants.
-func variants(t *testing.T, f func(t *testing.T, lease bool)) {
+// electorVariants runs f for both elector variants.
+func electorVariants(t *testing.T, f func(t *testing.T, lease bool)) {
 	for _, lease := range []bool{false, true} {
 		name := "advisory"
 		if lease {
@@ -106,7 +106,7 @@ func electionHolderPID(ctx context.Context, pool *pgxpool.Pool, name string) (ui
 }
 
 func TestElectorOneLeaderAndResign(t *testing.T) {
-	variants(t, func(t *testing.T, lease bool) {
+	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, RetryInterval: 20 * time.Millisecond}
 		ctx := context.Background()
@@ -201,16 +201,19 @@ func TestElectorAdvisoryLeaderConnectionKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	steppedDown := make(chan time.Time, 1)
+	context.AfterFunc(lctx, func() { steppedDown <- time.Now() })
 	killed := time.Now()
-	if err := srv.Terminate(ctx, pid); err != nil {
+	if err := srv.Terminate(ctx, pid); err != nil { // returns once the backend has exited
 		t.Fatal(err)
 	}
+	var lost time.Duration
 	select {
-	case <-lctx.Done():
+	case at := <-steppedDown:
+		lost = at.Sub(killed)
 	case <-time.After(time.Second):
 		t.Fatal("leader's context not cancelled within 1s of its backend being terminated")
 	}
-	lost := time.Since(killed)
 	if !errors.Is(context.Cause(lctx), gate.ErrLockLost) {
 		t.Fatalf("cause = %v; want ErrLockLost", context.Cause(lctx))
 	}
@@ -221,6 +224,9 @@ func TestElectorAdvisoryLeaderConnectionKilled(t *testing.T) {
 		t.Fatalf("standby did not lead within TTL (%v)", o.TTL)
 	}
 	t.Logf("backend terminated: old leader stepped down after %v, standby led after %v (TTL %v)", lost, at.Sub(killed), o.TTL)
+	if at.Sub(killed) < lost {
+		t.Fatalf("standby led %v after the kill, before the old leader stepped down (%v)", at.Sub(killed), lost)
+	}
 	if leader.IsLeader() {
 		t.Fatal("old leader still reports leadership")
 	}
@@ -234,7 +240,7 @@ func TestElectorAdvisoryLeaderConnectionKilled(t *testing.T) {
 // A leader that crashes (no hand-over) is replaced once TTL has passed: the
 // standby gets the lock at once but waits TTL for the old term to close.
 func TestElectorCrashedLeaderReplacedAfterTTL(t *testing.T) {
-	variants(t, func(t *testing.T, lease bool) {
+	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		ctx := context.Background()
 		o := gate.ElectorOptions{Lease: lease, TTL: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
@@ -318,7 +324,7 @@ func TestElectorLeaseSurvivesConnectionLoss(t *testing.T) {
 // running leader functions never exceeds one; the terms table shows no
 // overlap.
 func TestElectorFlip60(t *testing.T) {
-	variants(t, func(t *testing.T, lease bool) {
+	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		srv := pgtest.Shared(t)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -330,7 +336,7 @@ func TestElectorFlip60(t *testing.T) {
 		var (
 			active     atomic.Int32
 			violations atomic.Int32
-			entered    = make(chan int, 128)
+			entered    = make(chan leaderEntry, 128)
 		)
 		es := make([]*gate.Elector, n)
 		var wg sync.WaitGroup
@@ -341,7 +347,7 @@ func TestElectorFlip60(t *testing.T) {
 					if active.Add(1) != 1 {
 						violations.Add(1)
 					}
-					entered <- i
+					entered <- leaderEntry{i, time.Now()}
 					<-lctx.Done()
 					active.Add(-1)
 					return nil
@@ -356,7 +362,7 @@ func TestElectorFlip60(t *testing.T) {
 		var resignT, killT []time.Duration
 		again := 0
 		for k := 0; k <= flips; k++ {
-			var who int
+			var who leaderEntry
 			select {
 			case who = <-entered:
 			case <-time.After(ttl + 5*time.Second):
@@ -368,11 +374,11 @@ func TestElectorFlip60(t *testing.T) {
 			prev := who
 			t0 := time.Now()
 			if k%2 == 0 {
-				if err := es[who].Resign(ctx); err != nil {
+				if err := es[who.i].Resign(ctx); err != nil {
 					t.Fatalf("flip %d: Resign: %v", k, err)
 				}
 			} else if lease {
-				es[who].Crash()
+				es[who.i].Crash()
 			} else {
 				pid, err := electionHolderPID(ctx, db.Pool, "flip")
 				if err != nil {
@@ -382,14 +388,14 @@ func TestElectorFlip60(t *testing.T) {
 					t.Fatalf("flip %d: terminate: %v", k, err)
 				}
 			}
-			// measured up to the next leader's entry, below
+			// measured up to the next leader's leaderEntry, below
 			select {
 			case who = <-entered:
 			case <-time.After(ttl + 5*time.Second):
 				t.Fatalf("flip %d: no new leader within TTL+5s", k)
 			}
-			d := time.Since(t0)
-			if who == prev {
+			d := who.at.Sub(t0)
+			if who.i == prev.i {
 				again++
 			}
 			if k%2 == 0 {
@@ -397,7 +403,7 @@ func TestElectorFlip60(t *testing.T) {
 			} else {
 				killT = append(killT, d)
 			}
-			entered <- who // hand the entry to the next iteration
+			entered <- who // hand the leaderEntry to the next iteration
 		}
 		cancel()
 		wg.Wait()
@@ -417,12 +423,18 @@ func TestElectorFlip60(t *testing.T) {
 		if lease {
 			kill = "crash"
 		}
-		t.Logf("%d terms, %d times the same instance led again; takeover after resign: %s; after %s: %s (TTL %v)", len(terms), again, stats(resignT), kill, stats(killT), ttl)
+		t.Logf("%d terms, %d times the same instance led again; takeover after resign: %s; after %s: %s (TTL %v)", len(terms), again, durStats(resignT), kill, durStats(killT), ttl)
 	})
 }
 
-// stats renders min / median / max.
-func stats(ds []time.Duration) string {
+// leaderEntry is a leader function starting: which instance, when.
+type leaderEntry struct {
+	i  int
+	at time.Time
+}
+
+// durStats renders min / median / max.
+func durStats(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "none"
 	}
@@ -433,7 +445,7 @@ func stats(ds []time.Duration) string {
 }
 
 func TestElectorCampaignCancelled(t *testing.T) {
-	variants(t, func(t *testing.T, lease bool) {
+	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		o := gate.ElectorOptions{Lease: lease, TTL: time.Second}
 		leader := newElector(t, db.NewPool(t), "e", "leader", o)
@@ -477,7 +489,7 @@ func TestElectorCampaignCancelled(t *testing.T) {
 }
 
 func TestElectorRunReturnsFnError(t *testing.T) {
-	variants(t, func(t *testing.T, lease bool) {
+	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		var kinds []string
 		var mu sync.Mutex

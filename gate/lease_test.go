@@ -80,13 +80,13 @@ func waitAcquire(t testing.TB, l *gate.Lease, limit time.Duration) (*gate.LeaseH
 	}
 }
 
-var manual = gate.LeaseOptions{AtMost: 10 * time.Second, NoKeepAlive: true}
+var manualLease = gate.LeaseOptions{AtMost: 10 * time.Second, NoKeepAlive: true}
 
 func TestLeaseLockUnlock(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	a := newLease(t, pool, "job", "a", manual)
-	b := newLease(t, pool, "job", "b", manual)
+	a := newLease(t, pool, "job", "a", manualLease)
+	b := newLease(t, pool, "job", "b", manualLease)
 
 	h := mustAcquire(t, a)
 	if h.Token() <= 0 {
@@ -96,8 +96,8 @@ func TestLeaseLockUnlock(t *testing.T) {
 	if !row.Held || row.Holder != "a" || row.Fence != h.Token() {
 		t.Fatalf("row = %+v; want held by a with fence %d", row, h.Token())
 	}
-	if got := row.LockUntil.Time.Sub(row.LockedAt.Time); got != manual.AtMost {
-		t.Fatalf("lock_until - locked_at = %v; want AtMost %v", got, manual.AtMost)
+	if got := row.LockUntil.Time.Sub(row.LockedAt.Time); got != manualLease.AtMost {
+		t.Fatalf("lock_until - locked_at = %v; want AtMost %v", got, manualLease.AtMost)
 	}
 	if err := h.Release(context.Background()); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -121,8 +121,8 @@ func TestLeaseLockUnlock(t *testing.T) {
 func TestLeaseSecondLockRefused(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	a := newLease(t, pool, "job", "a", manual)
-	b := newLease(t, pool, "job", "b", manual)
+	a := newLease(t, pool, "job", "a", manualLease)
+	b := newLease(t, pool, "job", "b", manualLease)
 	h := mustAcquire(t, a)
 	defer h.Release(context.Background())
 	mustBeHeld(t, b)
@@ -135,22 +135,22 @@ func TestLeaseSecondLockRefused(t *testing.T) {
 func TestLeaseIndependentNames(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	h1 := mustAcquire(t, newLease(t, pool, "one", "a", manual))
-	h2 := mustAcquire(t, newLease(t, pool, "two", "a", manual))
+	h1 := mustAcquire(t, newLease(t, pool, "one", "a", manualLease))
+	h2 := mustAcquire(t, newLease(t, pool, "two", "a", manualLease))
 	defer h1.Release(context.Background())
 	defer h2.Release(context.Background())
 	if h1.Token() == h2.Token() {
 		t.Fatalf("two acquisitions share token %d", h1.Token())
 	}
-	mustBeHeld(t, newLease(t, pool, "one", "b", manual))
-	mustBeHeld(t, newLease(t, pool, "two", "b", manual))
+	mustBeHeld(t, newLease(t, pool, "one", "b", manualLease))
+	mustBeHeld(t, newLease(t, pool, "two", "b", manualLease))
 }
 
 func TestLeaseRelockAfterUnlock(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	a := newLease(t, pool, "job", "a", manual)
-	b := newLease(t, pool, "job", "b", manual)
+	a := newLease(t, pool, "job", "a", manualLease)
+	b := newLease(t, pool, "job", "b", manualLease)
 	var last int64
 	for i, l := range []*gate.Lease{a, a, b, a} {
 		h := mustAcquire(t, l)
@@ -329,7 +329,7 @@ func TestLeaseNeverTakesOverAnotherName(t *testing.T) {
 
 	o := gate.LeaseOptions{AtMost: time.Minute, NoKeepAlive: true}
 	h := mustAcquire(t, newLease(t, pool, "fresh", "a", o)) // insert path
-	mustBeHeld(t, newLease(t, pool, "fresh", "b", o))      // conflict path, not expired
+	mustBeHeld(t, newLease(t, pool, "fresh", "b", o))       // conflict path, not expired
 	h.Release(ctx)
 	h2 := mustAcquire(t, newLease(t, pool, "fresh", "b", o)) // takeover path
 	defer h2.Release(ctx)

@@ -135,18 +135,24 @@ const startAdvisoryTerm = `-- name: StartAdvisoryTerm :one
 WITH superseded AS (
     UPDATE pgclaim_terms
     SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
-    WHERE election = $1::text AND ended_at IS NULL
+    WHERE election = $1::text AND ended_at IS NULL AND $3::boolean
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
 SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
+WHERE NOT EXISTS (
+    SELECT 1 FROM pgclaim_terms o
+    WHERE o.election = $1::text AND o.ended_at IS NULL AND NOT $3::boolean
+)
+ON CONFLICT (election) WHERE ended_at IS NULL DO NOTHING
 RETURNING term, started_at
 `
 
 type StartAdvisoryTermParams struct {
-	Election string
-	Holder   string
+	Election  string
+	Holder    string
+	Supersede bool
 }
 
 type StartAdvisoryTermRow struct {
@@ -154,10 +160,12 @@ type StartAdvisoryTermRow struct {
 	StartedAt pgtype.Timestamptz
 }
 
-// Record a new term for the holder of the election's advisory lock. A term
-// still open (its leader did not close it) is closed first, as superseded.
+// Record a new term for the holder of the election's advisory lock. While
+// another term is open (its leader has not closed it yet) nothing is
+// inserted and no row returned, unless supersede is set: then the open term
+// is closed first, as superseded.
 func (q *Queries) StartAdvisoryTerm(ctx context.Context, arg StartAdvisoryTermParams) (StartAdvisoryTermRow, error) {
-	row := q.db.QueryRow(ctx, startAdvisoryTerm, arg.Election, arg.Holder)
+	row := q.db.QueryRow(ctx, startAdvisoryTerm, arg.Election, arg.Holder, arg.Supersede)
 	var i StartAdvisoryTermRow
 	err := row.Scan(&i.Term, &i.StartedAt)
 	return i, err

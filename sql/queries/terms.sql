@@ -24,17 +24,24 @@ FROM pgclaim_terms
 WHERE election = sqlc.arg(election)::text AND ended_at IS NULL;
 
 -- name: StartAdvisoryTerm :one
--- Record a new term for the holder of the election's advisory lock. A term
--- still open (its leader did not close it) is closed first, as superseded.
+-- Record a new term for the holder of the election's advisory lock. While
+-- another term is open (its leader has not closed it yet) nothing is
+-- inserted and no row returned, unless supersede is set: then the open term
+-- is closed first, as superseded.
 WITH superseded AS (
     UPDATE pgclaim_terms
     SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
-    WHERE election = sqlc.arg(election)::text AND ended_at IS NULL
+    WHERE election = sqlc.arg(election)::text AND ended_at IS NULL AND sqlc.arg(supersede)::boolean
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
 SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
+WHERE NOT EXISTS (
+    SELECT 1 FROM pgclaim_terms o
+    WHERE o.election = sqlc.arg(election)::text AND o.ended_at IS NULL AND NOT sqlc.arg(supersede)::boolean
+)
+ON CONFLICT (election) WHERE ended_at IS NULL DO NOTHING
 RETURNING term, started_at;
 
 -- name: StartLeaseTerm :one

@@ -1,0 +1,190 @@
+package gate_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// leaseLatency adds p50 and p99 of ds (in µs) to the benchmark's output.
+func leaseLatency(b *testing.B, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(ds[len(ds)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// BenchmarkLeaseCycle measures one TryAcquire + Release of a free lease:
+// the whole lock cycle of gate.Lease, with and without the keep-alive
+// goroutine.
+func BenchmarkLeaseCycle(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		o    gate.LeaseOptions
+	}{
+		{"keepalive", gate.LeaseOptions{AtMost: time.Minute}},
+		{"manual", gate.LeaseOptions{AtMost: time.Minute, NoKeepAlive: true}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			pool := pgtest.Pool(b)
+			l := newLease(b, pool, "bench", "a", c.o)
+			ctx := context.Background()
+			ds := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for b.Loop() {
+				t0 := time.Now()
+				h, err := l.TryAcquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := h.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+				ds = append(ds, time.Since(t0))
+			}
+			leaseLatency(b, ds)
+		})
+	}
+}
+
+// BenchmarkShedLockCycle is the baseline: the ShedLock-style cycle written
+// by hand against a table of ShedLock's shape, with database time — an
+// upsert that takes the row only when expired, and an unlock that keeps
+// at-least, scoped by name and holder (no fencing token).
+func BenchmarkShedLockCycle(b *testing.B) {
+	pool := pgtest.Pool(b)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE shedlock (
+		name varchar(64) PRIMARY KEY, lock_until timestamptz NOT NULL,
+		locked_at timestamptz NOT NULL, locked_by varchar(255) NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	const lock = `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
+		VALUES ($1, now() + $2::bigint * interval '1 microsecond', now(), $3)
+		ON CONFLICT (name) DO UPDATE
+		SET lock_until = excluded.lock_until, locked_at = excluded.locked_at, locked_by = excluded.locked_by
+		WHERE shedlock.lock_until <= now()`
+	const unlock = `UPDATE shedlock
+		SET lock_until = greatest(now(), locked_at + $2::bigint * interval '1 microsecond')
+		WHERE name = $1 AND locked_by = $3`
+	atMost := time.Minute.Microseconds()
+	ds := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		tag, err := pool.Exec(ctx, lock, "bench", atMost, "a")
+		if err != nil || tag.RowsAffected() != 1 {
+			b.Fatalf("lock: %v, %v", tag, err)
+		}
+		if _, err := pool.Exec(ctx, unlock, "bench", int64(0), "a"); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(t0))
+	}
+	leaseLatency(b, ds)
+}
+
+// BenchmarkElectorTakeover measures how long after the leader resigns, or
+// its backend is terminated, a waiting standby leads (ms/takeover). Two
+// instances take turns.
+func BenchmarkElectorTakeover(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		lease bool
+		kill  bool
+	}{
+		{"advisory/resign", false, false},
+		{"advisory/terminate", false, true},
+		{"lease/resign", true, false},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			db := pgtest.NewDatabase(b)
+			srv := pgtest.Shared(b)
+			ctx := context.Background()
+			o := gate.ElectorOptions{Lease: c.lease, TTL: 2 * time.Second, RetryInterval: 10 * time.Millisecond}
+			es := []*gate.Elector{
+				newElector(b, db.NewPool(b), "bench", "a", o),
+				newElector(b, db.NewPool(b), "bench", "b", o),
+			}
+			won := make(chan time.Time, 1)
+			campaign := func(e *gate.Elector) {
+				go func() {
+					if _, err := e.Campaign(ctx); err == nil {
+						won <- time.Now()
+					}
+				}()
+			}
+			campaign(es[0])
+			<-won
+			leader := 0
+			var total time.Duration
+			var ds []time.Duration
+			b.ResetTimer()
+			for b.Loop() {
+				b.StopTimer()
+				standby := 1 - leader
+				campaign(es[standby])
+				if !c.lease {
+					waitForWaiter(b, db.Pool, "bench")
+				}
+				b.StartTimer()
+				t0 := time.Now()
+				if c.kill {
+					pid, err := electionHolderPID(ctx, db.Pool, "bench")
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := srv.Terminate(ctx, pid); err != nil {
+						b.Fatal(err)
+					}
+				} else if err := es[leader].Resign(ctx); err != nil {
+					b.Fatal(err)
+				}
+				at := <-won
+				d := at.Sub(t0)
+				total += d
+				ds = append(ds, d)
+				b.StopTimer()
+				if c.kill {
+					for es[leader].IsLeader() {
+						time.Sleep(time.Millisecond)
+					}
+				}
+				leader = standby
+				b.StartTimer()
+			}
+			b.StopTimer()
+			es[leader].Resign(ctx)
+			b.ReportMetric(float64(total.Microseconds())/1e3/float64(len(ds)), "ms/takeover")
+			leaseLatency(b, ds)
+		})
+	}
+}
+
+// waitForWaiter returns once a session waits for the election's lock.
+func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
+	class, key := gate.ElectionKey(name)
+	for range 1000 {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid`,
+			class, key).Scan(&n)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			b.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.Fatal("no standby waiting for the election lock")
+}
