@@ -98,6 +98,14 @@ func DefaultHolder() string {
 	return h + ":" + strconv.Itoa(os.Getpid())
 }
 
+// customPlan is passed first to statements that pick rows by state (batch
+// claims and sweeps). pgx then runs them as
+// unnamed prepared statements, which the server plans with the actual
+// parameter values every time, so a partial index such as
+// "(id) WHERE state = 'PAUSED'" is always usable. A cached generic plan
+// cannot use it and would rescan finished rows on every batch.
+const customPlan = pgx.QueryExecModeCacheDescribe
+
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // New returns a claimer for rows of tbl moving from opts.From to opts.To,
@@ -381,7 +389,8 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if len(where) != c.c.whereParams {
 		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
-	args := make([]any, 0, len(where)+2+len(c.c.claimArgs))
+	args := make([]any, 0, len(where)+3+len(c.c.claimArgs))
+	args = append(args, customPlan)
 	args = append(args, where...)
 	args = append(args, c.c.from, n)
 	args = append(args, c.c.claimArgs...)

@@ -125,8 +125,8 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 func (s *Sweeper[K]) build(k int) {
 	t := s.c.c.t
 	cfg := s.cfg
-	args := append([]any{}, cfg.Args...)
-	p := k + 1
+	args := append([]any{customPlan}, cfg.Args...)
+	p := k + 1 // placeholders after Where's; args[0] is the exec mode
 	param := func(v any) string {
 		args = append(args, v)
 		p++

@@ -1,0 +1,218 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const benchWorkers = 8
+
+func benchPool(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	db := newDB(b)
+	cfg := db.Pool.Config().Copy()
+	cfg.MaxConns = benchWorkers + 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+// resetJobs recreates jobs with n PAUSED rows and the recommended indexes.
+func resetJobs(b *testing.B, pool *pgxpool.Pool, n int) {
+	b.Helper()
+	mustExec(b, pool, `DROP TABLE IF EXISTS jobs, effects`)
+	createJobs(b, pool, "bigint", n)
+	mustExec(b, pool, `VACUUM ANALYZE jobs`)
+}
+
+// drain runs benchWorkers goroutines calling step until it reports no rows,
+// and reports rows/s.
+func drain(b *testing.B, rows int, step func(ctx context.Context) (int, error)) {
+	b.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var moved atomic.Int64
+	start := time.Now()
+	b.ResetTimer()
+	for range benchWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := step(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if n == 0 {
+					return
+				}
+				moved.Add(int64(n))
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if int(moved.Load()) != rows {
+		b.Fatalf("moved %d rows, want %d", moved.Load(), rows)
+	}
+	b.ReportMetric(float64(rows)/time.Since(start).Seconds(), "rows/s")
+}
+
+// BenchmarkBatchClaimFinish: 8 workers claim batches and finish each batch
+// with one fenced statement. One op is one row. The hand-written variant is
+// the same work in plain SQL, for comparison.
+func BenchmarkBatchClaimFinish(b *testing.B) {
+	pool := benchPool(b)
+	for _, bc := range []struct {
+		batch  int
+		perRow bool
+	}{{10, false}, {100, false}, {100, true}, {1000, false}, {1000, true}} {
+		fence := "batch"
+		if bc.perRow {
+			fence = "row"
+		}
+		b.Run(fmt.Sprintf("pgclaim/batch=%d/fence=%s", bc.batch, fence), func(b *testing.B) {
+			resetJobs(b, pool, b.N)
+			c, err := New[int64](pool, jobsTable, pausedOpts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.c.perRowFence = bc.perRow
+			drain(b, b.N, func(ctx context.Context) (int, error) {
+				cls, err := c.ClaimBatch(ctx, bc.batch)
+				if err != nil || len(cls) == 0 {
+					return 0, err
+				}
+				_, lost, err := c.FinishBatch(ctx, cls, "DONE")
+				if err == nil && len(lost) > 0 {
+					err = fmt.Errorf("%d lost", len(lost))
+				}
+				return len(cls), err
+			})
+		})
+	}
+	b.Run("handwritten/batch=100", func(b *testing.B) {
+		resetJobs(b, pool, b.N)
+		drain(b, b.N, func(ctx context.Context) (int, error) {
+			rows, err := pool.Query(ctx, `WITH c AS (
+  SELECT id FROM jobs WHERE state = 'PAUSED' ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+UPDATE jobs j SET state = 'PROCESSING', claimed_at = now(), claimed_by = 'test',
+  fence = nextval('pgclaim_fence_seq'), attempts = j.attempts + 1
+FROM c WHERE j.id = c.id RETURNING j.id, j.fence`)
+			if err != nil {
+				return 0, err
+			}
+			var ids, toks []int64
+			for rows.Next() {
+				var id, tok int64
+				if err := rows.Scan(&id, &tok); err != nil {
+					return 0, err
+				}
+				ids, toks = append(ids, id), append(toks, tok)
+			}
+			if err := rows.Err(); err != nil || len(ids) == 0 {
+				return 0, err
+			}
+			tag, err := pool.Exec(ctx, `UPDATE jobs j SET state = 'DONE'
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, tok)
+WHERE j.id = u.id AND j.state = 'PROCESSING' AND j.fence = u.tok`, ids, toks)
+			if err == nil && int(tag.RowsAffected()) != len(ids) {
+				err = fmt.Errorf("finished %d of %d", tag.RowsAffected(), len(ids))
+			}
+			return len(ids), err
+		})
+	})
+}
+
+// BenchmarkBatchClaimFinishTx is the exactly-once path: each batch is
+// finished in a transaction that also writes one effect per row.
+func BenchmarkBatchClaimFinishTx(b *testing.B) {
+	pool := benchPool(b)
+	for _, batch := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			resetJobs(b, pool, b.N)
+			c, err := New[int64](pool, jobsTable, pausedOpts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			drain(b, b.N, func(ctx context.Context) (int, error) {
+				cls, err := c.ClaimBatch(ctx, batch)
+				if err != nil || len(cls) == 0 {
+					return 0, err
+				}
+				err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					done, _, err := c.WithTx(tx).FinishBatch(ctx, cls, "DONE")
+					if err != nil {
+						return err
+					}
+					keys := make([]int64, len(done))
+					for i, d := range done {
+						keys[i] = d.Key
+					}
+					_, err = tx.Exec(ctx, `INSERT INTO effects (job_id) SELECT unnest($1::bigint[])`, keys)
+					return err
+				})
+				return len(cls), err
+			})
+		})
+	}
+}
+
+// BenchmarkClaimOne: 8 workers claim single rows by key (no contention:
+// each key is tried once) and finish each with one statement. One op is one
+// row.
+func BenchmarkClaimOne(b *testing.B) {
+	pool := benchPool(b)
+	resetJobs(b, pool, b.N)
+	c, err := New[int64](pool, jobsTable, pausedOpts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	drain(b, b.N, func(ctx context.Context) (int, error) {
+		k := next.Add(1)
+		if k > int64(b.N) {
+			return 0, nil
+		}
+		cl, err := c.Claim(ctx, k)
+		if err != nil {
+			return 0, err
+		}
+		return 1, c.Finish(ctx, cl, "DONE")
+	})
+}
+
+// BenchmarkWorker: the worker loop with 8-way concurrency, one transaction
+// per row writing an effect. One op is one row.
+func BenchmarkWorker(b *testing.B) {
+	pool := benchPool(b)
+	resetJobs(b, pool, b.N)
+	c, err := New[int64](pool, jobsTable, pausedOpts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: effectWork("w"), Done: "DONE", Failed: "FAILED",
+		BatchSize: 100, Concurrency: benchWorkers, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	b.ResetTimer()
+	st, err := w.Drain(context.Background())
+	b.StopTimer()
+	if err != nil || st.Succeeded != b.N {
+		b.Fatalf("stats %+v err %v", st, err)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "rows/s")
+}
