@@ -6,6 +6,7 @@ package tick
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pgclaim/pgclaim/gate"
@@ -27,10 +28,25 @@ func Invalid(pkg, field, msg string) error {
 	return &fieldError{pkg: pkg, field: field, msg: msg}
 }
 
-type fieldError struct{ pkg, field, msg string }
+// InvalidCause is Invalid with cause's message; the error wraps both
+// gate.ErrInvalid and cause.
+func InvalidCause(pkg, field string, cause error) error {
+	return &fieldError{pkg: pkg, field: field, msg: strings.ReplaceAll(cause.Error(), "\n", ": "), cause: cause}
+}
+
+type fieldError struct {
+	pkg, field, msg string
+	cause           error
+}
 
 func (e *fieldError) Error() string { return e.pkg + ": " + e.field + ": " + e.msg }
-func (e *fieldError) Unwrap() error { return gate.ErrInvalid }
+
+func (e *fieldError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{gate.ErrInvalid}
+	}
+	return []error{gate.ErrInvalid, e.cause}
+}
 
 // Check validates a job's name, schedule and maximum delay for package pkg
 // and returns the delay to use (DefaultMaxDelay for zero). now is the

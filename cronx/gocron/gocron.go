@@ -1,0 +1,261 @@
+// Package gocron plugs pgclaim gates into go-co-op/gocron v2, so that a job
+// scheduled on every instance of a service takes effect once. Import it
+// under another name next to gocron itself:
+//
+//	import (
+//		"github.com/go-co-op/gocron/v2"
+//		pggocron "github.com/pgclaim/pgclaim/cronx/gocron"
+//	)
+//
+// It offers three ways, from the strongest guarantee to the loosest:
+//
+//   - NewTask wraps a job so it runs through the tick ledger
+//     (gate.Gate.Once): once per scheduled instant across all instances,
+//     whatever their clock offsets, with the job's advisory lock held while
+//     it runs. Use it for gocron.CronJob jobs, with the schedule from
+//     CronSchedule.
+//   - Locker is a gocron.Locker holding a lease lock (gate.Lease) per job
+//     name while the job runs, and for at least LeaseOptions.AtLeast after
+//     it was taken. That is lease semantics, not tick semantics: see Locker.
+//   - Elector is a gocron.Elector backed by gate.Elector: only the leader
+//     runs jobs.
+//
+// gocron hands a Locker only the job's name, never the instant it fired
+// for, so a Locker cannot key the ledger by tick; NewTask can, because it
+// wraps the job itself and reads the instant from the schedule.
+package gocron
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	gc "github.com/go-co-op/gocron/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/cronx/internal/tick"
+	"github.com/pgclaim/pgclaim/gate"
+)
+
+// ErrNotLeader is what Elector.IsLeader returns on an instance that does not
+// lead: gocron then skips the job there.
+var ErrNotLeader = errors.New("gocron: not the leader")
+
+// ErrNoInstant means a job started with no instant of its schedule within
+// TaskOptions.MaxDelay before the instance's clock: it started too late, or
+// gocron runs it on a schedule other than the one given to NewTask.
+var ErrNoInstant = tick.ErrNoInstant
+
+// DefaultMaxDelay is the TaskOptions.MaxDelay used when none is set: one
+// minute, like gate.DefaultSkewTolerance.
+const DefaultMaxDelay = tick.DefaultMaxDelay
+
+// Locker is a gocron.Locker whose locks are gate lease locks named after the
+// job (the key gocron passes), with database-time expiry, keep-alive while
+// the job runs, and a fencing token per acquisition.
+//
+// Unlock keeps the lease held until LeaseOptions.AtLeast after it was
+// taken. That is what stops a fast job from running twice: gocron fires the
+// same job on every instance when each one's clock reaches the instant, so
+// an instance whose clock is late by d fires d after the others; if the
+// winner had already unlocked, the late instance would take the lock and
+// run the job again. With AtLeast > d it finds the lock still held and
+// skips. So AtLeast must exceed the largest clock offset (plus firing delay)
+// between instances, and stay below the job's interval minus that offset,
+// or the next run finds the previous one's lease.
+//
+// Those bounds are the difference from NewTask, which keys the tick ledger
+// by the scheduled instant and so tolerates any offset below the gate's
+// skew tolerance, and never mistakes one tick for the next.
+//
+// A job that runs longer than LeaseOptions.AtMost keeps its lease through
+// the automatic keep-alive; if the lease is lost nonetheless (the database
+// was unreachable for AtMost), gocron's job is not told: the Locker cannot
+// reach it. Jobs that must stop when exclusion is lost belong in NewTask.
+type Locker struct {
+	pool *pgxpool.Pool
+	opts gate.LeaseOptions
+
+	mu     sync.Mutex
+	leases map[string]*gate.Lease
+}
+
+// NewLocker returns a Locker taking lease locks through pool with opts.
+// opts.AtMost and opts.AtLeast are required (see Locker for choosing
+// AtLeast).
+func NewLocker(pool *pgxpool.Pool, opts gate.LeaseOptions) (*Locker, error) {
+	if pool == nil {
+		return nil, tick.Invalid("gocron", "pool", "must not be nil")
+	}
+	// Let the gate check the options, with a placeholder name.
+	if _, err := gate.NewLease(pool, "gocron", opts); err != nil {
+		return nil, err
+	}
+	if opts.AtLeast == 0 {
+		return nil, tick.Invalid("gocron", "LeaseOptions.AtLeast", "must be set: "+
+			"without it a fast job unlocks before an instance whose clock is late fires, and runs twice")
+	}
+	return &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}, nil
+}
+
+// Lock takes the lease named key without waiting. It returns an error
+// wrapping gate.ErrHeld when another instance holds it (gocron then skips
+// the run).
+func (l *Locker) Lock(ctx context.Context, key string) (gc.Lock, error) {
+	lease, err := l.lease(key)
+	if err != nil {
+		return nil, err
+	}
+	h, err := lease.TryAcquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lock{h}, nil
+}
+
+// lease returns the Lease named key, made once per key.
+func (l *Locker) lease(key string) (*gate.Lease, error) {
+	if key == "" {
+		return nil, tick.Invalid("gocron", "key", "must not be empty (name the job with gocron.WithName)")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lease, ok := l.leases[key]; ok {
+		return lease, nil
+	}
+	lease, err := gate.NewLease(l.pool, key, l.opts)
+	if err != nil {
+		return nil, err
+	}
+	l.leases[key] = lease
+	return lease, nil
+}
+
+// lock is one held lease.
+type lock struct{ h *gate.LeaseHandle }
+
+// Unlock releases the lease, which stays held until AtLeast after it was
+// taken. It returns an error wrapping gate.ErrLockLost when the lease had
+// been lost.
+func (k lock) Unlock(ctx context.Context) error { return k.h.Release(ctx) }
+
+// Elector is a gocron.Elector backed by a gate.Elector: jobs run on the
+// leading instance only. Run must be running (on every instance) for the
+// instance to campaign.
+//
+// Leadership says who runs now, not which ticks ran: when leadership moves
+// between the instants an old and a new leader fire the same tick (their
+// clocks differ), that tick can run on both, or on neither. Jobs that need
+// once per tick across a failover belong in NewTask.
+type Elector struct {
+	e *gate.Elector
+}
+
+// NewElector returns an Elector campaigning through e.
+func NewElector(e *gate.Elector) (*Elector, error) {
+	if e == nil {
+		return nil, tick.Invalid("gocron", "e", "must not be nil")
+	}
+	return &Elector{e: e}, nil
+}
+
+// IsLeader returns nil when this instance leads, and an error wrapping
+// ErrNotLeader otherwise.
+func (e *Elector) IsLeader(context.Context) error {
+	if e.e.IsLeader() {
+		return nil
+	}
+	return fmt.Errorf("%w: election %q", ErrNotLeader, e.e.Name())
+}
+
+// Run campaigns until ctx ends: it waits for leadership, holds it while it
+// lasts, and campaigns again when it is lost. When ctx ends it gives up
+// leadership, so a standby takes over at once, and returns ctx's error.
+// Call it in a goroutine next to the scheduler.
+func (e *Elector) Run(ctx context.Context) error {
+	return e.e.Run(ctx, func(lead context.Context, _ gate.Run) error {
+		<-lead.Done()
+		return nil
+	})
+}
+
+// TaskOptions configure NewTask. The zero value is ready to use.
+type TaskOptions struct {
+	// MaxDelay is how late after its scheduled instant a run may start and
+	// still count for it. Default: DefaultMaxDelay. Negative is an error.
+	MaxDelay time.Duration
+
+	// now reads the instance's clock; tests set it to simulate skew.
+	now func() time.Time
+}
+
+// NewTask returns a gocron.Task running fn for the job called name, once per
+// instant of sched across all instances, through g (gate.Gate.Once). When
+// gocron starts the task, it works out the instant the job fired for — the
+// last instant of sched at or before the instance's clock — and the first
+// instance to record it in the tick ledger runs fn; the others skip.
+//
+// sched must be the schedule gocron runs the job on: for
+// gocron.CronJob(crontab, withSeconds) use CronSchedule with the same
+// arguments and the scheduler's location. It must be a calendar (instants
+// fixed in time); gocron.DurationJob intervals count from each instance's
+// start and have no instants instances agree on — use the Locker for them.
+//
+// The task returns nil when the tick was skipped, and otherwise what
+// gate.Gate.Once returns (fn's error, gate.ErrClockSkew, gate.ErrLockLost,
+// ErrNoInstant …), which gocron hands to the job's AfterJobRunsWithError
+// listener. Leave the job out of a scheduler-wide Locker
+// (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
+// lock already decide.
+func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gc.Task, error) {
+	if g == nil {
+		return nil, tick.Invalid("gocron", "g", "must not be nil")
+	}
+	if fn == nil {
+		return nil, tick.Invalid("gocron", "fn", "must not be nil")
+	}
+	now := opts.now
+	if now == nil {
+		now = time.Now
+	}
+	maxDelay, err := tick.Check("gocron", name, sched, opts.MaxDelay, now())
+	if err != nil {
+		return nil, err
+	}
+	return gc.NewTask(func(ctx context.Context) error {
+		at, err := tick.Latest(sched, now(), maxDelay)
+		if err != nil {
+			return err
+		}
+		if err := g.Once(ctx, name, at, fn); !errors.Is(err, gate.ErrSkipped) {
+			return err
+		}
+		return nil
+	}), nil
+}
+
+// CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)
+// follows in a scheduler whose location is loc (nil: time.Local, gocron's
+// default), parsed the way gocron parses it. A "TZ=" or "CRON_TZ=" prefix in
+// crontab overrides loc, as in gocron.
+//
+// gocron skips the repeated wall-clock instant of a daylight-saving
+// fall-back, which this schedule still yields; the task then never fires
+// for it, so nothing runs twice. Under
+// gocron.DaylightSavingsTimeRunAfterTransition gocron fires at a moment
+// this schedule does not contain, and that run fails with ErrNoInstant.
+func CronSchedule(crontab string, withSeconds bool, loc *time.Location) (gate.Schedule, error) {
+	if crontab == "" {
+		return nil, tick.Invalid("gocron", "crontab", "must not be empty")
+	}
+	if loc == nil {
+		loc = time.Local
+	}
+	c := gc.NewDefaultCron(withSeconds)
+	if err := c.IsValid(crontab, loc, time.Now()); err != nil {
+		return nil, tick.InvalidCause("gocron", "crontab", err)
+	}
+	return c, nil
+}
