@@ -128,8 +128,7 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 	fmt.Fprintf(e.stdout, "%s: %s, %s; %d stale (%s)\n",
 		tf.processing, plural(out.ProcessingRows, "row", "rows"), oldest, out.Stale, rule)
 	if out.Stale > 0 {
-		fmt.Fprintf(e.stdout, "move them with: pgclaim sweep --table %s --older-than %s --to FAILED --dry-run\n",
-			tf.table, fmtDur(*staleAfter))
+		fmt.Fprintf(e.stdout, "see what a sweep would move: %s\n", tf.sweepCommand(*staleAfter, "FAILED"))
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
 )
 
@@ -33,6 +34,30 @@ func addTableFlags(f *flags, withAttempts bool) *tableFlags {
 	}
 	f.StringVar(&t.processing, "processing", "PROCESSING", "the state rows are in while claimed")
 	return t
+}
+
+// sweepCommand is the pgclaim sweep command line for this table, with the
+// flags that differ from their defaults.
+func (t *tableFlags) sweepCommand(olderThan time.Duration, to string) string {
+	args := []string{"pgclaim", "sweep", "--table", shellQuote(t.table)}
+	for _, c := range []struct{ flag, val, def string }{
+		{"--key", t.key, "id"}, {"--state", t.state, "status"}, {"--claimed-at", t.claimedAt, "claimed_at"},
+		{"--lease-until", t.leaseUntil, ""}, {"--processing", t.processing, "PROCESSING"},
+	} {
+		if c.val != c.def {
+			args = append(args, c.flag, shellQuote(c.val))
+		}
+	}
+	args = append(args, "--older-than", fmtDur(olderThan), "--to", shellQuote(to), "--dry-run")
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:/") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // spec is the claim.Table the flags describe.
@@ -127,8 +152,12 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = r.oid`, ct.qname).Scan(&database, &oi
 		return nil, dbFail("reading the catalog", err)
 	}
 	if oid == nil {
-		return nil, failf("check --table; qualify it as schema.table if it is not in the search_path",
-			"table %s (--table) does not exist in database %q", ct.qname, database)
+		hint := "check --table; qualify it as schema.table if it is not in the search_path"
+		var migrated bool
+		if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgclaim.VersionTable).Scan(&migrated); err == nil && !migrated {
+			hint += fmt.Sprintf("; database %q has no pgclaim tables either: is the URL the service's database? (if it is, run 'pgclaim migrate up' or start the service once)", database)
+		}
+		return nil, failf(hint, "table %s (--table) does not exist in database %q", ct.qname, database)
 	}
 	if *relkind != "r" && *relkind != "p" {
 		return nil, failf("--table must name a table", "%s (--table) is not a table (relkind %q)", ct.qname, *relkind)

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+
+	"github.com/pgclaim/pgclaim/internal/bench"
+)
+
+func init() {
+	// The failover benchmark re-runs this executable as its leader and
+	// standby processes; in such a child, run it and exit before main.
+	bench.MaybeRunChild()
+	register(command{name: "bench", summary: "benchmark claims, gates, sweeps and failover against the alternatives", run: runBench})
+}
+
+const benchAbout = `
+Measures pgclaim side by side with what users would use instead, on one
+PostgreSQL server in one run: row claims against the field's SELECT-then-CAS
+loop and a single bulk UPDATE; gate cycles against a ShedLock-style lock table
+and a bare advisory lock; the stale sweeper against one giant UPDATE; leader
+failover against a polling standby; claim latency as the table grows.
+
+Without --database-url a throwaway PostgreSQL is provisioned as the tests do
+(PGCLAIM_TEST_DATABASE_URL, a container, or local PostgreSQL binaries).
+DATABASE_URL is deliberately not read: the benchmark creates and drops
+databases and loads millions of rows. With --database-url the role needs
+CREATEDB; each scenario runs in a fresh database that is dropped afterwards.
+
+Progress goes to stderr, the tables (or JSON, or Markdown) to stdout. The
+exit status is 1 when a duplicate (or another invariant check) was counted.
+Absolute figures drift between runs and machines; read the ratios, which are
+measured side by side in one run.`
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "bench", "bench [--quick] [--scenarios LIST] [--svg FILE] [--markdown] [--database-url URL] [--json]", benchAbout)
+	quick := f.Bool("quick", false, "small sizes: a few minutes on two cores, duplicate checks still on")
+	scenarios := f.String("scenarios", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ",")+" (default: all)")
+	svg := f.String("svg", "", "write the claim-throughput chart (SVG) to this file")
+	markdown := f.Bool("markdown", false, "print the report as Markdown instead of plain tables")
+	cpuprofile := f.String("cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
+	f.Lookup("database-url").Usage = "run on this server instead of a throwaway one (the role needs CREATEDB; DATABASE_URL is not read)"
+	pos, err := f.parse(args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs(pos); err != nil {
+		return err
+	}
+	if f.json && *markdown {
+		return usagef("--json and --markdown exclude each other")
+	}
+	cfg := bench.Config{Quick: *quick, DatabaseURL: f.url, SVG: *svg, Progress: e.stderr}
+	if *scenarios != "" {
+		cfg.Scenarios = strings.Split(*scenarios, ",")
+		for _, s := range cfg.Scenarios {
+			if !contains(bench.Scenarios, strings.TrimSpace(s)) {
+				return usagef("unknown scenario %q (known: %s)", s, strings.Join(bench.Scenarios, ", "))
+			}
+		}
+	}
+	if *cpuprofile != "" {
+		pf, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if rep != nil {
+		var werr error
+		switch {
+		case f.json:
+			werr = rep.WriteJSON(e.stdout)
+		case *markdown:
+			werr = rep.WriteMarkdown(e.stdout)
+		default:
+			werr = rep.WriteText(e.stdout)
+		}
+		if werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if errors.Is(err, bench.ErrChecksFailed) {
+		return failf("a duplicate means an effect happened twice: report it with the output above",
+			"invariant checks failed: %s", strings.Join(rep.Problems(), "; "))
+	}
+	if err != nil {
+		return fmt.Errorf("%w", err)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
