@@ -76,7 +76,8 @@ WITH chk AS (
     FROM chk,
          LATERAL (SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
                                  WHERE t.job = $5::text
-                                   AND t.fire_at = $4::timestamptz) AS taken) e
+                                   AND t.fire_at = $4::timestamptz) AS taken
+                  OFFSET 0) e
 ), ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
     SELECT $5::text, $4::timestamptz, $6::text, nextval('pgclaim_fence_seq')
@@ -161,7 +162,10 @@ SET finished_at = clock_timestamp(),
 WHERE job = $3::text
   AND fire_at = $4::timestamptz
   AND fence = $5::bigint
-  AND outcome = 'running'
+  -- = 'running', spelled so the planner uses the primary key rather than
+  -- the partial index on running ticks, which fills with dead entries
+  -- between vacuums.
+  AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost')
 `
 
 type FinishTickParams struct {
@@ -197,7 +201,9 @@ WITH fin AS (
     WHERE job = $5::text
       AND fire_at = $6::timestamptz
       AND fence = $7::bigint
-      AND outcome = 'running'
+      -- = 'running', spelled so the planner cannot pick the partial index
+      -- on running ticks, which fills with dead entries between vacuums.
+      AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost')
     RETURNING 1
 )
 SELECT pg_advisory_unlock($1::int4, $2::int4)::boolean AS unlocked,
