@@ -136,10 +136,22 @@ func (l *Locker) lease(key string) (*gate.Lease, error) {
 // lock is one held lease.
 type lock struct{ h *gate.LeaseHandle }
 
+// unlockTimeout bounds Unlock.
+const unlockTimeout = 5 * time.Second
+
 // Unlock releases the lease, which stays held until AtLeast after it was
 // taken. It returns an error wrapping gate.ErrLockLost when the lease had
 // been lost.
-func (k lock) Unlock(ctx context.Context) error { return k.h.Release(ctx) }
+//
+// gocron unlocks with the job's context, which is already cancelled when
+// the scheduler shuts down while the job runs; the release goes ahead
+// regardless (for up to five seconds), or the lease would stay held until
+// AtMost.
+func (k lock) Unlock(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+	defer cancel()
+	return k.h.Release(ctx)
+}
 
 // Elector is a gocron.Elector backed by a gate.Elector: jobs run on the
 // leading instance only. Run must be running (on every instance) for the

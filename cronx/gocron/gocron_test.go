@@ -225,6 +225,42 @@ func TestLocker(t *testing.T) {
 	}
 }
 
+// gocron unlocks with the job's context, cancelled when the scheduler
+// shuts down mid-run: the lease is released all the same, and free after
+// AtLeast rather than AtMost.
+func TestUnlockWithCancelledContext(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	opts := func(h string) gate.LeaseOptions {
+		return gate.LeaseOptions{Options: gate.Options{Holder: h}, AtMost: time.Minute, AtLeast: 100 * time.Millisecond}
+	}
+	a, err := NewLocker(db.Pool, opts("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewLocker(db.NewPool(t), opts("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobCtx, cancel := context.WithCancel(context.Background())
+	la, err := a.Lock(jobCtx, "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := la.Unlock(jobCtx); err != nil {
+		t.Fatalf("Unlock with a cancelled context: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	lb, err := b.Lock(context.Background(), "report")
+	if err != nil {
+		t.Fatalf("lock after AtLeast: %v (the lease was not released)", err)
+	}
+	if err := lb.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // seen records, per instance, the ticks its gate acquired or skipped, and
 // the events that should not happen: a skip that is not about the tick
 // being taken or locked (a clock outside the tolerance), a failed run.

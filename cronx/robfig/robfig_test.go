@@ -35,19 +35,26 @@ type shifted struct {
 
 func (s shifted) Next(t time.Time) time.Time { return s.sched.Next(t.Add(s.skew)).Add(-s.skew) }
 
-// seen records, per instance, the ticks its gate acquired or skipped.
+// seen records, per instance, the ticks its gate acquired or skipped, and
+// the events that should not happen: a skip that is not about the tick
+// being taken or locked (a clock outside the tolerance), a failed run.
 type seen struct {
 	mu    sync.Mutex
 	ticks map[string]map[time.Time]bool
+	bad   []gate.Event
 }
 
 func (s *seen) hooks(holder string) gate.Hooks {
 	return gate.HooksFunc(func(e gate.Event) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if (e.Kind == gate.EventSkipped && !errors.Is(e.Err, gate.ErrSkipped)) ||
+			(e.Kind == gate.EventFinished && e.Outcome != gate.OutcomeSucceeded) || e.Kind == gate.EventLost {
+			s.bad = append(s.bad, e)
+		}
 		if (e.Kind != gate.EventAcquired && e.Kind != gate.EventSkipped) || e.FireAt.IsZero() {
 			return
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
 		if s.ticks[holder] == nil {
 			s.ticks[holder] = map[time.Time]bool{}
 		}
@@ -167,6 +174,9 @@ func runSchedulers(t *testing.T, insts ...instance) {
 	holders := make([]string, len(insts))
 	for i, in := range insts {
 		holders[i] = in.holder
+	}
+	for _, e := range obs.bad {
+		t.Errorf("unexpected %s event for %s at %s: outcome %q, error %v", e.Kind, e.Holder, e.FireAt.Format(time.RFC3339Nano), e.Outcome, e.Err)
 	}
 	runs := runsPerTick(t, db.Pool)
 	for at, hs := range runs {
