@@ -37,7 +37,9 @@ type Config struct {
 
 	// LockWait is how long Once and Exclusive wait for an advisory lock
 	// held by another session before skipping with ErrHeld. Zero: do not
-	// wait. Negative is an error.
+	// wait. Negative is an error. With a wait, Once takes the lock first
+	// and then claims the tick (one more round trip), checking skew after
+	// the wait.
 	LockWait time.Duration
 
 	// LedgerOnly makes Once record ticks without taking the advisory lock.
@@ -259,7 +261,11 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 		}
 		if row.Fence == 0 {
-			g.sessions.put(s)
+			if row.Locked && !row.Released {
+				s.close() // not expected: the lock would be left held; drop the session
+			} else {
+				g.sessions.put(s)
+			}
 			switch {
 			case !row.InTolerance:
 				return g.skewed(name, at, row.DbNow.Time)
