@@ -1,0 +1,104 @@
+// Package claim moves rows of your own tables through states by
+// compare-and-swap, so that each row takes effect once even when the same job
+// runs on several instances at the same time.
+//
+// # States
+//
+// A row's life is described by a handful of states in one column:
+//
+//	From (e.g. PAUSED) --claim--> To (e.g. PROCESSING) --finish--> Done / Failed / Retry
+//	                      ^                |
+//	                      +----release-----+     (and the sweeper: To --> Failed or Retry)
+//
+// A Claimer moves a row from From to To only if it is still in From
+// (Claimer.Claim for one key, Claimer.ClaimBatch for up to n rows picked with
+// FOR UPDATE SKIP LOCKED), stamping the claim columns: claimed_at (database
+// time), claimed_by (the instance), a fencing token from pgclaim's sequence,
+// and attempts+1. A row leaves To only by Claimer.Finish (to any other state),
+// Claimer.Release (back to From) or a Sweeper, each a compare-and-swap on the
+// state too.
+//
+// # Guarantees
+//
+//   - One holder at a time. Two claimers never both get a row: the loser of a
+//     Claim gets ErrNotClaimed; concurrent ClaimBatch calls skip each other's
+//     rows.
+//   - Fencing. Finish, FinishBatch, Extend and Release act only if the row is
+//     still in To with the claim's token; otherwise they return ErrLost (or
+//     report the claim as lost) and change nothing. A holder whose row was
+//     swept and claimed again — a zombie — can no longer touch it.
+//   - Exactly-once effects in the database. Every operation can run in the
+//     caller's transaction (Claimer.WithTx takes a pgx.Tx or any DBTX).
+//     Finish the claim and write the effect in one transaction: both commit,
+//     or neither does, and a lost claim writes nothing. The Worker does this
+//     for each claim. Effects outside the database (an HTTP call, a push)
+//     are at least once when retried: a holder that dies after the effect and
+//     before the commit leaves the row to the sweeper, which moves it to
+//     Failed or back for a retry.
+//   - Nothing silently lost. Rows stuck in To because their holder died are
+//     found by a Sweeper and moved to Failed, or back to a retry state while
+//     attempts remain. The sweeper re-checks state and staleness on the
+//     locked row, so a row finished a moment ago is never overwritten, and
+//     two sweepers never move a row twice. Lost claims and swept rows are
+//     logged (log/slog) and returned to the caller.
+//   - Database time only. Staleness and leases compare the server's clock
+//     (statement_timestamp()), never the instance's.
+//
+// # Tables
+//
+// A Table names the columns; Name, Key, State and ClaimedAt are required:
+//
+//	CREATE TABLE push_requests (
+//	    id          bigint PRIMARY KEY,        -- Key: unique
+//	    status      text NOT NULL,             -- State: text, varchar or an enum
+//	    claimed_at  timestamptz,               -- ClaimedAt
+//	    claimed_by  text,                      -- ClaimedBy (optional)
+//	    fence       bigint,                    -- Fence (optional; needed to finish)
+//	    lease_until timestamptz,               -- LeaseUntil (optional; leases)
+//	    attempts    int NOT NULL DEFAULT 0     -- Attempts (optional; retries)
+//	);
+//
+// Features that need an optional column report which one when it is missing:
+// Finish, FinishBatch, Release and the Worker need Fence; Extend and leases
+// need LeaseUntil; retries need Attempts. Without Fence, Claim and ClaimBatch
+// still work as plain compare-and-swap claims, and finishing is left to the
+// caller's own statements (see Each). Claimer.Verify checks the table against
+// the spec at start-up. Names are identifiers, quoted, never SQL; only
+// Options.Order, Options.Where and SweeperConfig.Where are SQL, and they are
+// trusted input.
+//
+// Fencing tokens: Claim stamps a fresh token; ClaimBatch stamps one fresh
+// token on every row of the batch (one sequence call per statement). A token
+// is never reused, so the pair (key, token) identifies one claim of one row,
+// and that pair is what every fenced statement checks. It also makes a good
+// idempotency key for effects outside the database.
+//
+// # Indexes
+//
+// Batch claims and sweeps select rows by state; give them partial indexes,
+// or every batch rescans the rows already finished and the run slows as it
+// goes:
+//
+//	CREATE INDEX ON push_requests (id) WHERE status = 'PAUSED';             -- ClaimBatch (index the Order columns)
+//	CREATE INDEX ON push_requests (claimed_at) WHERE status = 'PROCESSING'; -- Sweeper
+//
+// These two statements are sent as unnamed prepared statements so that the
+// server plans them with the actual states every time and can use the partial
+// indexes; do not set plan_cache_mode = force_generic_plan for their
+// sessions.
+//
+// # Three ways in
+//
+//   - Claimer: claim one or a batch, finish, extend, release — inside your
+//     transaction when you want.
+//   - Worker: a loop that drains From with bounded concurrency, runs your
+//     function in the transaction that finishes each claim, extends leases
+//     while it runs, retries failures, recovers panics, and on shutdown
+//     leaves no row of its own in To.
+//   - Each: for compare-and-swap statements you already have (for example
+//     sqlc-generated :execrows methods): claim each candidate, skip the ones
+//     another instance won, run the work, count.
+//
+// Run a Sweeper at start-up in every instance (Sweeper.Sweep) and
+// periodically (Sweeper.Run).
+package claim
