@@ -437,7 +437,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 			_, err = t.sess.q.EndTerm(ctx, p)
 		}
 		if t.sess == nil || t.sess.conn.IsClosed() || err != nil {
-			_, err = e.q.EndTerm(ctx, p)
+			err = e.endTermRetrying(ctx, p)
 		}
 		if err != nil {
 			err = fmt.Errorf("gate: election %q: close term %d: %w", e.name, t.fence, err)
@@ -465,5 +465,25 @@ func (t *term) end(ctx context.Context, reason string) error {
 		return t.endErr
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// endTermRetrying closes a term through the pool. Failures (the server is
+// restarting, the pool's connections died with it) are retried for up to
+// TTL: until the term is closed, a successor waits for it, at most TTL.
+func (e *Elector) endTermRetrying(ctx context.Context, p store.EndTermParams) error {
+	deadline := time.Now().Add(e.o.TTL)
+	delay := 20 * time.Millisecond
+	for {
+		_, err := e.q.EndTerm(ctx, p)
+		if err == nil || ctx.Err() != nil || time.Now().Add(delay).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 500*time.Millisecond)
 	}
 }

@@ -78,6 +78,10 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 		select {
 		case <-locked:
 		case <-time.After(time.Second):
+			// No answer to the cancel request: cut the socket (safe while
+			// the statement reads from it) and let the statement fail.
+			_ = sess.conn.PgConn().Conn().Close()
+			<-locked
 		}
 		return nil, ctx.Err() // closing the session drops a lock granted meanwhile
 	}

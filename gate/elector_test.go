@@ -567,3 +567,87 @@ func TestElectionKeyDiffersFromAdvisoryKey(t *testing.T) {
 		t.Fatalf("AdvisoryKey = (%d,%d), ElectionKey = (%d,%d)", c1, k1, c2, k2)
 	}
 }
+
+// TestElectorServerRestart restarts the shared server under a leader and a
+// standby. It runs alone (no t.Parallel), since a restart cuts every session
+// of the test process. Advisory: the leader loses leadership at once and one
+// instance leads again soon after the server is back. Lease: the leader
+// keeps leadership through a restart shorter than its lease.
+func TestElectorServerRestart(t *testing.T) {
+	srv := pgtest.Shared(t)
+	for _, lease := range []bool{false, true} {
+		name := "advisory"
+		if lease {
+			name = "lease"
+		}
+		t.Run(name, func(t *testing.T) {
+			db := pgtest.NewDatabase(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			o := gate.ElectorOptions{Lease: lease, TTL: 4 * time.Second, RetryInterval: 50 * time.Millisecond}
+			es := []*gate.Elector{
+				newElector(t, db.NewPool(t), "e", "a", o),
+				newElector(t, db.NewPool(t), "e", "b", o),
+			}
+			type led struct {
+				i  int
+				at time.Time
+			}
+			leads := make(chan led, 16)
+			stepped := make(chan time.Time, 16)
+			var wg sync.WaitGroup
+			for i, e := range es {
+				wg.Go(func() {
+					e.Run(ctx, func(lctx context.Context, run gate.Run) error {
+						leads <- led{i, time.Now()}
+						<-lctx.Done()
+						stepped <- time.Now()
+						return nil
+					})
+				})
+			}
+			first := <-leads
+			time.Sleep(100 * time.Millisecond) // the standby waits
+			t0 := time.Now()
+			if err := srv.Restart(ctx); errors.Is(err, pgtest.ErrUnsupported) {
+				cancel()
+				wg.Wait()
+				t.Skipf("server cannot be restarted: %v", err)
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			back := time.Since(t0)
+			if lease {
+				time.Sleep(o.TTL / 2) // renewals go on over fresh connections
+				if !es[first.i].IsLeader() {
+					t.Fatal("lease leader lost leadership over a short restart")
+				}
+				select {
+				case l := <-leads:
+					t.Fatalf("instance %d led during the restart", l.i)
+				default:
+				}
+				t.Logf("restart took %v; lease leader kept leadership", back)
+			} else {
+				select {
+				case at := <-stepped:
+					t.Logf("restart took %v; leader stepped down %v after it began", back, at.Sub(t0))
+				case <-time.After(time.Second):
+					t.Fatal("leader did not step down within 1s of the restart")
+				}
+				select {
+				case l := <-leads:
+					t.Logf("instance %d leads %v after the restart began (%v after the server was back)", l.i, l.at.Sub(t0), l.at.Sub(t0)-back)
+					if l.at.Sub(t0)-back > o.TTL/2 {
+						t.Errorf("took over only after %v: the old term was not closed by its leader", l.at.Sub(t0)-back)
+					}
+				case <-time.After(o.TTL + 5*time.Second):
+					t.Fatal("no leader after the restart")
+				}
+			}
+			cancel()
+			wg.Wait()
+			checkTerms(t, db.Pool, "e")
+		})
+	}
+}
