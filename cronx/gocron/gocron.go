@@ -32,7 +32,7 @@ import (
 	"sync"
 	"time"
 
-	gc "github.com/go-co-op/gocron/v2"
+	gocronv2 "github.com/go-co-op/gocron/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/cronx/internal/tick"
@@ -103,7 +103,7 @@ func NewLocker(pool *pgxpool.Pool, opts gate.LeaseOptions) (*Locker, error) {
 // Lock takes the lease named key without waiting. It returns an error
 // wrapping gate.ErrHeld when another instance holds it (gocron then skips
 // the run).
-func (l *Locker) Lock(ctx context.Context, key string) (gc.Lock, error) {
+func (l *Locker) Lock(ctx context.Context, key string) (gocronv2.Lock, error) {
 	lease, err := l.lease(key)
 	if err != nil {
 		return nil, err
@@ -221,7 +221,7 @@ type TaskOptions struct {
 // listener. Leave the job out of a scheduler-wide Locker
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
-func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gc.Task, error) {
+func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
 	if g == nil {
 		return nil, tick.Invalid("gocron", "g", "must not be nil")
 	}
@@ -236,7 +236,7 @@ func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts 
 	if err != nil {
 		return nil, err
 	}
-	return gc.NewTask(func(ctx context.Context) error {
+	return gocronv2.NewTask(func(ctx context.Context) error {
 		at, err := tick.Latest(sched, now(), maxDelay)
 		if err != nil {
 			return err
@@ -265,7 +265,7 @@ func CronSchedule(crontab string, withSeconds bool, loc *time.Location) (gate.Sc
 	if loc == nil {
 		loc = time.Local
 	}
-	c := gc.NewDefaultCron(withSeconds)
+	c := gocronv2.NewDefaultCron(withSeconds)
 	if err := c.IsValid(crontab, loc, time.Now()); err != nil {
 		return nil, tick.InvalidCause("gocron", "crontab", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	gc "github.com/go-co-op/gocron/v2"
+	gocronv2 "github.com/go-co-op/gocron/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
@@ -22,7 +22,7 @@ const everySecond = "* * * * * *"
 // skew ahead of real time: it fires when that clock reaches an instant,
 // which is skew earlier in real time.
 type shiftedCron struct {
-	gc.Cron
+	gocronv2.Cron
 	skew time.Duration
 }
 
@@ -83,9 +83,9 @@ func contiguous(t testing.TB, runs map[time.Time][]string, n int) {
 }
 
 // newScheduler returns a started gocron scheduler, shut down at cleanup.
-func newScheduler(t testing.TB, opts ...gc.SchedulerOption) gc.Scheduler {
+func newScheduler(t testing.TB, opts ...gocronv2.SchedulerOption) gocronv2.Scheduler {
 	t.Helper()
-	s, err := gc.NewScheduler(opts...)
+	s, err := gocronv2.NewScheduler(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string
 	if _, err := db.Pool.Exec(context.Background(), runsTable); err != nil {
 		t.Fatal(err)
 	}
-	var scheds []gc.Scheduler
+	var scheds []gocronv2.Scheduler
 	for _, in := range []struct {
 		holder string
 		skew   time.Duration
@@ -121,9 +121,9 @@ func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string
 		// NewLocker refuses AtLeast 0; the control builds one anyway.
 		opts := gate.LeaseOptions{Options: gate.Options{Holder: in.holder}, AtMost: 5 * time.Second, AtLeast: atLeast}
 		locker := &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}
-		s := newScheduler(t, gc.WithDistributedLocker(locker))
-		_, err := s.NewJob(gc.CronJob(everySecond, true), gc.NewTask(recordRun(t, pool, in.holder, in.skew)),
-			gc.WithName("report"), gc.WithCronImplementation(shiftedCron{gc.NewDefaultCron(true), in.skew}))
+		s := newScheduler(t, gocronv2.WithDistributedLocker(locker))
+		_, err := s.NewJob(gocronv2.CronJob(everySecond, true), gocronv2.NewTask(recordRun(t, pool, in.holder, in.skew)),
+			gocronv2.WithName("report"), gocronv2.WithCronImplementation(shiftedCron{gocronv2.NewDefaultCron(true), in.skew}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -315,7 +315,7 @@ func TestTaskOneRunPerTick(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := &seen{ticks: map[string]map[time.Time]bool{}}
-	var scheds []gc.Scheduler
+	var scheds []gocronv2.Scheduler
 	for _, in := range []struct {
 		holder string
 		skew   time.Duration
@@ -336,8 +336,8 @@ func TestTaskOneRunPerTick(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := newScheduler(t)
-		_, err = s.NewJob(gc.CronJob(everySecond, true), task, gc.WithName("report"),
-			gc.WithCronImplementation(shiftedCron{gc.NewDefaultCron(true), in.skew}))
+		_, err = s.NewJob(gocronv2.CronJob(everySecond, true), task, gocronv2.WithName("report"),
+			gocronv2.WithCronImplementation(shiftedCron{gocronv2.NewDefaultCron(true), in.skew}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -381,7 +381,7 @@ func TestElectorOneRunPerTick(t *testing.T) {
 	}
 	electors := map[string]*gate.Elector{}
 	var wg sync.WaitGroup
-	var scheds []gc.Scheduler
+	var scheds []gocronv2.Scheduler
 	for _, h := range []string{"a", "b"} {
 		pool := db.NewPool(t)
 		ge, err := gate.NewElector(pool, "scheduler", gate.ElectorOptions{Options: gate.Options{Holder: h}, TTL: time.Second})
@@ -400,8 +400,8 @@ func TestElectorOneRunPerTick(t *testing.T) {
 				t.Errorf("Elector.Run: %v", err)
 			}
 		}()
-		s := newScheduler(t, gc.WithDistributedElector(e))
-		if _, err := s.NewJob(gc.CronJob(everySecond, true), gc.NewTask(recordRun(t, pool, h, 0)), gc.WithName("report")); err != nil {
+		s := newScheduler(t, gocronv2.WithDistributedElector(e))
+		if _, err := s.NewJob(gocronv2.CronJob(everySecond, true), gocronv2.NewTask(recordRun(t, pool, h, 0)), gocronv2.WithName("report")); err != nil {
 			t.Fatal(err)
 		}
 		scheds = append(scheds, s)
@@ -522,7 +522,7 @@ func TestBadInput(t *testing.T) {
 	check("CronSchedule empty", err, "gocron: crontab: must not be empty")
 	_, err = CronSchedule("61 * * * *", false, nil)
 	check("CronSchedule bad minute", err, "gocron: crontab:")
-	if !errors.Is(err, gc.ErrCronJobParse) {
+	if !errors.Is(err, gocronv2.ErrCronJobParse) {
 		t.Errorf("CronSchedule bad minute: got %v, want it to wrap gocron.ErrCronJobParse", err)
 	}
 }
