@@ -1,16 +1,78 @@
 // Package gate makes scheduled and background work take effect once across
 // several instances of a service sharing one PostgreSQL database.
 //
-// It offers, in layers:
+// A cron job fires on every instance. gate decides, in the database, which
+// one runs it:
 //
-//   - a tick ledger: each (job, scheduled instant) runs once, decided by one
-//     INSERT … ON CONFLICT DO NOTHING into pgclaim_ticks;
-//   - advisory exclusion: a session-level advisory lock held on a dedicated
-//     connection while the job runs, watched so the job is cancelled the
-//     moment the session is lost;
-//   - a lease lock and a leader elector for places where session locks
-//     cannot live (PgBouncer transaction pooling) and for Active/Standby.
+//   - The tick ledger (Gate.Once) records each scheduled instant of a job
+//     once in pgclaim_ticks. Every instance computes the same instant from
+//     the shared schedule, and one INSERT … ON CONFLICT DO NOTHING decides
+//     who runs it; the others get ErrSkipped, however early or late their
+//     clocks fire. An instant further from database time than
+//     Config.SkewTolerance is refused with ErrClockSkew. The ledger row
+//     records holder, fencing token, start, finish and outcome.
+//   - Advisory exclusion (Gate.Exclusive, and Gate.Once in the same
+//     statement as the ledger insert) holds a session advisory lock for the
+//     length of a run, so runs of a job never overlap. Another run gets
+//     ErrHeld, at once or after Config.LockWait.
+//   - Catch-up (Gate.CatchUp) runs, at start-up, the latest instant missed
+//     while every instance was down, once. Gate.Prune keeps the ledger short.
+//   - Lease locks (Lease) and leader election (Elector) cover places where
+//     session locks cannot live, and Active/Standby deployments.
 //
-// Shared settings are in Options; every mechanism reports to a Hooks and a
-// *slog.Logger.
+// # Cost
+//
+// A Gate.Once cycle is two statements on one dedicated connection: the first
+// checks skew, looks the tick up, takes the advisory lock and inserts the
+// tick (releasing the lock again if the insert lost a race); the second
+// records the outcome and unlocks. A tick already run costs one statement.
+// Exclusive is a try-lock (with a fencing token) and an unlock.
+//
+// # Advisory keys
+//
+// Locks use the two-int4 form pg_advisory_lock(AdvisoryClass, hash): see
+// AdvisoryKey. The key of a name never changes between versions, and the
+// two-int4 key space is separate from the bigint one most other users of
+// advisory locks take theirs from.
+//
+// # Connections and lost locks
+//
+// A session advisory lock belongs to a connection, and a pooled connection
+// returned to its pool keeps its locks. So the gate takes connections out of
+// the pool (pgxpool.Conn.Hijack) and uses them only for locking: a lock is
+// always released by an explicit pg_advisory_unlock whose result is checked
+// before the connection is kept for the next run, and a connection whose
+// unlock is not confirmed is closed, which makes the server drop its locks.
+// Up to a few such connections are kept; Gate.Close closes them.
+//
+// While a job runs, a goroutine blocks reading its lock connection. A
+// terminated backend or a server shutdown or restart closes it, which the
+// read sees at once (within milliseconds in the tests): the job's context is
+// cancelled with a cause wrapping ErrLockLost, EventLost is reported, the
+// ledger records the run as lost, and Once or Exclusive return ErrLockLost
+// once the job has returned. A network that goes silent is found by a ping
+// after five quiet seconds. On the server side, the lock connection sets
+// TCP keepalives (the server drops a vanished client's session, and its
+// locks, within about 11 s) and turns idle_session_timeout off.
+//
+// The server frees the lock as soon as the session is gone, possibly before
+// the old job has noticed: another instance may then start while the old job
+// is still winding down. Jobs should stop promptly when their context ends
+// and pass Run.Fence to whatever they write, so stale writes can be refused
+// (package claim does this for rows).
+//
+// # Poolers
+//
+// Behind PgBouncer in transaction mode, a session lock stays on a server
+// connection other clients then use. When a lock connection is opened, the
+// gate compares pg_backend_pid() with the pid announced at connect; a pooler
+// announces its own, so they differ and the gate refuses with ErrPooler
+// (session pooling is refused too). There, use Config.LedgerOnly, which
+// needs no session state, and a Lease where runs must not overlap.
+//
+// # Observing
+//
+// Options.Logger (a *slog.Logger, silent by default) and Options.Hooks
+// receive the same events: acquired, skipped, lost, finished with outcome and
+// duration.
 package gate
