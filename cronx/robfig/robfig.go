@@ -15,7 +15,7 @@
 // The schedule must be a calendar (a cron spec such as "0 9 * * *" or
 // "*/10 * * * * *"): instants fixed in time. "@every" intervals count from
 // each instance's start, so no two instances agree on an instant; NewJob and
-// Wrap refuse them.
+// Wrap refuse them (all but "@every 1s", which fires on every whole second).
 //
 // A job must start within Options.MaxDelay of its instant, and before the
 // next instant of its schedule; a job that starts later is counted for a

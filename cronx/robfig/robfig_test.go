@@ -359,6 +359,10 @@ func TestBadInput(t *testing.T) {
 		{"@every", g, "report", every90, fn, Options{}, "robfig: sched: instants are not fixed in time"},
 		{"no instant", g, "report", never, fn, Options{}, "robfig: sched: has no instant after now"},
 	}
+	// "@every 1s" fires on every whole second on every instance: accepted.
+	if _, err := NewJob(g, "report", cron.Every(time.Second), fn, Options{}); err != nil {
+		t.Errorf("NewJob with @every 1s: %v", err)
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			j, err := NewJob(c.g, c.job, c.sched, c.fn, c.opts)
