@@ -2,9 +2,13 @@ package gate_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -650,4 +654,89 @@ func TestElectorServerRestart(t *testing.T) {
 			checkTerms(t, db.Pool, "e")
 		})
 	}
+}
+
+// Behind a connection pooler (a proxy announcing another backend pid, as
+// PgBouncer does) the advisory elector refuses with ErrPooler; the lease
+// elector and the lease lock work.
+func TestElectorBehindPooler(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	cfg := db.Pool.Config().Copy()
+	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	if len(cfg.ConnConfig.Host) > 0 && cfg.ConnConfig.Host[0] == '/' {
+		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
+	}
+	host, port, _ := net.SplitHostPort(poolerProxy(t, network, addr))
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+
+	adv := newElector(t, pool, "e", "a", gate.ElectorOptions{TTL: time.Second})
+	if _, err := adv.Campaign(ctx); !errors.Is(err, gate.ErrPooler) {
+		t.Fatalf("advisory Campaign behind a pooler = %v; want ErrPooler", err)
+	}
+	le := newElector(t, pool, "e", "a", gate.ElectorOptions{Lease: true, TTL: time.Second})
+	if _, err := le.Campaign(ctx); err != nil {
+		t.Fatalf("lease Campaign behind a pooler: %v", err)
+	}
+	if err := le.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := newLease(t, pool, "job", "a", gate.LeaseOptions{AtMost: time.Second})
+	if err := l.Do(ctx, func(context.Context, gate.Run) error { return nil }); err != nil {
+		t.Fatalf("lease lock behind a pooler: %v", err)
+	}
+}
+
+// poolerProxy forwards connections to the server at target and, like a
+// pooler, announces a backend pid other than the real one (BackendKeyData).
+// It returns the address it listens on.
+func poolerProxy(t *testing.T, network, target string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial(network, target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			go func() { io.Copy(server, client); server.Close() }()
+			go func() {
+				defer client.Close()
+				for {
+					var hdr [5]byte
+					if _, err := io.ReadFull(server, hdr[:]); err != nil {
+						return
+					}
+					body := make([]byte, int(binary.BigEndian.Uint32(hdr[1:]))-4)
+					if _, err := io.ReadFull(server, body); err != nil {
+						return
+					}
+					if hdr[0] == 'K' && len(body) >= 4 {
+						binary.BigEndian.PutUint32(body, binary.BigEndian.Uint32(body)+1)
+					}
+					if _, err := client.Write(append(hdr[:], body...)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
