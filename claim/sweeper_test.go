@@ -1,8 +1,12 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,10 +47,12 @@ func TestZombie(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 1)
-	a, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "a"})
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	a, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: logger})
 	b, _ := New[int64](db.NewPool(t), jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "b"})
 	var swept []Swept[int64]
-	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10,
+	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10, Logger: logger,
 		OnSwept: func(_ context.Context, s []Swept[int64]) { swept = append(swept, s...) }})
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +104,15 @@ func TestZombie(t *testing.T) {
 	zombie(a, ca)
 	if r := readRow(t, db.Pool, 1); r.State != "PROCESSING" || r.ClaimedBy != "b" || r.Fence != cb.Token {
 		t.Fatalf("row = %+v", r)
+	}
+	// Both transitions were logged: the sweep and the zombie's lost finish.
+	for _, want := range []string{
+		fmt.Sprintf(`level=WARN msg="claim: swept stale row" table="\"jobs\"" key=1 state=PAUSED token=%d claimed_by=a`, ca.Token),
+		fmt.Sprintf(`level=WARN msg="claim: claim lost" op=Finish table="\"jobs\"" key=1 token=%d`, ca.Token),
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %s; log:\n%s", want, logs.String())
+		}
 	}
 
 	// The second claim goes stale too; no attempts remain, so it fails.

@@ -107,6 +107,7 @@ func TestBadInput(t *testing.T) {
 		{"WorkerConfig.Retry", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", MaxAttempts: 3, BatchSize: 1}},
 		{"WorkerConfig.PollInterval", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, PollInterval: -time.Second}},
 		{"WorkerConfig.StopTimeout", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, StopTimeout: -time.Second}},
+		{"WorkerConfig.Args", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, Args: []any{1}}},
 	}
 	for _, tc := range wcases {
 		_, err := NewWorker(c, tc.cfg)

@@ -54,6 +54,8 @@ type WorkerConfig[K any] struct {
 	MaxAttempts int
 	// BatchSize is the most rows claimed by one statement. Required.
 	BatchSize int
+	// Args bind the placeholders of the claimer's Options.Where.
+	Args []any
 	// Concurrency is the most claims worked on at once (0 means 1). Each
 	// needs a connection for its transaction; size the pool for
 	// Concurrency plus two (claims and heartbeats).
@@ -139,6 +141,8 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
 	case cfg.StopTimeout < 0:
 		return nil, invalid("WorkerConfig.StopTimeout", "must not be negative")
+	case len(cfg.Args) != c.c.whereParams:
+		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
@@ -260,7 +264,7 @@ loop:
 		busy := inflight() > 1
 		// Claims use workCtx, not ctx: a claim statement cancelled half-way
 		// could commit rows this run would never learn of.
-		cls, err := w.c.ClaimBatch(workCtx, w.cfg.BatchSize)
+		cls, err := w.c.ClaimBatch(workCtx, w.cfg.BatchSize, w.cfg.Args...)
 		if err != nil {
 			<-sem
 			if workCtx.Err() != nil {
