@@ -59,14 +59,16 @@ const (
 	// checkIdleAfter: a cached session idle this long is checked (without
 	// a round trip) before reuse.
 	checkIdleAfter = time.Second
-	// pingEvery: while a lock is held the watcher blocks on the socket, so
-	// a terminated backend or a server shutdown is seen at once; a silent
-	// network failure is found by a ping after this much quiet.
-	pingEvery = 5 * time.Second
 	// releaseTimeout bounds the unlock and the outcome write after a run,
 	// which go ahead even when the caller's context has ended.
 	releaseTimeout = 10 * time.Second
 )
+
+// pingEvery: while a lock is held the watcher blocks on the socket, so a
+// terminated backend or a server shutdown is seen at once; a silent network
+// failure is found by a ping after this much quiet, answered within as long.
+// A variable only so tests can shorten it.
+var pingEvery = 5 * time.Second
 
 // session is a connection taken out of the pool (pgxpool.Conn.Hijack) and
 // dedicated to holding advisory locks. It never goes back to the pool: after
@@ -179,6 +181,10 @@ func (s *session) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.conn.Close(ctx)
+	// After a timed-out statement pgconn closes in the background, first
+	// sending a cancel request that can wait up to 15 s. Cut the socket now
+	// so the server sees the session end and frees its locks.
+	_ = s.conn.PgConn().Conn().Close()
 }
 
 // tryLock takes the advisory lock for key, waiting up to wait (0: not at

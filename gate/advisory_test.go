@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -355,16 +356,7 @@ func TestLostOnServerRestart(t *testing.T) {
 func TestRefusesPooler(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
-	cfg := db.Pool.Config().Copy()
-	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	if len(cfg.ConnConfig.Host) > 0 && cfg.ConnConfig.Host[0] == '/' {
-		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
-	}
-	proxy := startPIDProxy(t, network, addr)
-	host, port, _ := net.SplitHostPort(proxy)
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	cfg := proxyConfig(t, db.Pool, true, nil)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -388,10 +380,15 @@ func TestRefusesPooler(t *testing.T) {
 	}
 }
 
-// startPIDProxy forwards connections to the server, changing the backend
-// pid announced in BackendKeyData the way a pooler does.
-func startPIDProxy(t *testing.T, network, target string) string {
+// startProxy forwards connections to the server. With rewritePID it changes
+// the backend pid announced in BackendKeyData the way a pooler does. While
+// *silent is true it forwards nothing, like a network that went quiet
+// (connections stay open; closing one side still closes the other).
+func startProxy(t *testing.T, network, target string, rewritePID bool, silent *atomic.Bool) string {
 	t.Helper()
+	if silent == nil {
+		silent = new(atomic.Bool)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -411,17 +408,34 @@ func startPIDProxy(t *testing.T, network, target string) string {
 				c.Close()
 				continue
 			}
+			t.Cleanup(func() { c.Close(); s.Close() })
 			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(s, c); s.Close() }()
-			go func() { defer wg.Done(); rewriteKeyData(c, s); c.Close() }()
+			go func() { defer wg.Done(); forward(s, c, false, silent); s.Close() }()
+			go func() { defer wg.Done(); forward(c, s, rewritePID, silent); c.Close() }()
 		}
 	}()
 	return ln.Addr().String()
 }
 
-// rewriteKeyData copies server messages to the client, adding 1<<30 to the
-// pid in BackendKeyData ('K').
-func rewriteKeyData(dst io.Writer, src io.Reader) {
+// forward copies protocol messages from src to dst, dropping them while
+// silent. With rewritePID (server to client) it flips bit 30 of the pid in
+// BackendKeyData ('K'). The client's first message (startup) has no type
+// byte; it is forwarded as is.
+func forward(dst io.Writer, src io.Reader, rewritePID bool, silent *atomic.Bool) {
+	if !rewritePID {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && !silent.Load() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
 	header := make([]byte, 5)
 	for {
 		if _, err := io.ReadFull(src, header); err != nil {
@@ -434,8 +448,70 @@ func rewriteKeyData(dst io.Writer, src io.Reader) {
 		if header[0] == 'K' && len(body) >= 4 {
 			binary.BigEndian.PutUint32(body, binary.BigEndian.Uint32(body)^1<<30)
 		}
+		if silent.Load() {
+			continue
+		}
 		if _, err := dst.Write(append(header, body...)); err != nil {
 			return
 		}
 	}
+}
+
+// TestLostWhenNetworkSilent: the network between the gate and the server
+// goes quiet mid-run (nothing is closed, nothing arrives). The watcher's
+// ping goes unanswered, the job's context is cancelled, and once the gate
+// closes its end the server frees the lock for another instance.
+func TestLostWhenNetworkSilent(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	silent := new(atomic.Bool)
+	cfg := proxyConfig(t, db.Pool, false, silent)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	a := newGate(t, pool, "a", gate.Config{})
+	standby := newGate(t, db.Pool, "standby", gate.Config{LockWait: 5 * time.Second})
+
+	cancelled, done := lostRun(t, a, "exclusive", "job", time.Time{})
+	t0 := time.Now()
+	silent.Store(true)
+	select {
+	case c := <-cancelled:
+		t.Logf("job context cancelled %s after the network went silent", c.at.Sub(t0))
+		if !errors.Is(c.cause, gate.ErrLockLost) {
+			t.Errorf("context cause %v, want ErrLockLost", c.cause)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("job context not cancelled 5s after the network went silent")
+	}
+	if err := <-done; !errors.Is(err, gate.ErrLockLost) {
+		t.Errorf("run returned %v, want ErrLockLost", err)
+	}
+	if err := standby.Exclusive(context.Background(), "job", func(context.Context, gate.Run) error { return nil }); err != nil {
+		t.Errorf("standby after the silent holder gave up: %v", err)
+	}
+}
+
+// proxyConfig returns a copy of pool's config that connects through a
+// proxy (see startProxy).
+func proxyConfig(t *testing.T, pool *pgxpool.Pool, rewritePID bool, silent *atomic.Bool) *pgxpool.Config {
+	t.Helper()
+	cfg := pool.Config().Copy()
+	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
+	}
+	host, port, _ := net.SplitHostPort(startProxy(t, network, addr, rewritePID, silent))
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	return cfg
+}
+
+// startPIDProxy is startProxy rewriting the announced pid: a stand-in for a
+// pooler.
+func startPIDProxy(t *testing.T, network, target string) string {
+	return startProxy(t, network, target, true, nil)
 }
