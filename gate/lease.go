@@ -72,7 +72,8 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 //
 // Every operation is one self-contained statement, so a Lease works through
 // PgBouncer in transaction pooling mode, where session advisory locks
-// cannot. Each acquisition gets a fresh fencing token from
+// cannot. (Configure such a pool as the pooler requires, e.g. with
+// pgx.QueryExecModeExec when it does not keep prepared statements.) Each acquisition gets a fresh fencing token from
 // pgclaim_fence_seq; extension and release are scoped to it, so a holder
 // whose lease expired and was taken over can neither extend nor release the
 // new holder's lease. An expired row is taken over only for its own name.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
@@ -569,5 +570,44 @@ func TestLeaseBadInput(t *testing.T) {
 	}
 	if err := l.Do(context.Background(), nil); !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), "fn:") {
 		t.Errorf("Do(nil) = %v; want ErrInvalid naming fn", err)
+	}
+}
+
+// Through PgBouncer in transaction pooling mode a pool is configured without
+// server-side prepared statements; the lease lock and the lease elector
+// need nothing else.
+func TestLeaseWithoutPreparedStatements(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		cfg := db.Pool.Config().Copy()
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		ctx := context.Background()
+		o := gate.LeaseOptions{AtMost: time.Second, AtLeast: 10 * time.Millisecond, KeepAlive: 20 * time.Millisecond}
+		l := newLease(t, pool, "job-"+mode.String(), "a", o)
+		err = l.Do(ctx, func(ctx context.Context, run gate.Run) error {
+			time.Sleep(60 * time.Millisecond) // a few keep-alive extensions
+			return ctx.Err()
+		})
+		if err != nil {
+			t.Fatalf("%v: Do: %v", mode, err)
+		}
+		e := newElector(t, pool, "e-"+mode.String(), "a", gate.ElectorOptions{Lease: true, TTL: 400 * time.Millisecond})
+		lctx, err := e.Campaign(ctx)
+		if err != nil {
+			t.Fatalf("%v: Campaign: %v", mode, err)
+		}
+		time.Sleep(250 * time.Millisecond) // renewals
+		if lctx.Err() != nil {
+			t.Fatalf("%v: leadership lost: %v", mode, context.Cause(lctx))
+		}
+		if err := e.Resign(ctx); err != nil {
+			t.Fatalf("%v: Resign: %v", mode, err)
+		}
 	}
 }
