@@ -64,6 +64,9 @@ func runClaims(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkStates(ctx, pool, ct, map[string]string{"--processing": tf.processing}); err != nil {
+		return err
+	}
 
 	out := claimsJSON{
 		Table: ct.qname, States: []stateCountJSON{}, Processing: tf.processing,

@@ -171,6 +171,17 @@ func TestURLFromEnvironment(t *testing.T) {
 	wantCode(t, r, exitOK)
 }
 
+// TestRun calls run, the entry point main uses, with a URL flag.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	var out, errb bytes.Buffer
+	code := run(context.Background(), []string{"ticks", "--database-url", db.URL, "--json"}, strings.NewReader(""), &out, &errb)
+	if code != exitOK || out.String() != "[]\n" || errb.Len() != 0 {
+		t.Errorf("run = %d, stdout %q, stderr %q", code, out.String(), errb.String())
+	}
+}
+
 func TestUsage(t *testing.T) {
 	t.Parallel()
 	r := cli(t, "")

@@ -106,6 +106,9 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkStates(ctx, pool, ct, map[string]string{"--processing": tf.processing, "--to": *to, "--retry": *retry}); err != nil {
+		return err
+	}
 
 	var moved int64
 	var shown []sweptRowJSON

@@ -247,3 +247,43 @@ func TestSweepErrors(t *testing.T) {
 		t.Errorf("a refused sweep changed the table")
 	}
 }
+
+// TestSweepEnumAndUUID sweeps a table whose state is an enum and whose key
+// is a uuid, and prints the keys as uuids.
+func TestSweepEnumAndUUID(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	exec1(t, db, `
+CREATE TYPE job_state AS ENUM ('queued', 'running', 'done', 'dead');
+CREATE TABLE jobs (id uuid PRIMARY KEY, state job_state NOT NULL, claimed_at timestamptz);
+INSERT INTO jobs VALUES
+ ('00000000-0000-0000-0000-00000000000a', 'running', now() - interval '3 hours'),
+ ('00000000-0000-0000-0000-00000000000b', 'running', now() - interval '1 minute'),
+ ('00000000-0000-0000-0000-00000000000c', 'queued', NULL)`)
+	args := []string{"--table", "jobs", "--state", "state", "--processing", "running", "--database-url", db.URL}
+
+	r := cli(t, "", append([]string{"claims", "--stale-after", "1h"}, args...)...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "claims", r.stdout, "queued   1\nrunning  2\n", "running: 2 rows, oldest claimed 3h ago", "1 stale")
+
+	r = cli(t, "", append([]string{"sweep", "--older-than", "1h", "--to", "dead", "--dry-run"}, args...)...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "dry run", r.stdout, "would move 1 stale row of \"jobs\" from running to dead", "\n00000000-0000-0000-0000-00000000000a  ")
+
+	r = cli(t, "", append([]string{"sweep", "--older-than", "1h", "--to", "dead"}, args...)...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "sweep", r.stdout, "moved 1 row of \"jobs\" from running to dead", "\n00000000-0000-0000-0000-00000000000a  ")
+	var state string
+	if err := db.Pool.QueryRow(context.Background(), `SELECT state::text FROM jobs WHERE id = '00000000-0000-0000-0000-00000000000a'`).Scan(&state); err != nil || state != "dead" {
+		t.Errorf("swept row is %q (%v)", state, err)
+	}
+
+	r = cli(t, "", append([]string{"sweep", "--older-than", "1h", "--to", "buried"}, args...)...)
+	wantCode(t, r, exitError)
+	if want := "pgclaim sweep: --to: \"buried\" is not a value of the state column's type job_state\nhint: the values of job_state are: queued, running, done, dead\n"; r.stderr != want {
+		t.Errorf("stderr = %q, want %q", r.stderr, want)
+	}
+	r = cli(t, "", append([]string{"claims", "--stale-after", "1h"}, append(args, "--processing", "Running")...)...)
+	wantCode(t, r, exitError)
+	wantContains(t, "stderr", r.stderr, `pgclaim claims: --processing: "Running" is not a value of the state column's type job_state`)
+}

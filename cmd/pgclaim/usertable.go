@@ -183,6 +183,38 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid).Scan(&cols); err
 	return ct, nil
 }
 
+// checkStates checks state values given in flags against the state column's
+// enum type, if it is one, so a typo fails before anything moves.
+func checkStates(ctx context.Context, db dbtx, ct *claimedTable, values map[string]string) error {
+	var isEnum bool
+	var labels []string
+	var typ string
+	err := db.QueryRow(ctx, `
+SELECT t.typtype = 'e',
+       ARRAY(SELECT e.enumlabel::text FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder),
+       format_type(t.oid, NULL)
+FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = to_regclass($1) AND a.attname = $2`, ct.qname, ct.flags.state).Scan(&isEnum, &labels, &typ)
+	if err != nil {
+		return dbFail("reading the state column's type", err)
+	}
+	if !isEnum {
+		return nil
+	}
+	flagOrder := make([]string, 0, len(values))
+	for f := range values {
+		flagOrder = append(flagOrder, f)
+	}
+	slices.Sort(flagOrder)
+	for _, f := range flagOrder {
+		if v := values[f]; v != "" && !slices.Contains(labels, v) {
+			return failf(fmt.Sprintf("the values of %s are: %s", typ, strings.Join(labels, ", ")),
+				"%s: %q is not a value of the state column's type %s", f, v, typ)
+		}
+	}
+	return nil
+}
+
 // stale returns the condition a stale claimed row meets, the same the
 // claim package's sweeper applies: its lease has passed, or (without a
 // lease) it was claimed more than staleAfterParam microseconds ago.
