@@ -99,11 +99,11 @@ func DefaultHolder() string {
 }
 
 // customPlan is passed first to statements that pick rows by state (batch
-// claims and sweeps). pgx then runs them as
-// unnamed prepared statements, which the server plans with the actual
-// parameter values every time, so a partial index such as
-// "(id) WHERE state = 'PAUSED'" is always usable. A cached generic plan
-// cannot use it and would rescan finished rows on every batch.
+// claims and sweeps). pgx then runs them as unnamed prepared statements,
+// which the server plans with the actual parameter values every time, so a
+// partial index such as "(id) WHERE state = 'PAUSED'" is always usable. A
+// cached generic plan cannot use it, and would rescan finished rows on every
+// batch if the server ever chose it.
 const customPlan = pgx.QueryExecModeCacheDescribe
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -162,7 +162,7 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 // countParams returns the highest $N placeholder in a trusted SQL fragment,
 // skipping quoted strings and identifiers.
 func countParams(where string) (int, error) {
-	max := 0
+	highest := 0
 	for i := 0; i < len(where); i++ {
 		switch ch := where[i]; ch {
 		case '\'', '"':
@@ -181,19 +181,12 @@ func countParams(where string) (int, error) {
 				if err != nil || n < 1 {
 					return 0, invalid("Options.Where", fmt.Sprintf("bad placeholder %q", where[i:j]))
 				}
-				max = ints(max, n)
+				highest = max(highest, n)
 			}
 			i = j - 1
 		}
 	}
-	return max, nil
-}
-
-func ints(a, b int) int {
-	if a > b {
-		return a
-	}
-	return b
+	return highest, nil
 }
 
 // micros converts d to whole microseconds for an interval parameter.
