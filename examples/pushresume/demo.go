@@ -151,30 +151,41 @@ func (o *orchestrator) provision(ctx context.Context) (url string, cleanup func(
 		o.say("demo", "Postgres: the database from --database-url / DATABASE_URL (kept after the run)")
 		return o.cfg.DatabaseURL, pool.Close, nil
 	}
-	var source []string
-	srv, err := pgtest.Start(ctx, pgtest.Options{Logf: func(format string, args ...any) {
-		source = append(source, fmt.Sprintf(format, args...))
-	}})
+	o.say("demo", "no --database-url or DATABASE_URL: provisioning Postgres (Docker if an engine answers, else the local PostgreSQL binaries)")
+	srv, err := pgtest.Start(ctx)
 	if err != nil {
 		return "", nil, err
 	}
+	closeSrv := func() { _ = srv.Close() }
+	if srv.Source() != pgtest.SourceURL {
+		// A server of our own, thrown away at the end: its maintenance
+		// database will do.
+		pool, err := pgxpool.New(ctx, srv.URL())
+		if err != nil {
+			closeSrv()
+			return "", nil, err
+		}
+		o.pool, o.q = pool, db.New(pool)
+		how := "a throwaway cluster from the local PostgreSQL binaries"
+		if srv.Source() == pgtest.SourceContainer {
+			how = "a container (testcontainers, " + pgtest.ContainerImage + ")"
+		}
+		o.say("demo", "Postgres: %s (removed at the end)", how)
+		return srv.URL(), func() { pool.Close(); closeSrv() }, nil
+	}
+	// A shared server (PGCLAIM_TEST_DATABASE_URL): a database of our own.
 	d, err := srv.CreateDatabase(ctx, pgtest.Template{Name: "pushresume_demo", Unmigrated: true})
 	if err != nil {
-		_ = srv.Close()
+		closeSrv()
 		return "", nil, err
 	}
 	o.pool, o.q = d.Pool, db.New(d.Pool)
-	how := map[pgtest.Source]string{
-		pgtest.SourceURL:       "the server in " + pgtest.EnvURL,
-		pgtest.SourceContainer: "a container (testcontainers, " + pgtest.ContainerImage + ")",
-		pgtest.SourceLocal:     "a throwaway cluster from the local PostgreSQL binaries",
-	}[srv.Source()]
-	o.say("demo", "Postgres: %s; database %s (dropped at the end)", how, d.Name)
+	o.say("demo", "Postgres: database %s on the server in %s (dropped at the end)", d.Name, pgtest.EnvURL)
 	return d.URL, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = d.Drop(ctx)
-		_ = srv.Close()
+		closeSrv()
 	}, nil
 }
 
@@ -507,20 +518,9 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 		}
 	}
 
+	// Standbys first, so that stopping the Active hands leadership to nobody.
 	o.say("demo", "stopping the instances")
-	for _, p := range o.procs {
-		if !p.exited && !p.killed {
-			p.stop()
-		}
-	}
-	if err := o.wait(ctx, "the instances to stop", func() bool {
-		for _, p := range o.procs {
-			if !p.exited {
-				return false
-			}
-		}
-		return true
-	}, nil); err != nil {
+	if err := o.stopAll(ctx); err != nil {
 		return nil, err
 	}
 	res.Procs = o.procs
@@ -532,6 +532,34 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 }
 
 func nil2false() bool { return false }
+
+// stopAll stops the instances cleanly, standbys first, and waits until
+// every instance (the killed ones too) has exited.
+func (o *orchestrator) stopAll(ctx context.Context) error {
+	exited := func(group []*proc) func() bool {
+		return func() bool {
+			for _, p := range group {
+				if !p.exited {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	for _, leaders := range []bool{false, true} {
+		var group []*proc
+		for _, p := range o.procs {
+			if !p.exited && !p.killed && (leaders || !p.leader) {
+				p.stop()
+				group = append(group, p)
+			}
+		}
+		if err := o.wait(ctx, "the instances to stop", exited(group), nil); err != nil {
+			return err
+		}
+	}
+	return o.wait(ctx, "the instances to exit", exited(o.procs), nil)
+}
 
 func (o *orchestrator) states(ctx context.Context) (map[string]int64, error) {
 	rows, err := o.q.CountByStatus(ctx)

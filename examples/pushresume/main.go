@@ -84,7 +84,7 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pushresume", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg := demoConfig{Out: stdout, Stderr: stderr}
-	fs.StringVar(&cfg.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "an existing database to run in (default $DATABASE_URL; else one is provisioned); its push_requests and sent_pushes are emptied")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "an existing database to run in (default: $DATABASE_URL; when neither is set, Postgres is provisioned); its push_requests and sent_pushes are emptied first")
 	fs.IntVar(&cfg.Pushes, "pushes", 200, "paused pushes to seed")
 	fs.IntVar(&cfg.Stuck, "stuck", 3, "requests a crashed server left PROCESSING since yesterday")
 	fs.IntVar(&cfg.KillAfter, "kill-after", 0, "SIGKILL the Active once it has started this many sends (default 2/5 of --pushes)")
@@ -115,6 +115,9 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "pushresume: unexpected argument %q (see --help)\n", fs.Arg(0))
 		return 2
+	}
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = os.Getenv("DATABASE_URL")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/examples/pushresume/db"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// childEnv makes the test binary run as an instance of the service: the
+// tests start real OS processes of it, as the demo does with its own binary.
+const childEnv = "PUSHRESUME_TEST_INSTANCE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(mainArgs(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// newDB returns a fresh database with pgclaim's schema and the service's.
+func newDB(t *testing.T) *pgtest.Database {
+	t.Helper()
+	return pgtest.NewDatabaseFrom(t, pgtest.Template{
+		Name: "pushresume",
+		Setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+			_, err := migrate(ctx, pool)
+			return err
+		},
+	})
+}
+
+// logWriter sends each line written to it to t.Log.
+type logWriter struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	all    bytes.Buffer
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.all.Write(p)
+	w.buf.Write(p)
+	for {
+		line, err := w.buf.ReadString('\n')
+		if err != nil {
+			w.buf.WriteString(line)
+			break
+		}
+		w.t.Log(w.prefix + strings.TrimRight(line, "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.all.String()
+}
+
+// testInstance is a small, fast configuration of an instance.
+func testInstance() instanceConfig {
+	return instanceConfig{
+		SendDelay:    5 * time.Millisecond,
+		Batch:        5,
+		// Generous against a loaded machine: a live claim or leadership
+		// must not run out because a test process was not scheduled.
+		Lease:        2 * time.Second,
+		TTL:          time.Second,
+		StaleAfter:   24 * time.Hour,
+		MaxAttempts:  3,
+		SweepEvery:   100 * time.Millisecond,
+		StandbyDelay: time.Second,
+		CatchUp:      time.Hour,
+	}
+}
+
+func childExe(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
+// newHarness returns an orchestrator on d for driving instances by hand.
+func newHarness(t *testing.T, d *pgtest.Database, ic instanceConfig) *orchestrator {
+	t.Helper()
+	out := &logWriter{t: t}
+	o := &orchestrator{
+		cfg: demoConfig{
+			Instance: ic, Exe: childExe(t), Env: []string{childEnv + "=1"},
+			Out: out, Stderr: &logWriter{t: t, prefix: "stderr: "},
+		},
+		start: time.Now(), out: out, events: make(chan procEvent, 256),
+		pool: d.Pool, q: db.New(d.Pool), url: d.URL,
+	}
+	t.Cleanup(o.shutdown)
+	return o
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// checkSentOnce asserts, from the database, that every push is SENT and was
+// sent exactly once, under the fencing token of its final claim.
+func checkSentOnce(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pushes, failed int) {
+	t.Helper()
+	// FAILED rows (the stuck ones the 24-hour rule fails) are counted apart.
+	var total, sent, processing, paused, sends, distinct, dups, staleFence int
+	err := pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM push_requests WHERE status <> 'FAILED'),
+		(SELECT count(*) FROM push_requests WHERE status = 'SENT'),
+		(SELECT count(*) FROM push_requests WHERE status = 'PROCESSING'),
+		(SELECT count(*) FROM push_requests WHERE status = 'PAUSED'),
+		(SELECT count(*) FROM sent_pushes),
+		(SELECT count(DISTINCT push_id) FROM sent_pushes),
+		(SELECT count(*) FROM (SELECT push_id FROM sent_pushes GROUP BY push_id HAVING count(*) > 1) d),
+		(SELECT count(*) FROM sent_pushes s JOIN push_requests p ON p.id = s.push_id WHERE s.fence <> p.fence)`).
+		Scan(&total, &sent, &processing, &paused, &sends, &distinct, &dups, &staleFence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != pushes || sent != pushes {
+		t.Errorf("push_requests: %d rows not FAILED, %d SENT; want %d SENT", total, sent, pushes)
+	}
+	var nFailed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM push_requests WHERE status = 'FAILED'`).Scan(&nFailed); err != nil {
+		t.Fatal(err)
+	}
+	if nFailed != failed {
+		t.Errorf("%d rows FAILED, want %d", nFailed, failed)
+	}
+	if processing != 0 || paused != 0 {
+		t.Errorf("left PROCESSING %d, PAUSED %d; want 0 and 0", processing, paused)
+	}
+	if sends != pushes || distinct != pushes || dups != 0 {
+		t.Errorf("sent_pushes: %d sends of %d distinct pushes, %d sent more than once; want %d, %d, 0", sends, distinct, dups, pushes, pushes)
+	}
+	if staleFence != 0 {
+		t.Errorf("%d sends carry a fencing token other than their row's final claim", staleFence)
+	}
+}
+
+func settled(ctx context.Context, o *orchestrator) func() (bool, error) {
+	return func() (bool, error) {
+		st, err := o.states(ctx)
+		return err == nil && st["PAUSED"] == 0 && st["PROCESSING"] == 0, err
+	}
+}
+
+func stopAll(t *testing.T, ctx context.Context, o *orchestrator) {
+	t.Helper()
+	if err := o.stopAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range o.procs {
+		if !p.killed && p.err != nil {
+			t.Errorf("%s exited with %v", p.label, p.err)
+		}
+	}
+}
+
+// The demo command, end to end with small sizes: two instance processes, the
+// Active killed mid-run, the Standby taking over; exit status 0.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	out := &logWriter{t: t}
+	ic := testInstance()
+	res, err := runDemo(testCtx(t, 2*time.Minute), demoConfig{
+		DatabaseURL: d.URL,
+		Pushes:      60,
+		Stuck:       2,
+		Instance:    ic,
+		Timeout:     time.Minute,
+		Exe:         childExe(t),
+		Env:         []string{childEnv + "=1"},
+		Out:         out,
+		Stderr:      &logWriter{t: t, prefix: "stderr: "},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK {
+		t.Fatalf("invariants failed: %v", res.Failures)
+	}
+	if res.Killed == nil || res.Killed.label != "active" {
+		t.Fatalf("killed %v, want the Active killed mid-run", res.Killed)
+	}
+	if res.KilledMid == 0 {
+		t.Error("the Active left no row PROCESSING when killed; the kill was not mid-run")
+	}
+	if res.States["SENT"] != 60 || res.States["FAILED"] != 2 || res.Duplicates != 0 {
+		t.Errorf("states %v, duplicates %d; want 60 SENT, 2 FAILED, 0 duplicates", res.States, res.Duplicates)
+	}
+	var tookOver bool
+	for _, r := range (&orchestrator{}).rows(res) {
+		if r.role == "took over as Active" && r.label == "standby" && r.resumed > 0 {
+			tookOver = true
+		}
+	}
+	if !tookOver {
+		t.Error("the standby did not take over and resume the rest")
+	}
+	checkSentOnce(t, context.Background(), d.Pool, 60, 2)
+	for _, want := range []string{"took over from active", "duplicate sends                0", "rows left PROCESSING           0", "OK:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// Two instance processes fire the same tick at the same instant: the ledger
+// lets one run it, and every push is sent once.
+func TestTwoInstancesOneTick(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	d := newDB(t)
+	const pushes = 40
+	if _, err := db.New(d.Pool).SeedPaused(ctx, pushes); err != nil {
+		t.Fatal(err)
+	}
+	ic := testInstance()
+	ic.StandbyDelay = 0 // both go for the ledger at the same moment
+	o := newHarness(t, d, ic)
+	a, err := o.startInstance("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := o.startInstance("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.wait(ctx, "both to join the election", func() bool { return a.campaig && b.campaig }, nil); err != nil {
+		t.Fatal(err)
+	}
+	now, err := o.q.DatabaseNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fireAt := now.Add(500 * time.Millisecond).Truncate(time.Millisecond)
+	for _, p := range []*proc{a, b} {
+		if err := p.fire(fireAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := o.wait(ctx, "the tick to be run and skipped", func() bool {
+		return (a.tickEnd && b.seen.TicksSkipped == 1) || (b.tickEnd && a.seen.TicksSkipped == 1)
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.wait(ctx, "every push to settle", nil2false, settled(ctx, o)); err != nil {
+		t.Fatal(err)
+	}
+	stopAll(t, ctx, o)
+
+	ticks, err := o.q.Ticks(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ticks) != 1 || !ticks[0].FireAt.Equal(fireAt) || ticks[0].Outcome != "succeeded" {
+		t.Fatalf("ledger %+v; want one row for %v, outcome succeeded", ticks, fireAt)
+	}
+	runner, other := a, b
+	if b.holder == ticks[0].Holder {
+		runner, other = b, a
+	}
+	if runner.holder != ticks[0].Holder {
+		t.Fatalf("ledger holder %q is neither instance (%q, %q)", ticks[0].Holder, a.holder, b.holder)
+	}
+	if r, o := runner.stopped, other.stopped; r == nil || o == nil ||
+		r.TicksRun != 1 || r.TicksSkipped != 0 || o.TicksRun != 0 || o.TicksSkipped != 1 {
+		t.Errorf("counts: runner %+v, other %+v; want one run and one skip", r, o)
+	}
+	if runner.stopped != nil && (runner.stopped.Claimed != pushes || runner.stopped.Sent != pushes) {
+		t.Errorf("runner claimed %d and sent %d; want %d each", runner.stopped.Claimed, runner.stopped.Sent, pushes)
+	}
+	checkSentOnce(t, ctx, d.Pool, pushes, 0)
+	by, err := o.q.SentByInstance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(by) != 1 || by[0].Instance != runner.holder {
+		t.Errorf("sends by instance %+v; want all by %s", by, runner.holder)
+	}
+}
+
+// The Active is killed mid-run: the Standby's elector takes over and finishes
+// the run. Then the new Active is killed mid-run too, and a server starting
+// afterwards sweeps the stuck rows at start-up, takes over and finishes.
+// Nothing is left PROCESSING and nothing is sent twice.
+func TestKillMidRun(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	d := newDB(t)
+	const pushes = 80
+	if _, err := db.New(d.Pool).SeedPaused(ctx, pushes); err != nil {
+		t.Fatal(err)
+	}
+	ic := testInstance()
+	ic.SendDelay = 10 * time.Millisecond
+	o := newHarness(t, d, ic)
+	processingBy := func(holder string) int {
+		var n int
+		if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM push_requests WHERE status = 'PROCESSING' AND claimed_by = $1`, holder).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	a, err := o.startInstance("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.wait(ctx, "a to lead", func() bool { return a.leader }, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := o.startInstance("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.wait(ctx, "b to join the election", func() bool { return b.campaig }, nil); err != nil {
+		t.Fatal(err)
+	}
+	now, err := o.q.DatabaseNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.fireAt = now.Add(300 * time.Millisecond).Truncate(time.Millisecond)
+	for _, p := range []*proc{a, b} {
+		if err := p.fire(o.fireAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 1. Kill the Active in the middle of its 09:00 run.
+	if err := o.wait(ctx, "a to be mid-run", func() bool { return a.sending >= 17 || a.tickEnd }, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !a.ranTick || a.tickEnd {
+		t.Fatalf("a ran the tick: %v, finished: %v; want a mid-run", a.ranTick, a.tickEnd)
+	}
+	if err := a.kill(); err != nil {
+		t.Fatal(err)
+	}
+	if b.leader || b.seen.Terms != 0 {
+		t.Fatal("b led while a was alive")
+	}
+	if n := processingBy(a.holder); n == 0 {
+		t.Fatal("a left nothing PROCESSING; the kill was not mid-run")
+	}
+
+	// 2. The Standby's elector takes over; it finishes the run. Kill it too,
+	// mid-way through.
+	if err := o.wait(ctx, "b to take over and be mid-run", func() bool { return b.leader && b.sending >= 8 }, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.kill(); err != nil {
+		t.Fatal(err)
+	}
+	if n := processingBy(b.holder); n == 0 {
+		t.Fatal("b left nothing PROCESSING; the kill was not mid-run")
+	}
+
+	// 3. Once the dead instances' leases have run out, a server starts: its
+	// start-up sweep must move every stuck row, whoever held it.
+	var stuck int
+	if err := o.wait(ctx, "the dead instances' leases to run out", nil2false, func() (bool, error) {
+		var live int
+		err := d.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE lease_until >= now()), count(*)
+			FROM push_requests WHERE status = 'PROCESSING'`).Scan(&live, &stuck)
+		return live == 0, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if stuck == 0 {
+		t.Fatal("nothing stuck before the restart")
+	}
+	var startup *event
+	c, err := o.startInstance("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Record c's start-up sweep as it goes by.
+	for startup == nil {
+		select {
+		case pe := <-o.events:
+			if err := o.handle(pe); err != nil {
+				t.Fatal(err)
+			}
+			if pe.p == c && pe.e.Ev == evSwept && pe.e.Rule == ruleStartup {
+				e := pe.e
+				startup = &e
+			}
+		case <-ctx.Done():
+			t.Fatal("no start-up sweep from c")
+		}
+	}
+	if startup.N != stuck || startup.To["PAUSED"] != stuck {
+		t.Errorf("c's start-up sweep moved %d rows (%v); want all %d stuck rows back to PAUSED", startup.N, startup.To, stuck)
+	}
+	if startup.By[b.holder] == 0 {
+		t.Errorf("c's start-up sweep moved no row of b (%v)", startup.By)
+	}
+
+	// 4. c takes over from the dead b and finishes.
+	if err := o.wait(ctx, "every push to settle", nil2false, settled(ctx, o)); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.wait(ctx, "c to lead", func() bool { return c.seen.Terms > 0 }, nil); err != nil {
+		t.Fatal(err)
+	}
+	stopAll(t, ctx, o)
+
+	checkSentOnce(t, ctx, d.Pool, pushes, 0)
+	ticks, err := o.q.Ticks(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ticks) != 1 || ticks[0].Holder != a.holder {
+		t.Errorf("ledger %+v; want one row, held by %s", ticks, a.holder)
+	}
+	if c.stopped == nil || c.stopped.TicksRun != 0 || c.stopped.TicksSkipped != 1 {
+		t.Errorf("c's counts %+v; want the 09:00 tick found in the ledger at catch-up, not run", c.stopped)
+	}
+	// No term of the election overlaps the next.
+	var overlaps int
+	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_terms t1 JOIN pgclaim_terms t2
+		ON t1.election = t2.election AND t1.term < t2.term
+		WHERE t1.ended_at IS NULL OR t1.ended_at > t2.started_at`).Scan(&overlaps); err != nil {
+		t.Fatal(err)
+	}
+	if overlaps != 0 {
+		t.Errorf("%d pairs of leadership terms overlap", overlaps)
+	}
+}
+
+func TestDailyNext(t *testing.T) {
+	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	s := daily{at}
+	for _, c := range []struct{ t, want time.Time }{
+		{at, at.Add(24 * time.Hour)},
+		{at.Add(-time.Nanosecond), at},
+		{at.Add(-25 * time.Hour), at.Add(-24 * time.Hour)},
+		{at.Add(-24 * time.Hour), at},
+		{at.Add(25 * time.Hour), at.Add(48 * time.Hour)},
+	} {
+		if got := s.Next(c.t); !got.Equal(c.want) {
+			t.Errorf("Next(%v) = %v, want %v", c.t, got, c.want)
+		}
+	}
+}
+
+// The demo refuses a database whose push_requests it did not create, and
+// bad flags, with an error naming the problem.
+func TestDemoRefuses(t *testing.T) {
+	t.Parallel()
+	d := pgtest.NewDatabase(t)
+	ctx := testCtx(t, time.Minute)
+	if _, err := d.Pool.Exec(ctx, `CREATE TABLE push_requests (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := mainArgs([]string{"--database-url", d.URL}, nil, &stdout, &stderr); code != 1 ||
+		!strings.Contains(stderr.String(), "push_requests table this demo did not create") {
+		t.Errorf("foreign push_requests: exit %d, stderr %q", code, stderr.String())
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pushes", "0"}, "--pushes"},
+		{[]string{"--kill-after", "500"}, "--kill-after"},
+		{[]string{"--send-delay", "3s"}, "--send-delay"},
+		{[]string{"--ttl", "1ns"}, "--ttl"},
+		{[]string{"extra"}, "unexpected argument"},
+	} {
+		stderr.Reset()
+		if code := mainArgs(c.args, nil, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want an error naming %s", c.args, code, stderr.String(), c.want)
+		}
+	}
+	stderr.Reset()
+	if code := mainArgs([]string{"--help"}, nil, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "Active and Standby") {
+		t.Errorf("--help: exit %d, output %q", code, stderr.String())
+	}
+}
