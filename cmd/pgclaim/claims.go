@@ -35,7 +35,7 @@ func runClaims(ctx context.Context, e *env, args []string) error {
 		"claims --table T [--state status] [--claimed-at claimed_at] [--lease-until COL] [--processing PROCESSING] [--stale-after 24h] [--json]",
 		claimsAbout)
 	tf := addTableFlags(f, false)
-	staleAfter := f.Duration("stale-after", 24*time.Hour, "a row claimed longer ago than this is stale")
+	staleAfter := f.Duration("stale-after", 24*time.Hour, "a row claimed longer ago than `DURATION` is stale")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err

@@ -27,7 +27,7 @@ func newFlags(e *env, name, synopsis, about string) *flags {
 	f := &flags{FlagSet: flag.NewFlagSet("pgclaim "+name, flag.ContinueOnError), e: e, name: name, synopsis: synopsis, about: about}
 	f.SetOutput(io.Discard)
 	f.Usage = func() {}
-	f.StringVar(&f.url, "database-url", "", "PostgreSQL connection URL (default: $DATABASE_URL)")
+	f.StringVar(&f.url, "database-url", "", "PostgreSQL connection `URL` (default: $DATABASE_URL)")
 	f.BoolVar(&f.json, "json", false, "print JSON instead of a table")
 	return f
 }

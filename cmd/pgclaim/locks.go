@@ -89,7 +89,7 @@ type knownName struct {
 func runLocks(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "locks", "locks [--name NAME]... [--database-url URL] [--json]", locksAbout)
 	var names stringList
-	f.Var(&names, "name", "also resolve advisory locks of this job or election name (repeatable)")
+	f.Var(&names, "name", "also resolve the advisory locks of the job or election called `NAME` (repeatable)")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err

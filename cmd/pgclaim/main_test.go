@@ -205,7 +205,7 @@ func TestUsage(t *testing.T) {
 		for _, args := range [][]string{{sc.name, "-h"}, {sc.name, "--help"}, {"help", sc.name}} {
 			r = cli(t, "", args...)
 			wantCode(t, r, exitOK)
-			wantContains(t, "stdout", r.stdout, "Usage: pgclaim "+sc.name, "Flags:", "  --database-url string", "  --json\n")
+			wantContains(t, "stdout", r.stdout, "Usage: pgclaim "+sc.name, "Flags:", "  --database-url URL", "  --json\n")
 			if r.stderr != "" {
 				t.Errorf("%v: stderr = %q", args, r.stderr)
 			}

@@ -53,9 +53,9 @@ type leaseNow struct {
 
 func runRelease(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "release", "release --lock NAME [--fence N] [--yes] [--database-url URL] [--json]", releaseAbout)
-	name := f.String("lock", "", "the lease lock to release (required)")
+	name := f.String("lock", "", "the `NAME` of the lease lock to release (required)")
 	yes := f.Bool("yes", false, "do not ask for confirmation")
-	wantFence := f.Int64("fence", 0, "release only if the lease carries this fencing token")
+	wantFence := f.Int64("fence", 0, "release only if the lease carries the fencing token `N`")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err

@@ -47,7 +47,7 @@ type sweepJSON struct {
 	DryRun     bool           `json:"dry_run"`
 	Stale      int64          `json:"stale"`          // stale rows found before sweeping
 	Moved      int64          `json:"moved"`          // rows moved (0 in a dry run)
-	ByState    map[string]int `json:"moved_by_state"` // rows moved, per new state
+	ByState    map[string]int `json:"by_state"`       // per new state: rows moved, or in a dry run rows listed
 	Rows       []sweptRowJSON `json:"rows"`           // the first --show rows (to move, or moved)
 	Truncated  bool           `json:"rows_truncated"` // more rows than listed
 }
@@ -57,13 +57,13 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 		"sweep --table T --older-than 24h --to FAILED [--retry PAUSED --max-attempts N --attempts COL] [--dry-run] [--batch N] [--show N] [column flags] [--json]",
 		sweepAbout)
 	tf := addTableFlags(f, true)
-	olderThan := f.Duration("older-than", 0, "a row claimed longer ago than this is stale (required unless --lease-until is set)")
-	to := f.String("to", "", "the state stale rows move to, e.g. FAILED (required)")
-	retry := f.String("retry", "", "move stale rows whose attempts remain to this state instead, e.g. PAUSED")
-	maxAttempts := f.Int("max-attempts", 0, "with --retry: claims a row gets before it moves to --to")
+	olderThan := f.Duration("older-than", 0, "a row claimed longer ago than `DURATION` (e.g. 24h) is stale (required unless --lease-until is set)")
+	to := f.String("to", "", "the `STATE` stale rows move to, e.g. FAILED (required)")
+	retry := f.String("retry", "", "move stale rows whose attempts remain to this `STATE` instead, e.g. PAUSED")
+	maxAttempts := f.Int("max-attempts", 0, "with --retry: a row claimed `N` times moves to --to instead")
 	dryRun := f.Bool("dry-run", false, "change nothing: show what would move")
-	batch := f.Int("batch", 1000, "rows moved per statement")
-	show := f.Int("show", 20, "rows to list (the oldest first in a dry run)")
+	batch := f.Int("batch", 1000, "move at most `N` rows per statement")
+	show := f.Int("show", 20, "list `N` of the rows (the oldest first in a dry run)")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err
@@ -262,7 +262,11 @@ func printSweep(w io.Writer, out sweepJSON, tf *tableFlags) error {
 		for _, s := range states {
 			parts = append(parts, fmt.Sprintf("%d to %s", out.ByState[s], s))
 		}
-		fmt.Fprintf(w, "(%s%s)\n", strings.Join(parts, ", "), map[bool]string{true: ", among those listed", false: ""}[out.DryRun])
+		suffix := ""
+		if out.DryRun {
+			suffix = ", among those listed"
+		}
+		fmt.Fprintf(w, "(%s%s)\n", strings.Join(parts, ", "), suffix)
 	}
 	if len(out.Rows) == 0 {
 		return nil

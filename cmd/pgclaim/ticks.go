@@ -26,8 +26,8 @@ type tickJSON struct {
 
 func runTicks(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "ticks", "ticks [--job NAME] [--limit N] [--database-url URL] [--json]", ticksAbout)
-	job := f.String("job", "", "show only this job")
-	limit := f.Int("limit", 10, "ticks to show per job, newest first")
+	job := f.String("job", "", "show only the job called `NAME`")
+	limit := f.Int("limit", 10, "show the newest `N` ticks of each job")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err

@@ -23,16 +23,16 @@ type tableFlags struct {
 
 func addTableFlags(f *flags, withAttempts bool) *tableFlags {
 	t := &tableFlags{}
-	f.StringVar(&t.table, "table", "", "the claimed table, optionally schema-qualified (required)")
-	f.StringVar(&t.key, "key", "id", "its key column")
-	f.StringVar(&t.state, "state", "status", "its state column")
-	f.StringVar(&t.claimedAt, "claimed-at", "claimed_at", "its timestamptz column stamped when a row is claimed")
-	f.StringVar(&t.claimedBy, "claimed-by", "", "its column holding the claimer's identity, if any")
-	f.StringVar(&t.leaseUntil, "lease-until", "", "its timestamptz lease column, if any: a row whose lease has passed is stale")
+	f.StringVar(&t.table, "table", "", "the claimed `TABLE`, optionally schema-qualified (required)")
+	f.StringVar(&t.key, "key", "id", "its key `COLUMN`")
+	f.StringVar(&t.state, "state", "status", "its state `COLUMN`")
+	f.StringVar(&t.claimedAt, "claimed-at", "claimed_at", "its timestamptz `COLUMN` stamped when a row is claimed")
+	f.StringVar(&t.claimedBy, "claimed-by", "", "its `COLUMN` holding the claimer's identity, if any")
+	f.StringVar(&t.leaseUntil, "lease-until", "", "its timestamptz lease `COLUMN`, if any: a row whose lease has passed is stale")
 	if withAttempts {
-		f.StringVar(&t.attempts, "attempts", "", "its attempts column, if any (needed by --retry)")
+		f.StringVar(&t.attempts, "attempts", "", "its attempts `COLUMN`, if any (needed by --retry)")
 	}
-	f.StringVar(&t.processing, "processing", "PROCESSING", "the state rows are in while claimed")
+	f.StringVar(&t.processing, "processing", "PROCESSING", "the `STATE` rows are in while claimed")
 	return t
 }
 
