@@ -40,8 +40,8 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 	}
 }
 
-// watchLease renews the term's lease every TTL/4, each renewal scoped to this
-// term. It steps down at once when a renewal finds the term ended or
+// watchLease renews the term's lease every TTL/4 (TTL/16 after a failed
+// renewal), each renewal scoped to this term. It steps down at once when a renewal finds the term ended or
 // expired, and when no renewal succeeded for 3/4 TTL.
 func (t *term) watchLease() {
 	e := t.e
@@ -62,6 +62,7 @@ func (t *term) watchLease() {
 		ctx, cancel := context.WithDeadline(context.Background(), valid)
 		_, err := e.q.RenewTerm(ctx, store.RenewTermParams{Election: e.name, Term: t.fence, TtlUs: e.o.TTL.Microseconds()})
 		cancel()
+		next := e.checkEvery()
 		switch {
 		case err == nil:
 			t.confirmed(sent)
@@ -69,8 +70,10 @@ func (t *term) watchLease() {
 			t.stepDown(fmt.Errorf("%w: election %q: term %d expired or was closed", ErrLockLost, e.name, t.fence))
 			return
 		default:
+			// Soon again: the pool's next connection may well work.
+			next /= 4
 			e.o.Logger.Warn("gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
 		}
-		timer.Reset(min(e.checkEvery(), max(time.Until(t.validUntil()), 0)))
+		timer.Reset(min(next, max(time.Until(t.validUntil()), 0)))
 	}
 }

@@ -239,12 +239,12 @@ func TestLeaseAtLeastHoldsAfterUnlock(t *testing.T) {
 func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 400 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseOptions{AtMost: time.Second, NoKeepAlive: true}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 	h := mustAcquire(t, a)
 	before := lockRow(t, pool, "job")
-	time.Sleep(250 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond)
 	if err := h.Extend(context.Background()); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
@@ -252,7 +252,7 @@ func TestLeaseExtend(t *testing.T) {
 	if !after.LockUntil.Time.After(before.LockUntil.Time) || after.Fence != before.Fence || !after.LockedAt.Time.Equal(before.LockedAt.Time) {
 		t.Fatalf("Extend: row %+v -> %+v; want a later lock_until, same fence and locked_at", before, after)
 	}
-	time.Sleep(250 * time.Millisecond) // past the original expiry
+	time.Sleep(600 * time.Millisecond) // past the original expiry
 	mustBeHeld(t, b)
 	if h.Context().Err() != nil {
 		t.Fatalf("context cancelled although the lease was extended: %v", context.Cause(h.Context()))
@@ -288,10 +288,10 @@ func TestLeaseExtendExpiredFails(t *testing.T) {
 func TestLeaseOldHandleDeadAfterExtend(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 150 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseOptions{AtMost: 500 * time.Millisecond, NoKeepAlive: true}
 	l := newLease(t, pool, "job", "same-host:1", o)
 	old := mustAcquire(t, l)
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond)
 	cur := mustAcquire(t, l)
 	if cur.Token() <= old.Token() {
 		t.Fatalf("new token %d not above old %d", cur.Token(), old.Token())
@@ -416,7 +416,7 @@ func TestLeaseCounterNoLostUpdate(t *testing.T) {
 func TestLeaseKeepAliveOutlivesAtMost(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 300 * time.Millisecond}
+	o := gate.LeaseOptions{AtMost: 600 * time.Millisecond}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 	var checks int
@@ -431,7 +431,7 @@ func TestLeaseKeepAliveOutlivesAtMost(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("context cancelled while the lease was kept alive: %w", context.Cause(ctx))
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 		if row := lockRow(t, pool, "job"); row.Fence != run.Fence || !row.Held {
