@@ -35,8 +35,10 @@ import (
 //
 // run receives the arguments after the subcommand's name. It builds its flag
 // set with newFlags (which adds --database-url and --json and handles -h),
-// opens the database with flags.connect, writes its results to e.stdout
-// (a table, or JSON when flags.json is set) and returns an error: a
+// opens the database with flags.connect (requireSchema checks pgclaim's
+// tables), writes its results to e.stdout (newTable for an aligned table, or
+// writeJSON when flags.json is set; progress goes to e.stderr, never with
+// --json) and returns an error: a
 // usageError for bad arguments (exit status 2), anything else for a failure
 // (exit status 1). Errors made with failf carry a hint line for the operator.
 type command struct {
