@@ -1,0 +1,378 @@
+// Package bench measures pgclaim against the alternatives its users would
+// pick instead, side by side on one PostgreSQL server in one run: row claims
+// against the field's SELECT-then-CAS loop and a single bulk UPDATE, gate
+// cycles against a ShedLock-style lock table and a bare advisory lock, the
+// stale sweeper against one giant UPDATE, leader failover against a polling
+// standby, and claim latency as the table grows.
+//
+// It is the engine of the `pgclaim bench` command. Absolute figures depend on
+// the machine and drift between runs; the ratios measured within one run are
+// what to read.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// Scenarios lists the scenario names in the order they run.
+var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale"}
+
+// Config configures a benchmark run.
+type Config struct {
+	// Quick runs every scenario at a small scale (a few minutes on two
+	// cores), still checking for duplicates.
+	Quick bool
+	// DatabaseURL names a server to run on; the role needs CREATEDB, since
+	// every scenario gets a fresh database. Empty: provision one like the
+	// tests do (pgtest.Start).
+	DatabaseURL string
+	// Scenarios selects scenarios by name (see Scenarios); empty runs all.
+	Scenarios []string
+	// SVG, when set, is the path the claim-throughput chart is written to.
+	SVG string
+	// Progress receives progress lines (typically os.Stderr); nil discards.
+	Progress io.Writer
+
+	// params overrides the sizes chosen by Quick (tests).
+	params *params
+	// server, when set, is used instead of provisioning one (tests); it is
+	// not closed.
+	server *pgtest.Server
+}
+
+// params are the sizes of a run.
+type params struct {
+	// claims: N PAUSED rows claimed and finished by K workers in batches.
+	ClaimRows    int
+	ClaimWorkers []int
+	ClaimBatches []int
+	ClaimTimeBox time.Duration // a combination stops claiming after this long
+
+	// baselines
+	FieldInstances []int   // the SELECT-then-CAS loop, K instances
+	BulkRepeats    int     // bulk UPDATE runs (median reported)
+	Compare        []point // (workers, batch) for hand-written SQL and claim.Worker
+	WorkerRows     int     // rows for the claim.Worker drain
+
+	GateDuration   time.Duration
+	GateContenders []int
+
+	SweepRows     int
+	SweepBatch    int
+	SweepSweepers []int
+
+	FailoverRounds int
+	FailoverLong   bool // include the default-TTL SIGKILL case (TTL-bound)
+
+	ScaleSizes          []int64
+	ScaleClaimable      int
+	ScaleBatch          int
+	ScaleSamples        int
+	ScaleNoIndexMax     int64
+	ScaleNoIndexSamples int
+}
+
+type point struct{ Workers, Batch int }
+
+func fullParams() *params {
+	return &params{
+		ClaimRows:    200_000,
+		ClaimWorkers: []int{1, 2, 4, 8, 16},
+		ClaimBatches: []int{1, 10, 100, 1000},
+		ClaimTimeBox: 12 * time.Second,
+
+		FieldInstances: []int{2, 8},
+		BulkRepeats:    3,
+		Compare:        []point{{8, 1}, {8, 100}},
+		WorkerRows:     50_000,
+
+		GateDuration:   4 * time.Second,
+		GateContenders: []int{1, 8},
+
+		SweepRows:     1_000_000,
+		SweepBatch:    1000,
+		SweepSweepers: []int{1, 2},
+
+		FailoverRounds: 10,
+		FailoverLong:   true,
+
+		ScaleSizes:          []int64{10_000, 100_000, 1_000_000, 10_000_000},
+		ScaleClaimable:      1000,
+		ScaleBatch:          100,
+		ScaleSamples:        200,
+		ScaleNoIndexMax:     1_000_000,
+		ScaleNoIndexSamples: 20,
+	}
+}
+
+func quickParams() *params {
+	return &params{
+		ClaimRows:    20_000,
+		ClaimWorkers: []int{1, 2, 8},
+		ClaimBatches: []int{10, 100},
+		ClaimTimeBox: 4 * time.Second,
+
+		FieldInstances: []int{2},
+		BulkRepeats:    1,
+		Compare:        []point{{8, 100}},
+		WorkerRows:     5_000,
+
+		GateDuration:   1 * time.Second,
+		GateContenders: []int{1, 8},
+
+		SweepRows:     50_000,
+		SweepBatch:    1000,
+		SweepSweepers: []int{1, 2},
+
+		FailoverRounds: 3,
+		FailoverLong:   false,
+
+		ScaleSizes:          []int64{10_000, 100_000},
+		ScaleClaimable:      1000,
+		ScaleBatch:          100,
+		ScaleSamples:        50,
+		ScaleNoIndexMax:     100_000,
+		ScaleNoIndexSamples: 5,
+	}
+}
+
+// Report is the outcome of a run, printed as tables or JSON.
+type Report struct {
+	Command   string            `json:"command"`
+	Quick     bool              `json:"quick"`
+	Started   time.Time         `json:"started"`
+	Seconds   float64           `json:"seconds"`
+	Machine   Machine           `json:"machine"`
+	Scenarios []*ScenarioReport `json:"scenarios"`
+	Ratios    []Ratio           `json:"ratios,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	OS             string            `json:"os"`
+	Arch           string            `json:"arch"`
+	CPUs           int               `json:"cpus"`
+	CPUModel       string            `json:"cpu_model,omitempty"`
+	MemoryGiB      float64           `json:"memory_gib,omitempty"`
+	Go             string            `json:"go"`
+	Postgres       string            `json:"postgres"`
+	ServerSource   string            `json:"server_source"`
+	Settings       map[string]string `json:"settings,omitempty"`
+	StatementStats bool              `json:"statement_stats"`
+}
+
+// ScenarioReport is what one scenario measured.
+type ScenarioReport struct {
+	Name     string    `json:"name"`
+	Title    string    `json:"title"`
+	Setup    []string  `json:"setup,omitempty"`
+	Tables   []Table   `json:"tables,omitempty"`
+	Results  []Result  `json:"results,omitempty"`
+	Checks   []Check   `json:"checks,omitempty"`
+	Profiles []Profile `json:"profiles,omitempty"`
+	Notes    []string  `json:"notes,omitempty"`
+	Seconds  float64   `json:"seconds"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// Table is a titled table of text cells, as printed.
+type Table struct {
+	Title   string     `json:"title"`
+	Columns []string   `json:"columns"`
+	Rows    [][]string `json:"rows"`
+}
+
+// Result is one measured configuration.
+type Result struct {
+	Group     string             `json:"group"` // "pgclaim" or "baseline"
+	Name      string             `json:"name"`
+	Workers   int                `json:"workers,omitempty"`
+	Batch     int                `json:"batch,omitempty"`
+	TableRows int64              `json:"table_rows,omitempty"`
+	Ops       int64              `json:"ops"`
+	Unit      string             `json:"unit"`
+	Seconds   float64            `json:"seconds"`
+	PerSecond float64            `json:"per_second"`
+	P50us     float64            `json:"p50_us,omitempty"`
+	P99us     float64            `json:"p99_us,omitempty"`
+	MaxUs     float64            `json:"max_us,omitempty"`
+	Extra     map[string]float64 `json:"extra,omitempty"`
+}
+
+// Check is an invariant verified by counting; Got must equal Want.
+type Check struct {
+	Name string `json:"name"`
+	Want int64  `json:"want"`
+	Got  int64  `json:"got"`
+	OK   bool   `json:"ok"`
+}
+
+// Ratio compares two figures of the same run.
+type Ratio struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Of    string  `json:"of"`
+	To    string  `json:"to"`
+}
+
+// Failed reports whether any check failed or any scenario ended in error.
+func (r *Report) Failed() bool {
+	for _, s := range r.Scenarios {
+		if s.Error != "" {
+			return true
+		}
+		for _, c := range s.Checks {
+			if !c.OK {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Problems lists the failed checks and scenario errors, one per line.
+func (r *Report) Problems() []string {
+	var out []string
+	for _, s := range r.Scenarios {
+		if s.Error != "" {
+			out = append(out, fmt.Sprintf("%s: %s", s.Name, s.Error))
+		}
+		for _, c := range s.Checks {
+			if !c.OK {
+				out = append(out, fmt.Sprintf("%s: %s: got %d, want %d", s.Name, c.Name, c.Got, c.Want))
+			}
+		}
+	}
+	return out
+}
+
+func (s *ScenarioReport) check(name string, want, got int64) {
+	s.Checks = append(s.Checks, Check{Name: name, Want: want, Got: got, OK: want == got})
+}
+
+func (s *ScenarioReport) setup(format string, args ...any) {
+	s.Setup = append(s.Setup, fmt.Sprintf(format, args...))
+}
+
+func (s *ScenarioReport) note(format string, args ...any) {
+	s.Notes = append(s.Notes, fmt.Sprintf(format, args...))
+}
+
+// ErrChecksFailed is returned by Run when a duplicate (or another invariant)
+// check failed; the report says which.
+var ErrChecksFailed = errors.New("bench: invariant checks failed")
+
+type scenarioFunc func(ctx context.Context, e *env, p *params, r *ScenarioReport) error
+
+var scenarioFuncs = map[string]struct {
+	title string
+	run   scenarioFunc
+}{
+	"claims":    {"Row claims: claim + finish with the effect in the finishing transaction", runClaims},
+	"baselines": {"Claim baselines: the field loop, a bulk UPDATE, hand-written SQL, the worker loop", runBaselines},
+	"gates":     {"Gates: acquire + release cycles, against a ShedLock-style lock table and a bare advisory lock", runGates},
+	"sweeper":   {"Stale sweeper: stuck PROCESSING rows moved to FAILED", runSweeper},
+	"failover":  {"Failover: time until a standby process leads", runFailover},
+	"scale":     {"Scale: claim latency as the table grows, 1,000 claimable rows", runScale},
+}
+
+// Run runs the selected scenarios and returns the report. It returns an
+// error when the server could not be provisioned or a name is unknown; a
+// scenario that fails is recorded in the report (see Report.Failed) and the
+// others still run.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	sel := Scenarios
+	if len(cfg.Scenarios) > 0 {
+		sel = nil
+		for _, n := range cfg.Scenarios {
+			n = strings.TrimSpace(n)
+			if n == "" {
+				continue
+			}
+			if _, ok := scenarioFuncs[n]; !ok {
+				return nil, fmt.Errorf("bench: unknown scenario %q (known: %s)", n, strings.Join(Scenarios, ", "))
+			}
+			if !slices.Contains(sel, n) {
+				sel = append(sel, n)
+			}
+		}
+		// run in the canonical order
+		slices.SortFunc(sel, func(a, b string) int { return slices.Index(Scenarios, a) - slices.Index(Scenarios, b) })
+	}
+	p := cfg.params
+	if p == nil {
+		p = fullParams()
+		if cfg.Quick {
+			p = quickParams()
+		}
+	}
+	prog := newProgress(cfg.Progress)
+	start := time.Now()
+	e, err := newEnv(ctx, cfg, prog)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	rep := &Report{
+		Command: commandLine(cfg),
+		Quick:   cfg.Quick,
+		Started: start.UTC().Truncate(time.Second),
+		Machine: e.machine(ctx),
+	}
+	for _, name := range sel {
+		sf := scenarioFuncs[name]
+		sr := &ScenarioReport{Name: name, Title: sf.title}
+		rep.Scenarios = append(rep.Scenarios, sr)
+		prog.logf("== %s: %s", name, sf.title)
+		t0 := time.Now()
+		err := sf.run(ctx, e, p, sr)
+		sr.Seconds = time.Since(t0).Seconds()
+		if err != nil {
+			sr.Error = err.Error()
+			prog.logf("!! %s failed: %v", name, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	rep.Ratios = ratios(rep)
+	rep.Seconds = time.Since(start).Seconds()
+	if cfg.SVG != "" {
+		if svg := claimsSVG(rep); svg != nil {
+			if err := os.WriteFile(cfg.SVG, svg, 0o644); err != nil {
+				return rep, fmt.Errorf("bench: write chart: %w", err)
+			}
+			prog.logf("chart written to %s", cfg.SVG)
+		}
+	}
+	if rep.Failed() {
+		return rep, ErrChecksFailed
+	}
+	return rep, nil
+}
+
+func commandLine(cfg Config) string {
+	s := "pgclaim bench"
+	if cfg.Quick {
+		s += " --quick"
+	}
+	if len(cfg.Scenarios) > 0 {
+		s += " --scenarios " + strings.Join(cfg.Scenarios, ",")
+	}
+	if cfg.SVG != "" {
+		s += " --svg " + cfg.SVG
+	}
+	return s
+}
+
+func goVersion() string { return runtime.Version() }

@@ -1,0 +1,213 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	// The failover scenario re-runs the test binary as its children.
+	MaybeRunChild()
+	os.Exit(m.Run())
+}
+
+// tinyParams is the quick mode at an even smaller scale: every scenario and
+// every check runs, in well under a minute.
+func tinyParams() *params {
+	return &params{
+		ClaimRows:    2000,
+		ClaimWorkers: []int{1, 4},
+		ClaimBatches: []int{10, 100},
+		ClaimTimeBox: 5 * time.Second,
+
+		FieldInstances: []int{2},
+		BulkRepeats:    1,
+		Compare:        []point{{4, 10}},
+		WorkerRows:     500,
+
+		GateDuration:   300 * time.Millisecond,
+		GateContenders: []int{1, 4},
+
+		SweepRows:     5000,
+		SweepBatch:    500,
+		SweepSweepers: []int{1, 2},
+
+		FailoverRounds: 2,
+
+		ScaleSizes:          []int64{10_000},
+		ScaleClaimable:      200,
+		ScaleBatch:          50,
+		ScaleSamples:        10,
+		ScaleNoIndexMax:     10_000,
+		ScaleNoIndexSamples: 3,
+	}
+}
+
+func TestQuickRun(t *testing.T) {
+	srv := pgtest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	svg := filepath.Join(t.TempDir(), "claims.svg")
+	rep, err := Run(ctx, Config{Quick: true, SVG: svg, Progress: &progress, params: tinyParams(), server: srv})
+	if err != nil {
+		if rep != nil {
+			t.Logf("problems: %v", rep.Problems())
+		}
+		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+	}
+	if rep.Failed() {
+		t.Fatalf("report failed: %v", rep.Problems())
+	}
+
+	// Every scenario ran, measured something and printed a table.
+	if len(rep.Scenarios) != len(Scenarios) {
+		t.Fatalf("got %d scenarios, want %d", len(rep.Scenarios), len(Scenarios))
+	}
+	for i, s := range rep.Scenarios {
+		if s.Name != Scenarios[i] {
+			t.Errorf("scenario %d is %q, want %q", i, s.Name, Scenarios[i])
+		}
+		if s.Error != "" {
+			t.Errorf("%s: %s", s.Name, s.Error)
+		}
+		if len(s.Results) == 0 || len(s.Tables) == 0 || len(s.Setup) == 0 {
+			t.Errorf("%s: %d results, %d tables, %d setup lines; want some of each", s.Name, len(s.Results), len(s.Tables), len(s.Setup))
+		}
+		for _, tb := range s.Tables {
+			for _, row := range tb.Rows {
+				if len(row) != len(tb.Columns) {
+					t.Errorf("%s: table %q: row %v has %d cells for %d columns", s.Name, tb.Title, row, len(row), len(tb.Columns))
+				}
+			}
+		}
+		if len(s.Checks) == 0 && s.Name != "gates" {
+			t.Errorf("%s: no checks", s.Name)
+		}
+	}
+
+	// The zero-duplicate checks ran and held: claims, baselines, gates and
+	// sweeper each count duplicates.
+	dupChecks := 0
+	for _, s := range rep.Scenarios {
+		for _, c := range s.Checks {
+			if !c.OK {
+				t.Errorf("%s: check %q: got %d, want %d", s.Name, c.Name, c.Got, c.Want)
+			}
+			if strings.Contains(c.Name, "duplicate") || strings.Contains(c.Name, "more than once") || strings.Contains(c.Name, "overlapping") {
+				dupChecks++
+			}
+		}
+	}
+	if dupChecks < 5 {
+		t.Errorf("only %d duplicate checks in the report", dupChecks)
+	}
+
+	// Claims: one result per (workers, batch), every row of a drained
+	// table moved, and each with a throughput.
+	claims := rep.Scenarios[0]
+	if got, want := len(claims.Results), 4; got != want {
+		t.Errorf("claims: %d results, want %d", got, want)
+	}
+	for _, r := range claims.Results {
+		if r.Ops <= 0 || r.PerSecond <= 0 || r.P50us <= 0 {
+			t.Errorf("claims: result without figures: %+v", r)
+		}
+	}
+
+	// Ratios against the baselines are derived.
+	names := map[string]bool{}
+	for _, r := range rep.Ratios {
+		names[r.Name] = true
+		if r.Value <= 0 {
+			t.Errorf("ratio %q = %v", r.Name, r.Value)
+		}
+	}
+	for _, want := range []string{
+		"pgclaim best claim throughput / bulk UPDATE ceiling",
+		"pgclaim best claim throughput / field loop, 2 instances",
+		"gate.Once (ledger + advisory) cycle latency / ShedLock-style cycle",
+		"pgclaim / hand-written SQL (4 workers, batch 10)",
+	} {
+		if !names[want] {
+			t.Errorf("missing ratio %q (have %v)", want, names)
+		}
+	}
+
+	// Failover measured every round.
+	for _, r := range rep.Scenarios[4].Results {
+		if r.Ops != 2 || r.P50us <= 0 {
+			t.Errorf("failover: %+v", r)
+		}
+	}
+
+	// The outputs: JSON round-trips, text and Markdown carry every
+	// scenario, the chart is well-formed SVG with one line per batch size.
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatalf("JSON does not decode: %v", err)
+	}
+	if len(back.Scenarios) != len(rep.Scenarios) || back.Machine.Postgres == "" {
+		t.Errorf("JSON lost content: %d scenarios, postgres %q", len(back.Scenarios), back.Machine.Postgres)
+	}
+	for _, f := range []func(io.Writer) error{rep.WriteText, rep.WriteMarkdown} {
+		var out bytes.Buffer
+		if err := f(&out); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range Scenarios {
+			if !strings.Contains(out.String(), s+" — ") {
+				t.Errorf("output lacks scenario %s:\n%s", s, out.String())
+			}
+		}
+		if strings.Contains(out.String(), "— FAILED") {
+			t.Errorf("output reports a failure:\n%s", out.String())
+		}
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := 0
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("chart is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != 3 { // two batch sizes and the field loop
+		t.Errorf("chart has %d lines, want 3", lines)
+	}
+	if !strings.Contains(progress.String(), "claims: workers=4 batch=100") {
+		t.Errorf("progress lacks the claims steps:\n%s", progress.String())
+	}
+}
+
+func TestUnknownScenario(t *testing.T) {
+	_, err := Run(context.Background(), Config{Scenarios: []string{"claims", "nope"}})
+	if err == nil || !strings.Contains(err.Error(), `"nope"`) {
+		t.Fatalf("err = %v, want one naming the unknown scenario", err)
+	}
+}

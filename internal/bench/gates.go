@@ -1,0 +1,294 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/gate"
+)
+
+// The ShedLock-style lock table: ShedLock's own schema.
+const shedlockDDL = `
+CREATE TABLE shedlock (
+    name       varchar(64)  NOT NULL PRIMARY KEY,
+    lock_until timestamptz  NOT NULL,
+    locked_at  timestamptz  NOT NULL,
+    locked_by  varchar(255) NOT NULL
+)`
+
+// ShedLock's PostgreSQL statements with usingDbTime(): take the row when
+// absent or expired, and on unlock keep it until locked_at + lockAtLeastFor.
+const (
+	shedlockLock = `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
+VALUES ($1, now() + $2::bigint * interval '1 microsecond', now(), $3)
+ON CONFLICT (name) DO UPDATE
+SET lock_until = EXCLUDED.lock_until, locked_at = EXCLUDED.locked_at, locked_by = EXCLUDED.locked_by
+WHERE shedlock.name = EXCLUDED.name AND shedlock.lock_until <= now()`
+	shedlockUnlock = `UPDATE shedlock
+SET lock_until = CASE WHEN locked_at + $2::bigint * interval '1 microsecond' > now()
+                      THEN locked_at + $2::bigint * interval '1 microsecond' ELSE now() END
+WHERE name = $1 AND locked_by = $3`
+)
+
+// gateOp is one contender's attempt at tick i: nil when it ran the job,
+// an error wrapping gate.ErrSkipped when another contender had it.
+type gateOp func(ctx context.Context, i int64) error
+
+// gateMech builds one contender of a mechanism.
+type gateMech struct {
+	group, name string
+	ticks       bool // the op is per tick: count each tick's runs
+	setup       func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error)
+}
+
+// errHeldBaseline is what baseline ops return when the lock is taken.
+var errHeldBaseline = fmt.Errorf("%w: baseline lock held", gate.ErrSkipped)
+
+func gateMechs() []gateMech {
+	const name = "bench-job"
+	run := func(job func(i int64), i int64) gate.Func {
+		return func(context.Context, gate.Run) error { job(i); return nil }
+	}
+	return []gateMech{
+		{"pgclaim", "gate.Once (ledger + advisory)", true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}})
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(ctx context.Context, i int64) error { return g.Once(ctx, name, at(i), run(job, i)) }, g.Close, nil
+		}},
+		{"pgclaim", "gate.Once, LedgerOnly", true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}, LedgerOnly: true})
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(ctx context.Context, i int64) error { return g.Once(ctx, name+"-ledger", at(i), run(job, i)) }, g.Close, nil
+		}},
+		{"pgclaim", "gate.Exclusive (advisory)", false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}})
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(ctx context.Context, i int64) error { return g.Exclusive(ctx, name, run(job, i)) }, g.Close, nil
+		}},
+		{"pgclaim", "gate.Lease.Do (lease row)", false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			l, err := gate.NewLease(pool, name, gate.LeaseOptions{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}, AtMost: 30 * time.Second})
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(ctx context.Context, i int64) error { return l.Do(ctx, run(job, i)) }, func() {}, nil
+		}},
+		{"baseline", "ShedLock-style lock table", false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			holder := fmt.Sprintf("c%d", c)
+			atMost := (30 * time.Second).Microseconds()
+			return func(ctx context.Context, i int64) error {
+				tag, err := pool.Exec(ctx, shedlockLock, name, atMost, holder)
+				if err != nil {
+					return err
+				}
+				if tag.RowsAffected() == 0 {
+					return errHeldBaseline
+				}
+				job(i)
+				_, err = pool.Exec(ctx, shedlockUnlock, name, int64(0), holder)
+				return err
+			}, func() {}, nil
+		}},
+		{"baseline", "bare advisory lock (dedicated conn)", false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			class, key := gate.AdvisoryKey(name + "-bare")
+			return func(ctx context.Context, i int64) error {
+					var ok bool
+					if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", class, key).Scan(&ok); err != nil {
+						return err
+					}
+					if !ok {
+						return errHeldBaseline
+					}
+					job(i)
+					if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", class, key).Scan(&ok); err != nil {
+						return err
+					}
+					if !ok {
+						return errors.New("bare advisory unlock: lock was not held")
+					}
+					return nil
+				}, func() {
+					conn.Release()
+				}, nil
+		}},
+	}
+}
+
+// runGates measures acquire+release cycles of every gate mechanism and of
+// the baselines, with one contender and with several on one name.
+func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
+	db, err := e.database(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Drop(context.WithoutCancel(ctx))
+	admin, err := e.pool(ctx, db, 2)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, shedlockDDL); err != nil {
+		return err
+	}
+	r.setup("each contender is an instance with its own pool (and own gate/lease object); the job does nothing")
+	r.setup("a cycle is acquire + run + release; contenders %v loop for %s each on one name", p.GateContenders, p.GateDuration)
+	r.setup("ledger mechanisms fire consecutive ticks (1 µs apart); every contender tries every tick, so with 8 contenders most attempts find the tick or lock taken")
+	r.setup("ShedLock-style: INSERT … ON CONFLICT (name) DO UPDATE … WHERE lock_until <= now(), then UPDATE lock_until = max(now(), locked_at + at_least) (at_least = 0): ShedLock's own SQL with usingDbTime()")
+	r.setup("checks: a tick runs at most once; two jobs under one lock never overlap")
+
+	tbl := Table{Title: "Gate cycles (acquire + release); p50/p99 of won cycles, then of skipped attempts",
+		Columns: []string{"mechanism", "contenders", "won", "won/s", "attempts/s", "p50", "p99", "skip p50", "dup/overlap"}}
+	var dupTicks, overlaps int64
+	for _, m := range gateMechs() {
+		for _, c := range p.GateContenders {
+			res, d, o, err := gateRun(ctx, e, admin, db.URL, m, c, p.GateDuration)
+			if err != nil {
+				return fmt.Errorf("%s, %d contenders: %w", m.name, c, err)
+			}
+			dupTicks += d
+			overlaps += o
+			r.Results = append(r.Results, res)
+			tbl.Rows = append(tbl.Rows, []string{m.name, itoa(c), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.0f", res.PerSecond),
+				fmt.Sprintf("%.0f", res.Extra["attempts_per_second"]), fmtUs(res.P50us), fmtUs(res.P99us),
+				fmtUs(res.Extra["skip_p50_us"]), fmt.Sprintf("%d", d+o)})
+		}
+	}
+	r.Tables = append(r.Tables, tbl)
+	r.check("gates: ticks run more than once", 0, dupTicks)
+	r.check("gates: jobs overlapping under one lock", 0, overlaps)
+	ticks, err := scanInt64(ctx, admin, "SELECT count(*) FROM pgclaim_ticks WHERE outcome <> 'succeeded'")
+	if err != nil {
+		return err
+	}
+	r.check("gates: ledger rows not recorded as succeeded", 0, ticks)
+	return nil
+}
+
+// gateRun runs c contenders of m for d and returns the result, the number
+// of ticks run twice and the number of overlapping jobs.
+func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gateMech, c int, d time.Duration) (Result, int64, int64, error) {
+	// Each run fires its own ticks: from database time now, 1 µs apart.
+	var base time.Time
+	if err := admin.QueryRow(ctx, "SELECT now()").Scan(&base); err != nil {
+		return Result{}, 0, 0, err
+	}
+	base = base.Truncate(time.Microsecond)
+	at := func(i int64) time.Time { return base.Add(time.Duration(i) * time.Microsecond) }
+	var (
+		mu      sync.Mutex
+		runs    = map[int64]int{}
+		inside  atomic.Int64
+		overlap atomic.Int64
+		won     atomic.Int64
+		tries   atomic.Int64
+	)
+	job := func(i int64) {
+		if inside.Add(1) != 1 {
+			overlap.Add(1)
+		}
+		if m.ticks {
+			mu.Lock()
+			runs[i]++
+			mu.Unlock()
+		}
+		inside.Add(-1)
+	}
+	pools := make([]*pgxpool.Pool, c)
+	ops := make([]gateOp, c)
+	var closers []func()
+	defer func() {
+		for _, f := range closers {
+			f()
+		}
+		for _, p := range pools {
+			if p != nil {
+				p.Close()
+			}
+		}
+	}()
+	for i := range c {
+		p, err := openPool(ctx, url, 4)
+		if err != nil {
+			return Result{}, 0, 0, err
+		}
+		pools[i] = p
+		op, closeFn, err := m.setup(ctx, i, p, at, job)
+		if err != nil {
+			return Result{}, 0, 0, err
+		}
+		ops[i] = op
+		closers = append(closers, closeFn)
+		// warm the pool and the server's plan cache
+		_ = op(ctx, -1-int64(i))
+	}
+	if m.ticks {
+		mu.Lock()
+		clear(runs)
+		mu.Unlock()
+	}
+	var wonLat, skipLat latencies
+	end := e.prog.task(fmt.Sprintf("  gates: %s, %d contenders", m.name, c), "cycles", 0, won.Load)
+	start := time.Now()
+	deadline := start.Add(d)
+	err := runGroup(c, func(ci int) error {
+		var ownWon, ownSkip []time.Duration
+		defer func() { wonLat.addAll(ownWon); skipLat.addAll(ownSkip) }()
+		for i := int64(0); time.Now().Before(deadline); i++ {
+			t0 := time.Now()
+			err := ops[ci](ctx, i)
+			dt := time.Since(t0)
+			tries.Add(1)
+			switch {
+			case err == nil:
+				won.Add(1)
+				ownWon = append(ownWon, dt)
+			case errors.Is(err, gate.ErrSkipped):
+				ownSkip = append(ownSkip, dt)
+			default:
+				return err
+			}
+		}
+		return nil
+	})
+	el := time.Since(start)
+	end()
+	if err != nil {
+		return Result{}, 0, 0, err
+	}
+	var dups int64
+	for _, n := range runs {
+		if n > 1 {
+			dups += int64(n - 1)
+		}
+	}
+	ws, ss := wonLat.summary(), skipLat.summary()
+	res := Result{
+		Group: m.group, Name: m.name, Workers: c, Ops: won.Load(), Unit: "cycles/s",
+		Seconds: el.Seconds(), PerSecond: perSec(won.Load(), el),
+		P50us: us(ws.P50), P99us: us(ws.P99), MaxUs: us(ws.Max),
+		Extra: map[string]float64{
+			"attempts":            float64(tries.Load()),
+			"attempts_per_second": perSec(tries.Load(), el),
+			"skip_p50_us":         us(ss.P50),
+			"skip_p99_us":         us(ss.P99),
+			"duplicates":          float64(dups),
+			"overlaps":            float64(overlap.Load()),
+		},
+	}
+	return res, dups, overlap.Load(), nil
+}

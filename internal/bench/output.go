@@ -1,0 +1,386 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func itoa(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.Itoa(n)
+}
+
+// fmtUs formats a duration given in microseconds.
+func fmtUs(v float64) string {
+	switch {
+	case v <= 0:
+		return "-"
+	case v < 1000:
+		return fmt.Sprintf("%.0f µs", v)
+	case v < 10_000:
+		return fmt.Sprintf("%.2f ms", v/1000)
+	case v < 1_000_000:
+		return fmt.Sprintf("%.1f ms", v/1000)
+	default:
+		return fmt.Sprintf("%.2f s", v/1e6)
+	}
+}
+
+func fmtMs(v float64) string { return fmtUs(v * 1000) }
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report as aligned plain-text tables.
+func (r *Report) WriteText(w io.Writer) error {
+	return r.write(w, false)
+}
+
+// WriteMarkdown writes the report as Markdown (the tables of
+// docs/BENCHMARKS.md).
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	return r.write(w, true)
+}
+
+func (r *Report) write(w io.Writer, md bool) error {
+	b := &strings.Builder{}
+	m := r.Machine
+	h := func(level int, s string) {
+		if md {
+			fmt.Fprintf(b, "\n%s %s\n\n", strings.Repeat("#", level), s)
+		} else {
+			fmt.Fprintf(b, "\n%s\n%s\n", s, strings.Repeat("=-"[level-2:level-1], len([]rune(s))))
+		}
+	}
+	h(2, "Run")
+	item := func(s string) {
+		if md {
+			fmt.Fprintf(b, "- %s\n", s)
+		} else {
+			fmt.Fprintf(b, "  %s\n", s)
+		}
+	}
+	item(fmt.Sprintf("command: `%s`; started %s; took %s", r.Command, r.Started.Format(time.RFC3339), (time.Duration(r.Seconds) * time.Second).String()))
+	cpu := fmt.Sprintf("%d CPUs", m.CPUs)
+	if m.CPUModel != "" {
+		cpu += " (" + m.CPUModel + ")"
+	}
+	item(fmt.Sprintf("machine: %s/%s, %s, %.1f GiB memory; %s", m.OS, m.Arch, cpu, m.MemoryGiB, m.Go))
+	var settings []string
+	for k, v := range m.Settings {
+		settings = append(settings, k+"="+v)
+	}
+	sort.Strings(settings)
+	item(fmt.Sprintf("server: PostgreSQL %s (%s); %s; pg_stat_statements: %v", m.Postgres, m.ServerSource, strings.Join(settings, ", "), m.StatementStats))
+
+	for _, s := range r.Scenarios {
+		h(2, fmt.Sprintf("%s — %s", s.Name, s.Title))
+		if s.Error != "" {
+			item("ERROR: " + s.Error)
+		}
+		for _, x := range s.Setup {
+			item(x)
+		}
+		for _, t := range s.Tables {
+			writeTable(b, t, md)
+		}
+		if len(s.Checks) > 0 {
+			if md {
+				b.WriteString("\nChecks:\n\n")
+			} else {
+				b.WriteString("\n  checks:\n")
+			}
+			for _, c := range s.Checks {
+				status := "ok"
+				if !c.OK {
+					status = "FAILED"
+				}
+				item(fmt.Sprintf("%s: %d (want %d) — %s", c.Name, c.Got, c.Want, status))
+			}
+		}
+		for _, n := range s.Notes {
+			item(n)
+		}
+		if len(s.Profiles) > 0 {
+			writeProfiles(b, s.Profiles, md)
+		}
+		fmt.Fprintf(b, "\n")
+		if !md {
+			fmt.Fprintf(b, "  (%s: %.0f s)\n", s.Name, s.Seconds)
+		}
+	}
+	if len(r.Ratios) > 0 {
+		h(2, "Ratios (same run)")
+		t := Table{Columns: []string{"ratio", "value", "of", "to"}}
+		for _, x := range r.Ratios {
+			t.Rows = append(t.Rows, []string{x.Name, fmt.Sprintf("%.2f×", x.Value), x.Of, x.To})
+		}
+		writeTable(b, t, md)
+	}
+	if probs := r.Problems(); len(probs) > 0 {
+		h(2, "FAILED")
+		for _, p := range probs {
+			item(p)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func writeTable(b *strings.Builder, t Table, md bool) {
+	if md {
+		if t.Title != "" {
+			fmt.Fprintf(b, "\n**%s**\n", t.Title)
+		}
+		b.WriteString("\n| " + strings.Join(t.Columns, " | ") + " |\n|")
+		for range t.Columns {
+			b.WriteString("---|")
+		}
+		b.WriteString("\n")
+		for _, row := range t.Rows {
+			cells := make([]string, len(row))
+			for i, c := range row {
+				cells[i] = strings.ReplaceAll(c, "|", `\|`)
+			}
+			b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+		}
+		return
+	}
+	if t.Title != "" {
+		fmt.Fprintf(b, "\n  %s\n", t.Title)
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  "+strings.Join(t.Columns, "\t")+"\t")
+	for _, row := range t.Rows {
+		fmt.Fprintln(tw, "  "+strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+}
+
+func writeProfiles(b *strings.Builder, ps []Profile, md bool) {
+	if md {
+		b.WriteString("\nWhere the time went (pg_stat_statements per phase; server exec = summed execution time of all statements):\n")
+	} else {
+		b.WriteString("\n  where the time went (pg_stat_statements per phase):\n")
+	}
+	for _, p := range ps {
+		line := fmt.Sprintf("%s: wall %.2f s, server exec %.2f s, client CPU %.2f s of %.2f s machine CPU", p.Label, p.WallSeconds, p.ExecSeconds, p.ClientCPU, p.MachineCPU)
+		if p.WALBytes > 0 {
+			line += fmt.Sprintf(", WAL %.1f MB", float64(p.WALBytes)/1e6)
+		}
+		if md {
+			fmt.Fprintf(b, "\n- %s\n", line)
+		} else {
+			fmt.Fprintf(b, "\n    %s\n", line)
+		}
+		if len(p.Statements) == 0 {
+			continue
+		}
+		t := Table{Columns: []string{"calls", "total ms", "mean ms", "max ms", "blocks/call", "statement"}}
+		n := 3
+		for i, s := range p.Statements {
+			if i == n {
+				break
+			}
+			q := s.Query
+			if len(q) > 110 {
+				q = q[:110] + "…"
+			}
+			if md {
+				q = "`" + strings.ReplaceAll(q, "`", "'") + "`"
+			}
+			t.Rows = append(t.Rows, []string{fmt.Sprintf("%d", s.Calls), fmt.Sprintf("%.0f", s.TotalMs), fmt.Sprintf("%.3f", s.MeanMs),
+				fmt.Sprintf("%.1f", s.MaxMs), fmt.Sprintf("%.1f", s.BlocksPerCall), q})
+		}
+		if md {
+			writeTable(b, t, true)
+		} else {
+			sub := &strings.Builder{}
+			writeTable(sub, t, false)
+			for _, l := range strings.Split(strings.TrimRight(sub.String(), "\n"), "\n") {
+				if strings.TrimSpace(l) != "" {
+					b.WriteString("    " + l + "\n")
+				}
+			}
+		}
+	}
+}
+
+// ratios derives the comparisons users read from the results of one run.
+func ratios(r *Report) []Ratio {
+	var out []Ratio
+	results := func(scenario string) []Result {
+		for _, s := range r.Scenarios {
+			if s.Name == scenario {
+				return s.Results
+			}
+		}
+		return nil
+	}
+	find := func(scenario string, ok func(Result) bool) (Result, bool) {
+		for _, x := range results(scenario) {
+			if ok(x) {
+				return x, true
+			}
+		}
+		return Result{}, false
+	}
+	rate := func(x Result) string { return fmt.Sprintf("%s (%.0f %s)", describe(x), x.PerSecond, x.Unit) }
+	add := func(name string, of, to Result, value float64, ofText, toText string) {
+		if value > 0 && !isInf(value) {
+			out = append(out, Ratio{Name: name, Value: value, Of: ofText, To: toText})
+		}
+	}
+	throughput := func(name string, of, to Result) {
+		if to.PerSecond > 0 {
+			add(name, of, to, of.PerSecond/to.PerSecond, rate(of), rate(to))
+		}
+	}
+	latency := func(name string, of, to Result) {
+		if to.P50us > 0 {
+			add(name, of, to, of.P50us/to.P50us, describe(of)+" p50 "+fmtUs(of.P50us), describe(to)+" p50 "+fmtUs(to.P50us))
+		}
+	}
+
+	// claims
+	var best Result
+	for _, x := range results("claims") {
+		if x.PerSecond > best.PerSecond {
+			best = x
+		}
+	}
+	at8, has8 := find("claims", func(x Result) bool { return x.Workers == 8 && x.Batch == 100 })
+	bulk, hasBulk := find("baselines", func(x Result) bool { return x.Name == "bulk UPDATE (ceiling)" })
+	bulkFx, hasBulkFx := find("baselines", func(x Result) bool { return x.Name == "bulk UPDATE + effects (ceiling)" })
+	if best.PerSecond > 0 {
+		if hasBulk {
+			throughput("pgclaim best claim throughput / bulk UPDATE ceiling", best, bulk)
+		}
+		if hasBulkFx {
+			throughput("pgclaim best claim throughput / bulk UPDATE + effects", best, bulkFx)
+		}
+		if has8 && hasBulk {
+			throughput("pgclaim (8 workers, batch 100) / bulk UPDATE ceiling", at8, bulk)
+		}
+		for _, x := range results("baselines") {
+			if strings.HasPrefix(x.Name, "field loop") {
+				throughput(fmt.Sprintf("pgclaim best claim throughput / field loop, %d instances", x.Workers), best, x)
+				if has8 {
+					throughput(fmt.Sprintf("pgclaim (8 workers, batch 100) / field loop, %d instances", x.Workers), at8, x)
+				}
+			}
+		}
+	}
+	for _, h := range results("baselines") {
+		if h.Name != "hand-written SKIP LOCKED SQL" {
+			continue
+		}
+		if pg, ok := find("baselines", func(x Result) bool {
+			return x.Name == "pgclaim ClaimBatch + FinishBatch" && x.Workers == h.Workers && x.Batch == h.Batch
+		}); ok {
+			throughput(fmt.Sprintf("pgclaim / hand-written SQL (%d workers, batch %d)", h.Workers, h.Batch), pg, h)
+		}
+		if w, ok := find("baselines", func(x Result) bool {
+			return strings.HasPrefix(x.Name, "pgclaim claim.Worker") && x.Workers == h.Workers && x.Batch == h.Batch
+		}); ok {
+			throughput(fmt.Sprintf("claim.Worker / hand-written SQL (%d workers, batch %d)", h.Workers, h.Batch), w, h)
+		}
+	}
+
+	// gates: single contender latency and throughput
+	gate1 := func(name string) (Result, bool) {
+		return find("gates", func(x Result) bool { return x.Name == name && x.Workers == 1 })
+	}
+	shed, hasShed := gate1("ShedLock-style lock table")
+	bare, hasBare := gate1("bare advisory lock (dedicated conn)")
+	for _, n := range []string{"gate.Once (ledger + advisory)", "gate.Once, LedgerOnly", "gate.Lease.Do (lease row)", "gate.Exclusive (advisory)"} {
+		g, ok := gate1(n)
+		if !ok {
+			continue
+		}
+		if hasShed {
+			latency(n+" cycle latency / ShedLock-style cycle", g, shed)
+			throughput(n+" cycles/s / ShedLock-style cycles/s", g, shed)
+		}
+		if n == "gate.Exclusive (advisory)" && hasBare {
+			latency(n+" cycle latency / bare advisory lock", g, bare)
+		}
+	}
+
+	// sweeper
+	if sw, ok := find("sweeper", func(x Result) bool { return x.Name == "claim.Sweeper" && x.Workers == 1 }); ok {
+		if big, ok := find("sweeper", func(x Result) bool { return x.Group == "baseline" }); ok {
+			throughput("claim.Sweeper rows/s / one giant UPDATE", sw, big)
+			if a, b := sw.Extra["longest_statement_ms"], big.Extra["longest_statement_ms"]; a > 0 && b > 0 {
+				add("claim.Sweeper longest statement / giant UPDATE's", sw, big, a/b, fmtMs(a), fmtMs(b))
+			}
+		}
+	}
+
+	// failover
+	fo := func(prefix, fault string, ttlMs float64) (Result, bool) {
+		return find("failover", func(x Result) bool {
+			return strings.HasPrefix(x.Name, prefix) && strings.HasSuffix(x.Name, fault) && (ttlMs < 0 || x.Extra["ttl_ms"] == ttlMs)
+		})
+	}
+	if poll, ok := fo("standby polling", "terminate", -1); ok {
+		if el, ok := fo("gate.Elector (advisory)", "terminate", -1); ok {
+			latency("Elector failover (terminated backend) / polling standby", el, poll)
+		}
+	}
+	if poll, ok := fo("standby polling", "kill", -1); ok {
+		if el, ok := fo("gate.Elector (advisory)", "kill", 500); ok {
+			latency("Elector failover (SIGKILL, TTL 500ms) / polling standby", el, poll)
+		}
+	}
+
+	// scale
+	var idx []Result
+	for _, x := range results("scale") {
+		if x.Name == "ClaimBatch, partial index" {
+			idx = append(idx, x)
+		}
+	}
+	if len(idx) >= 2 {
+		first, last := idx[0], idx[len(idx)-1]
+		if first.P50us > 0 {
+			add(fmt.Sprintf("ClaimBatch p50 at %d rows / at %d rows (partial index)", last.TableRows, first.TableRows), last, first,
+				last.P50us/first.P50us, fmtUs(last.P50us), fmtUs(first.P50us))
+		}
+	}
+	return out
+}
+
+func describe(x Result) string {
+	s := x.Name
+	var p []string
+	if x.Workers > 0 && x.Unit != "failovers" {
+		if x.Unit == "cycles/s" {
+			p = append(p, fmt.Sprintf("%d contenders", x.Workers))
+		} else {
+			p = append(p, fmt.Sprintf("%d workers", x.Workers))
+		}
+	}
+	if x.Batch > 0 {
+		p = append(p, fmt.Sprintf("batch %d", x.Batch))
+	}
+	if len(p) > 0 {
+		s += " (" + strings.Join(p, ", ") + ")"
+	}
+	return s
+}
+
+func isInf(f float64) bool { return f > 1e300 || f < -1e300 || f != f }

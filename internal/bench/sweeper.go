@@ -1,0 +1,197 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/claim"
+)
+
+// The sweeper's table: rows stuck in PROCESSING for two days. The partial
+// index on claimed_at is the one pgclaim's docs recommend for sweeping.
+const sweepDDL = `
+CREATE TABLE bench_stale (
+    id         bigint PRIMARY KEY,
+    status     text NOT NULL,
+    claimed_at timestamptz,
+    claimed_by text,
+    fence      bigint,
+    attempts   integer NOT NULL DEFAULT 0,
+    payload    text NOT NULL
+);
+CREATE INDEX bench_stale_processing ON bench_stale (claimed_at) WHERE status = 'PROCESSING';`
+
+var staleTable = claim.Table{
+	Name: "bench_stale", Key: "id", State: "status",
+	ClaimedAt: "claimed_at", ClaimedBy: "claimed_by", Fence: "fence", Attempts: "attempts",
+}
+
+func resetStale(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	return execAllArgs(ctx, pool,
+		stmt{"TRUNCATE bench_stale", nil},
+		stmt{`INSERT INTO bench_stale (id, status, claimed_at, claimed_by, fence, attempts, payload)
+SELECT g, 'PROCESSING', now() - interval '2 days' - g * interval '1 millisecond', 'crashed-instance', g, 1,
+       'resume push request #' || g
+FROM generate_series(1, $1::bigint) AS g`, []any{n}},
+		stmt{"VACUUM ANALYZE bench_stale", nil},
+		stmt{"CHECKPOINT", nil},
+	)
+}
+
+// runSweeper sweeps a table of stale rows with one and with two sweepers
+// at once, and beside them moves the same rows with one giant UPDATE.
+func runSweeper(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
+	db, err := e.database(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Drop(context.WithoutCancel(ctx))
+	pool, err := e.pool(ctx, db, 6)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, sweepDDL); err != nil {
+		return err
+	}
+	r.setup("table bench_stale: %d rows in PROCESSING, claimed two days ago; partial index on (claimed_at) WHERE status = 'PROCESSING'", p.SweepRows)
+	r.setup("claim.Sweeper: StaleAfter 24h, Failed = FAILED, BatchSize %d; Sweep(ctx) until a batch comes back short; %v sweepers at once, each its own pool", p.SweepBatch, p.SweepSweepers)
+	r.setup("batch time: client-side, between consecutive OnSwept callbacks (one statement and its round trip)")
+	if e.pgss {
+		r.setup("longest statement: max_exec_time of the sweep statement in pg_stat_statements")
+	}
+	r.setup("baseline: one UPDATE … SET status = 'FAILED' WHERE status = 'PROCESSING' AND claimed_at < now() - 24h over the same rows")
+
+	tbl := Table{Title: "Sweeping stale rows",
+		Columns: []string{"approach", "sweepers", "rows", "s", "rows/s", "batch p50", "batch p99", "longest statement", "moved twice"}}
+	var twice, missed int64
+	for _, k := range p.SweepSweepers {
+		if err := resetStale(ctx, pool, p.SweepRows); err != nil {
+			return err
+		}
+		res, dup, prof, err := sweepRun(ctx, e, db.Name, db.URL, k, p)
+		if err != nil {
+			return err
+		}
+		r.Profiles = append(r.Profiles, prof)
+		twice += dup
+		left, err := scanInt64(ctx, pool, "SELECT count(*) FROM bench_stale WHERE status <> 'FAILED'")
+		if err != nil {
+			return err
+		}
+		missed += left
+		r.Results = append(r.Results, res)
+		tbl.Rows = append(tbl.Rows, []string{res.Name, itoa(k), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
+			fmt.Sprintf("%.0f", res.PerSecond), fmtUs(res.P50us), fmtUs(res.P99us), fmtMs(res.Extra["longest_statement_ms"]), fmt.Sprintf("%d", dup)})
+	}
+
+	// the giant UPDATE
+	if err := resetStale(ctx, pool, p.SweepRows); err != nil {
+		return err
+	}
+	e.prog.logf("  sweeper: one UPDATE over %d rows", p.SweepRows)
+	ph := e.begin(ctx, db.Name)
+	t0 := time.Now()
+	tag, err := pool.Exec(ctx, "UPDATE bench_stale SET status = 'FAILED' WHERE status = 'PROCESSING' AND claimed_at < now() - interval '24 hours'")
+	if err != nil {
+		return err
+	}
+	d := time.Since(t0)
+	prof := ph.end(ctx, "one giant UPDATE", 3)
+	r.Profiles = append(r.Profiles, prof)
+	res := Result{Group: "baseline", Name: "one UPDATE (all rows)", Workers: 1, Ops: tag.RowsAffected(), Unit: "rows/s",
+		Seconds: d.Seconds(), PerSecond: perSec(tag.RowsAffected(), d), P50us: us(d), P99us: us(d), MaxUs: us(d),
+		Extra: map[string]float64{"longest_statement_ms": ms(d), "rows_locked_at_once": float64(tag.RowsAffected())}}
+	r.Results = append(r.Results, res)
+	tbl.Rows = append(tbl.Rows, []string{res.Name, "1", fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
+		fmt.Sprintf("%.0f", res.PerSecond), "-", "-", fmtMs(ms(d)), "0"})
+	r.Tables = append(r.Tables, tbl)
+	r.check("sweeper: rows moved more than once", 0, twice)
+	r.check("sweeper: stale rows left unswept", 0, missed)
+	return nil
+}
+
+// sweepRun runs k sweepers at once over the stale table.
+func sweepRun(ctx context.Context, e *env, dbName, url string, k int, p *params) (Result, int64, Profile, error) {
+	var (
+		mu    sync.Mutex
+		seen  = make(map[int64]int, p.SweepRows)
+		moved atomic.Int64
+		lat   latencies
+	)
+	pools := make([]*pgxpool.Pool, k)
+	defer func() {
+		for _, pl := range pools {
+			if pl != nil {
+				pl.Close()
+			}
+		}
+	}()
+	sweepers := make([]*claim.Sweeper[int64], k)
+	last := make([]time.Time, k)
+	for i := range k {
+		pl, err := openPool(ctx, url, 2)
+		if err != nil {
+			return Result{}, 0, Profile{}, err
+		}
+		pools[i] = pl
+		c, err := claim.New[int64](pl, staleTable, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("sweeper-%d", i)})
+		if err != nil {
+			return Result{}, 0, Profile{}, err
+		}
+		s, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{
+			StaleAfter: 24 * time.Hour, Failed: "FAILED", BatchSize: p.SweepBatch,
+			OnSwept: func(_ context.Context, sw []claim.Swept[int64]) {
+				now := time.Now()
+				lat.add(now.Sub(last[i]))
+				last[i] = now
+				mu.Lock()
+				for _, x := range sw {
+					seen[x.Key]++
+				}
+				mu.Unlock()
+				moved.Add(int64(len(sw)))
+			},
+		})
+		if err != nil {
+			return Result{}, 0, Profile{}, err
+		}
+		sweepers[i] = s
+	}
+	end := e.prog.task(fmt.Sprintf("  sweeper: %d sweeper(s)", k), "rows", int64(p.SweepRows), moved.Load)
+	ph := e.begin(ctx, dbName)
+	start := time.Now()
+	for i := range last {
+		last[i] = start
+	}
+	err := runGroup(k, func(i int) error {
+		_, err := sweepers[i].Sweep(ctx)
+		return err
+	})
+	el := time.Since(start)
+	prof := ph.end(ctx, fmt.Sprintf("claim.Sweeper, %d sweeper(s)", k), 3)
+	end()
+	if err != nil {
+		return Result{}, 0, Profile{}, err
+	}
+	var dup int64
+	for _, n := range seen {
+		if n > 1 {
+			dup += int64(n - 1)
+		}
+	}
+	s := lat.summary()
+	res := Result{Group: "pgclaim", Name: "claim.Sweeper", Workers: k, Batch: p.SweepBatch, Ops: moved.Load(), Unit: "rows/s",
+		Seconds: el.Seconds(), PerSecond: perSec(moved.Load(), el), P50us: us(s.P50), P99us: us(s.P99), MaxUs: us(s.Max),
+		Extra: map[string]float64{"longest_statement_ms": ms(s.Max), "rows_locked_at_once": float64(p.SweepBatch), "duplicates": float64(dup)}}
+	if st, ok := prof.maxStatement("UPDATE"); ok {
+		res.Extra["longest_statement_ms"] = st.MaxMs
+		res.Extra["statement_mean_ms"] = st.MeanMs
+	}
+	return res, dup, prof, nil
+}
