@@ -99,6 +99,10 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 // terms never overlap: a new leader starts its term only after the previous
 // one was closed.
 //
+// Leadership changes are reported to Options.Hooks and the Logger:
+// EventAcquired when this instance starts leading, EventLost when it lost
+// leadership, EventReleased when it resigned. Event.Fence is the term.
+//
 // An Elector campaigns for one instance; it is safe for concurrent use.
 type Elector struct {
 	pool *pgxpool.Pool

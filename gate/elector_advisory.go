@@ -95,12 +95,14 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 	// next leader supersedes it.
 	got := time.Now()
 	var (
-		row  store.StartAdvisoryTermRow
-		sent time.Time
+		row    store.StartAdvisoryTermRow
+		sent   time.Time
+		warned bool
 	)
 	for {
 		supersede := time.Since(got) >= e.o.TTL
-		if supersede {
+		if supersede && !warned {
+			warned = true
 			open, _ := sess.q.OpenTerm(ctx, e.name)
 			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)

@@ -26,10 +26,7 @@ type ElectionLockParams struct {
 }
 
 // Leadership terms (gate.Elector). Durations are passed in microseconds; all
-// times are the database's. started_at and ended_at are read from
-// clock_timestamp(), not now(): now() is when the transaction began, which
-// can precede the commit of the term it follows, and the recorded terms must
-// never appear to overlap.
+// times are the database's.
 // Block until the session advisory lock of an election is granted. Timeouts
 // a role or database may configure are lifted for this statement only: a
 // standby waits as long as the leader lives.
@@ -136,6 +133,7 @@ WITH superseded AS (
     UPDATE pgclaim_terms
     SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
     WHERE election = $1::text AND ended_at IS NULL AND $3::boolean
+      AND (lease_until IS NULL OR lease_until <= now())
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
@@ -160,10 +158,15 @@ type StartAdvisoryTermRow struct {
 	StartedAt pgtype.Timestamptz
 }
 
+// started_at and ended_at here and below are read from clock_timestamp(),
+// not now(): now() is when the transaction began, which can precede the
+// commit of the term it follows, and recorded terms must never appear to
+// overlap.
 // Record a new term for the holder of the election's advisory lock. While
 // another term is open (its leader has not closed it yet) nothing is
 // inserted and no row returned, unless supersede is set: then the open term
-// is closed first, as superseded.
+// is closed first, as superseded. A live lease term (an instance wrongly
+// using the lease variant in the same election) is never superseded.
 func (q *Queries) StartAdvisoryTerm(ctx context.Context, arg StartAdvisoryTermParams) (StartAdvisoryTermRow, error) {
 	row := q.db.QueryRow(ctx, startAdvisoryTerm, arg.Election, arg.Holder, arg.Supersede)
 	var i StartAdvisoryTermRow

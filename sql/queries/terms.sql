@@ -1,8 +1,5 @@
 -- Leadership terms (gate.Elector). Durations are passed in microseconds; all
--- times are the database's. started_at and ended_at are read from
--- clock_timestamp(), not now(): now() is when the transaction began, which
--- can precede the commit of the term it follows, and the recorded terms must
--- never appear to overlap.
+-- times are the database's.
 
 -- name: ElectionLock :exec
 -- Block until the session advisory lock of an election is granted. Timeouts
@@ -24,14 +21,20 @@ FROM pgclaim_terms
 WHERE election = sqlc.arg(election)::text AND ended_at IS NULL;
 
 -- name: StartAdvisoryTerm :one
+-- started_at and ended_at here and below are read from clock_timestamp(),
+-- not now(): now() is when the transaction began, which can precede the
+-- commit of the term it follows, and recorded terms must never appear to
+-- overlap.
 -- Record a new term for the holder of the election's advisory lock. While
 -- another term is open (its leader has not closed it yet) nothing is
 -- inserted and no row returned, unless supersede is set: then the open term
--- is closed first, as superseded.
+-- is closed first, as superseded. A live lease term (an instance wrongly
+-- using the lease variant in the same election) is never superseded.
 WITH superseded AS (
     UPDATE pgclaim_terms
     SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
     WHERE election = sqlc.arg(election)::text AND ended_at IS NULL AND sqlc.arg(supersede)::boolean
+      AND (lease_until IS NULL OR lease_until <= now())
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
