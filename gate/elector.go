@@ -112,11 +112,8 @@ type Elector struct {
 	// key of the advisory variant's lock
 	class, key int32
 
-	sem    chan struct{} // one campaign at a time
-	leader atomic.Bool
-
-	mu  sync.Mutex
-	cur *term // the term being held or ended; nil when none
+	sem chan struct{}        // one campaign at a time
+	cur atomic.Pointer[term] // the term held or being ended; nil when none
 }
 
 // NewElector returns an Elector campaigning in the election called name
@@ -142,17 +139,19 @@ func (e *Elector) Name() string { return e.name }
 
 // IsLeader reports whether this instance leads now. It turns false before
 // the leadership context is cancelled.
-func (e *Elector) IsLeader() bool { return e.leader.Load() }
+func (e *Elector) IsLeader() bool {
+	t := e.cur.Load()
+	return t != nil && !t.stepped.Load()
+}
 
 // Term returns the term number (fencing token) of the current leadership, or
 // 0 when this instance does not lead.
 func (e *Elector) Term() int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.cur == nil || !e.leader.Load() {
+	t := e.cur.Load()
+	if t == nil || t.stepped.Load() {
 		return 0
 	}
-	return e.cur.fence
+	return t.fence
 }
 
 // Campaign waits until this instance leads the election, or ctx ends (when
@@ -178,9 +177,7 @@ func (e *Elector) Campaign(ctx context.Context) (context.Context, error) {
 // lead. Under Run, the term is closed when fn has returned, and Run then
 // campaigns again.
 func (e *Elector) Resign(ctx context.Context) error {
-	e.mu.Lock()
-	t := e.cur
-	e.mu.Unlock()
+	t := e.cur.Load()
 	if t == nil {
 		return nil
 	}
@@ -267,16 +264,17 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 	}
 	defer func() { <-e.sem }()
 
-	e.mu.Lock()
-	cur := e.cur
-	e.mu.Unlock()
-	if cur != nil {
-		if cur.ctx.Err() == nil {
+	if cur := e.cur.Load(); cur != nil {
+		if !cur.stepped.Load() {
 			return cur, nil
 		}
 		// A term that ended locally but is not closed yet: close it first.
+		reason := reasonResigned
+		if cur.lostErr() != nil {
+			reason = reasonLost
+		}
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		_ = cur.end(ectx, reasonLost)
+		_ = cur.end(ectx, reason)
 		cancel()
 	}
 
@@ -292,10 +290,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	e.cur = t
-	e.mu.Unlock()
-	e.leader.Store(true)
+	e.cur.Store(t)
 	e.o.emit(Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
 	go t.watch()
 	return t, nil
@@ -325,10 +320,11 @@ type term struct {
 	resigned atomic.Bool
 	crashed  atomic.Bool // tests: end like a dead process, closing nothing
 
-	mu      sync.Mutex
-	valid   time.Time // confirmed until (instance clock); step down after
-	stepped bool
-	lost    error
+	stepped atomic.Bool // leadership ended locally
+
+	mu    sync.Mutex
+	valid time.Time // confirmed until (instance clock); step down after
+	lost  error
 
 	endOnce sync.Once
 	endDone chan struct{}
@@ -381,14 +377,13 @@ func (t *term) validUntil() time.Time {
 // and is reported.
 func (t *term) stepDown(why error) {
 	t.mu.Lock()
-	if t.stepped {
+	if t.stepped.Load() {
 		t.mu.Unlock()
 		return
 	}
-	t.stepped = true
+	t.stepped.Store(true)
 	t.lost = why
 	t.mu.Unlock()
-	t.e.leader.Store(false)
 	if why != nil {
 		t.cancel(why)
 		t.e.o.emit(Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
@@ -428,11 +423,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 			if t.sess != nil {
 				t.sess.close()
 			}
-			e.mu.Lock()
-			if e.cur == t {
-				e.cur = nil
-			}
-			e.mu.Unlock()
+			e.cur.CompareAndSwap(t, nil)
 			return
 		}
 		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
@@ -455,11 +446,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 			t.sess.close()
 		}
 		t.endErr = err
-		e.mu.Lock()
-		if e.cur == t {
-			e.cur = nil
-		}
-		e.mu.Unlock()
+		e.cur.CompareAndSwap(t, nil)
 		if reason == reasonResigned && t.lostErr() == nil {
 			e.o.emit(Event{Kind: EventReleased, Name: e.name, Holder: e.o.Holder, Fence: t.fence, Duration: time.Since(t.start)})
 		}

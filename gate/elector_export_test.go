@@ -10,9 +10,7 @@ import (
 // advisory variant the session is closed, so the server releases the lock
 // as it would for a dead process. It reports whether there was a term.
 func (e *Elector) Crash() bool {
-	e.mu.Lock()
-	t := e.cur
-	e.mu.Unlock()
+	t := e.cur.Load()
 	if t == nil {
 		return false
 	}
