@@ -174,8 +174,9 @@ func (e *Elector) Campaign(ctx context.Context) (context.Context, error) {
 // Resign gives up leadership: IsLeader turns false, the leadership context
 // is cancelled, the term is closed and the lock or lease released, so a
 // standby takes over at once. It does nothing when this instance does not
-// lead. Under Run, the term is closed when fn has returned, and Run then
-// campaigns again.
+// lead. Resign does not wait for work started under the leadership context
+// to stop: stop it first, or use Run, which closes the term only once fn
+// has returned (and then campaigns again).
 func (e *Elector) Resign(ctx context.Context) error {
 	t := e.cur.Load()
 	if t == nil {
