@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DBTX is what every operation runs on: *pgxpool.Pool, *pgx.Conn and
@@ -69,8 +70,9 @@ type Claim[K any] struct {
 // them, fenced by token. It is safe for concurrent use. Every method runs on
 // the DBTX the claimer is bound to; WithTx binds a copy to a transaction.
 type Claimer[K any] struct {
-	db DBTX
-	c  *core
+	db   DBTX
+	plan []any // prefix for statements that need custom plans: see planArgs
+	c    *core
 }
 
 // core is the immutable part shared by a Claimer and its WithTx copies.
@@ -98,13 +100,32 @@ func DefaultHolder() string {
 	return h + ":" + strconv.Itoa(os.Getpid())
 }
 
-// customPlan is passed first to statements that pick rows by state (batch
-// claims and sweeps). pgx then runs them as unnamed prepared statements,
-// which the server plans with the actual parameter values every time, so a
-// partial index such as "(id) WHERE state = 'PAUSED'" is always usable. A
-// cached generic plan cannot use it, and would rescan finished rows on every
-// batch if the server ever chose it.
-const customPlan = pgx.QueryExecModeCacheDescribe
+// planArgs returns the arguments to put first for statements that pick rows
+// by state (batch claims and sweeps). Under pgx's default mode, prepared
+// statements are cached per connection, and after a few executions the
+// server may switch to a generic plan, which cannot use a partial index such
+// as "(id) WHERE state = 'PAUSED'" and would rescan finished rows on every
+// batch. Running them as unnamed statements (QueryExecModeCacheDescribe)
+// makes the server plan each execution with the actual values. A connection
+// configured with another mode (describe-exec, exec, simple protocol) already
+// plans every execution, and is left alone.
+func planArgs(db DBTX) []any {
+	var cfg *pgx.ConnConfig
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		cfg = d.Config().ConnConfig
+	case *pgx.Conn:
+		cfg = d.Config()
+	case pgx.Tx:
+		if conn := d.Conn(); conn != nil {
+			cfg = conn.Config()
+		}
+	}
+	if cfg != nil && cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
+	return []any{pgx.QueryExecModeCacheDescribe}
+}
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
@@ -156,7 +177,7 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 		c.log = discard()
 	}
 	c.build(opts)
-	return &Claimer[K]{db: db, c: c}, nil
+	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }
 
 // countParams returns the highest $N placeholder in a trusted SQL fragment,
@@ -282,14 +303,14 @@ RETURNING pgclaim_t.%[2]s, %[9]s`,
 	c.sqlFinish = fmt.Sprintf(
 		"UPDATE %s SET %s = $1 WHERE %s = $2 AND %s = $3 AND %s = $4",
 		t.qname, t.state, t.key, t.state, t.fence)
-	// The first CTE is never executed: it only lets the server infer the
-	// type of $1 (an array of the key column's type) before unnest uses it.
-	typing := fmt.Sprintf("WITH pgclaim_typing AS (SELECT FROM %s WHERE %s = ANY($1))", t.qname, t.key)
-	c.sqlFinishBatch = fmt.Sprintf(`%[1]s
-UPDATE %[2]s AS pgclaim_t SET %[4]s = $3
-FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
-WHERE pgclaim_t.%[3]s = pgclaim_in.k AND pgclaim_t.%[4]s = $4 AND pgclaim_t.%[5]s = pgclaim_in.tok
-RETURNING pgclaim_in.n`, typing, t.qname, t.key, t.state, t.fence)
+	// keys is $1 typed as an array of the key column's type: COALESCE takes
+	// the type of its second argument, which is never evaluated. This works
+	// whether $1 is a bound parameter or a literal (simple protocol).
+	keys := fmt.Sprintf("COALESCE($1, ARRAY(SELECT %s FROM %s LIMIT 0))", t.key, t.qname)
+	c.sqlFinishBatch = fmt.Sprintf(`UPDATE %[1]s AS pgclaim_t SET %[3]s = $3
+FROM unnest(%[5]s, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+WHERE pgclaim_t.%[2]s = pgclaim_in.k AND pgclaim_t.%[3]s = $4 AND pgclaim_t.%[4]s = pgclaim_in.tok
+RETURNING pgclaim_in.n`, t.qname, t.key, t.state, t.fence, keys)
 	release := fmt.Sprintf("%s = $1", t.state)
 	if t.attempts != "" {
 		release += fmt.Sprintf(", %[1]s = GREATEST(COALESCE(%[1]s, 1) - 1, 0)", t.attempts)
@@ -306,29 +327,27 @@ RETURNING pgclaim_in.n`, typing, t.qname, t.key, t.state, t.fence)
 	// Heartbeat: extend many claims at once, skipping rows locked by
 	// another transaction (typically the worker's own work transaction
 	// touching the row) instead of waiting for it.
-	c.sqlHeartbeat = fmt.Sprintf(`%[1]s,
-pgclaim_l AS (
+	c.sqlHeartbeat = fmt.Sprintf(`WITH pgclaim_l AS (
   SELECT pgclaim_in.n, pgclaim_t.%[3]s AS k
-  FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+  FROM unnest(%[1]s, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
   JOIN %[2]s AS pgclaim_t ON pgclaim_t.%[3]s = pgclaim_in.k
   WHERE pgclaim_t.%[4]s = $3 AND pgclaim_t.%[5]s = pgclaim_in.tok
   FOR UPDATE OF pgclaim_t SKIP LOCKED
 )
 UPDATE %[2]s AS pgclaim_t SET %[6]s = statement_timestamp() + ($4::bigint * interval '1 microsecond')
 FROM pgclaim_l WHERE pgclaim_t.%[3]s = pgclaim_l.k AND pgclaim_t.%[4]s = $3
-RETURNING pgclaim_l.n`, typing, t.qname, t.key, t.state, t.fence, t.leaseUntil)
-	c.sqlHeld = fmt.Sprintf(`%[1]s
-SELECT pgclaim_in.n
-FROM unnest($1, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
+RETURNING pgclaim_l.n`, keys, t.qname, t.key, t.state, t.fence, t.leaseUntil)
+	c.sqlHeld = fmt.Sprintf(`SELECT pgclaim_in.n
+FROM unnest(%[1]s, $2::bigint[]) WITH ORDINALITY AS pgclaim_in(k, tok, n)
 JOIN %[2]s AS pgclaim_t ON pgclaim_t.%[3]s = pgclaim_in.k
-WHERE pgclaim_t.%[4]s = $3 AND pgclaim_t.%[5]s = pgclaim_in.tok`, typing, t.qname, t.key, t.state, t.fence)
+WHERE pgclaim_t.%[4]s = $3 AND pgclaim_t.%[5]s = pgclaim_in.tok`, keys, t.qname, t.key, t.state, t.fence)
 }
 
 // WithTx returns a copy of the claimer that runs on db, typically the
 // caller's pgx.Tx, so that a claim or finish commits or rolls back with the
 // caller's own writes.
 func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
-	return &Claimer[K]{db: db, c: c.c}
+	return &Claimer[K]{db: db, plan: planArgs(db), c: c.c}
 }
 
 // Verify checks that the table exists with the configured columns, each of
@@ -382,8 +401,8 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if len(where) != c.c.whereParams {
 		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
-	args := make([]any, 0, len(where)+3+len(c.c.claimArgs))
-	args = append(args, customPlan)
+	args := make([]any, 0, len(c.plan)+len(where)+2+len(c.c.claimArgs))
+	args = append(args, c.plan...)
 	args = append(args, where...)
 	args = append(args, c.c.from, n)
 	args = append(args, c.c.claimArgs...)

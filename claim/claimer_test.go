@@ -3,12 +3,16 @@ package claim
 import (
 	"crypto/md5"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestClaimFinishInt64(t *testing.T) {
@@ -143,4 +147,85 @@ func TestKeyUUID(t *testing.T) {
 func TestKeyUUIDBytes(t *testing.T) { keyRoundTrip(t, "uuid", md5Key) }
 func TestKeyPgtypeUUID(t *testing.T) {
 	keyRoundTrip(t, "uuid", func(i int) pgtype.UUID { return pgtype.UUID{Bytes: md5Key(i), Valid: true} })
+}
+
+// TestExecModes runs every statement under each pgx query exec mode (the
+// simple protocol is what PgBouncer transaction pooling often needs), on a
+// table whose state column is an enum and whose key is text.
+func TestExecModes(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	mustExec(t, db.Pool, `CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE', 'FAILED')`)
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := testCtx(t)
+			cfg := db.Pool.Config().Copy()
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			name := "jobs_" + strings.ReplaceAll(mode.String(), " ", "_")
+			mustExec(t, pool, fmt.Sprintf(`CREATE TABLE %s (id text PRIMARY KEY, state job_state NOT NULL, claimed_at timestamptz,
+				claimed_by text, fence bigint, lease_until timestamptz, attempts int NOT NULL DEFAULT 0)`, name))
+			mustExec(t, pool, fmt.Sprintf(`INSERT INTO %s (id, state) SELECT 'k' || g, 'PAUSED' FROM generate_series(1, 10) g`, name))
+			tbl := jobsTable
+			tbl.Name = name
+			c, err := New[string](pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute, Where: "id <> $1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantPlan := mode == pgx.QueryExecModeCacheStatement
+			if got := len(c.plan) == 1; got != wantPlan {
+				t.Errorf("custom-plan prefix %v, want %v", c.plan, wantPlan)
+			}
+			if err := c.Verify(ctx); err != nil {
+				t.Fatal(err)
+			}
+			one, err := c.Claim(ctx, "k1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Claim(ctx, "k1"); !errors.Is(err, ErrNotClaimed) {
+				t.Fatalf("second claim: %v", err)
+			}
+			batch, err := c.ClaimBatch(ctx, 4, "k2")
+			if err != nil || len(batch) != 4 {
+				t.Fatalf("batch %v %v", batch, err)
+			}
+			if _, err := c.Extend(ctx, one, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			lost, err := c.heartbeat(ctx, append(batch, Claim[string]{Key: "k2", Token: 1}), time.Hour)
+			if err != nil || lost[0] || !lost[4] {
+				t.Fatalf("heartbeat lost %v %v", lost, err)
+			}
+			if err := c.Release(ctx, batch[0]); err != nil {
+				t.Fatal(err)
+			}
+			done, gone, err := c.FinishBatch(ctx, batch, "DONE")
+			if err != nil || len(done) != 3 || len(gone) != 1 {
+				t.Fatalf("finish batch: %v %v %v", done, gone, err)
+			}
+			mustExec(t, pool, fmt.Sprintf(`UPDATE %s SET lease_until = now() - interval '1 second' WHERE id = 'k1'`, name))
+			sw, err := NewSweeper(c, SweeperConfig[string]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := sw.Sweep(ctx)
+			if err != nil || len(got) != 1 || got[0].Key != "k1" || got[0].State != "PAUSED" {
+				t.Fatalf("sweep %+v %v", got, err)
+			}
+			if err := c.Finish(ctx, one, "DONE"); !errors.Is(err, ErrLost) {
+				t.Fatalf("finish after sweep: %v", err)
+			}
+			if n := count(t, pool, fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'DONE'`, name)); n != 3 {
+				t.Fatalf("%d rows DONE", n)
+			}
+		})
+	}
 }

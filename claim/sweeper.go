@@ -125,8 +125,8 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 func (s *Sweeper[K]) build(k int) {
 	t := s.c.c.t
 	cfg := s.cfg
-	args := append([]any{customPlan}, cfg.Args...)
-	p := k + 1 // placeholders after Where's; args[0] is the exec mode
+	args := append([]any{}, cfg.Args...)
+	p := k + 1 // placeholders after Where's
 	param := func(v any) string {
 		args = append(args, v)
 		p++
@@ -150,16 +150,16 @@ func (s *Sweeper[K]) build(k int) {
 			return fmt.Sprintf("(%[1]s%[2]s < statement_timestamp() OR (%[1]s%[2]s IS NULL AND %[3]s))", prefix, t.leaseUntil, old)
 		}
 	}
-	with := "WITH "
 	newState := param(cfg.Failed)
 	if cfg.Retry != "" {
 		failed := newState
 		retry := param(cfg.Retry)
 		maxAttempts := param(cfg.MaxAttempts)
-		// Never executed: it types the state parameters as the state
-		// column's type (which may be an enum) before CASE uses them.
-		with += fmt.Sprintf("pgclaim_typing AS (SELECT FROM %s WHERE %s IN (%s, %s)),\n", t.qname, t.state, failed, retry)
-		newState = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN %s ELSE %s END", t.attempts, maxAttempts, retry, failed)
+		// The ELSE branch is never taken: it gives the CASE the state
+		// column's type (which may be an enum), so that the two states,
+		// parameters or literals, are read as values of that type.
+		newState = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN %s WHEN true THEN %s ELSE pgclaim_t.%s END",
+			t.attempts, maxAttempts, retry, failed, t.state)
 	}
 	where := ""
 	if strings.TrimSpace(cfg.Where) != "" {
@@ -191,7 +191,7 @@ UPDATE %[2]s AS pgclaim_t SET %[4]s = %[10]s
 FROM pgclaim_c
 WHERE pgclaim_t.%[3]s = pgclaim_c.%[3]s AND pgclaim_t.%[4]s = %[5]s AND %[11]s
 RETURNING %[12]s`,
-		with, t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
+		"WITH ", t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
 		newState, stale("pgclaim_t."), ret)
 	s.args = args
 }
@@ -215,7 +215,7 @@ func (s *Sweeper[K]) Sweep(ctx context.Context) ([]Swept[K], error) {
 }
 
 func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
-	rows, err := s.c.db.Query(ctx, s.sql, s.args...)
+	rows, err := s.c.db.Query(ctx, s.sql, append(s.c.plan[:len(s.c.plan):len(s.c.plan)], s.args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
 	}
