@@ -82,10 +82,11 @@
 //	CREATE INDEX ON push_requests (id) WHERE status = 'PAUSED';             -- ClaimBatch (index the Order columns)
 //	CREATE INDEX ON push_requests (claimed_at) WHERE status = 'PROCESSING'; -- Sweeper
 //
-// These two statements are sent as unnamed prepared statements so that the
-// server plans them with the actual states every time and can use the partial
-// indexes; do not set plan_cache_mode = force_generic_plan for their
-// sessions.
+// Under pgx's default exec mode these two statements are sent as unnamed
+// prepared statements, so that the server plans them with the actual states
+// every time and can use the partial indexes (a cached generic plan cannot);
+// do not set plan_cache_mode = force_generic_plan for their sessions. Every
+// pgx exec mode works, including the simple protocol.
 //
 // # Three ways in
 //
