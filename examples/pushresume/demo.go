@@ -58,20 +58,21 @@ func (c *demoConfig) check() error {
 
 // demoResult is what a run established, for the summary and for tests.
 type demoResult struct {
-	OK         bool
-	Failures   []string // invariants that did not hold
-	FireAt     time.Time
-	Procs      []*proc
-	Killed     *proc // the instance killed mid-run, if any
-	KilledMid  int   // rows it left PROCESSING when killed
-	Total      int64 // rows in push_requests
-	States     map[string]int64
-	Sends      int64
-	Pushes     int64 // distinct pushes sent
-	Duplicates int64
-	Odd        db.CountInconsistentRow
-	Ticks      []db.TicksRow
-	SentBy     map[string]int64
+	OK          bool
+	Failures    []string // invariants that did not hold
+	FireAt      time.Time
+	Procs       []*proc
+	Killed      *proc // the instance killed mid-run, if any
+	KilledMid   int   // rows it left PROCESSING when killed
+	Total       int64 // rows in push_requests
+	States      map[string]int64
+	Sends       int64
+	Pushes      int64 // distinct pushes sent
+	Duplicates  int64
+	Odd         db.CountInconsistentRow
+	Ticks       []db.TicksRow
+	SentBy      map[string]int64
+	FailReasons []db.FailReasonsRow
 }
 
 // orchestrator runs the demo: it owns the instance processes and the live
@@ -87,6 +88,8 @@ type orchestrator struct {
 	procs  []*proc
 	leader *proc // the instance last elected
 	fireAt time.Time
+
+	onEvent func(*proc, event) // tests: sees every event after it was handled
 }
 
 // runDemo runs the whole scenario and returns its result. err is set when
@@ -301,9 +304,7 @@ func (o *orchestrator) handle(pe procEvent) error {
 	p, e := pe.p, pe.e
 	if pe.exit {
 		p.exited, p.err = true, pe.err
-		if p.leader {
-			p.leader = false
-		}
+		p.leader = false
 		if !p.killed && p.stopped == nil {
 			return fmt.Errorf("%s: %w: %v", p.label, errExited, pe.err)
 		}
@@ -330,7 +331,7 @@ func (o *orchestrator) handle(pe procEvent) error {
 	case evCatchUp:
 		o.say(p.label, "start-up catch-up: %s", e.Msg)
 	case evCampaign:
-		p.campaig = true
+		p.joined = true
 		if o.leader != nil && o.leader != p && !o.leader.killed {
 			o.say(p.label, "standing by: %s is the Active", o.leader.label)
 		}
@@ -384,6 +385,9 @@ func (o *orchestrator) handle(pe procEvent) error {
 		o.say(p.label, "ERROR %s", short(e.Msg))
 	case evStopped:
 		p.stopped = e.Stats
+	}
+	if o.onEvent != nil {
+		o.onEvent(p, e)
 	}
 	return nil
 }
@@ -445,7 +449,7 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := o.wait(ctx, "standby to join the election", func() bool { return standby.campaig }, nil); err != nil {
+	if err := o.wait(ctx, "standby to join the election", func() bool { return standby.joined }, nil); err != nil {
 		return nil, err
 	}
 
@@ -495,7 +499,7 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 	}
 
 	// Every push settles: nothing PAUSED or PROCESSING is left.
-	if err := o.wait(ctx, "every push to settle", nil2false, func() (bool, error) {
+	if err := o.wait(ctx, "every push to settle", never, func() (bool, error) {
 		st, err := o.states(ctx)
 		if err != nil {
 			return false, err
@@ -513,7 +517,7 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := o.wait(ctx, "the restarted instance to join the election", func() bool { return back.campaig }, nil); err != nil {
+		if err := o.wait(ctx, "the restarted instance to join the election", func() bool { return back.joined }, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -531,7 +535,8 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 	return res, nil
 }
 
-func nil2false() bool { return false }
+// never is the condition of waits that end by polling.
+func never() bool { return false }
 
 // stopAll stops the instances cleanly, standbys first, and waits until
 // every instance (the killed ones too) has exited.

@@ -278,7 +278,7 @@ func (in *instance) build() error {
 		BatchSize:  500,
 		Where:      olderThan,
 		Args:       []any{cfg.StaleAfter.Seconds()},
-		OnSwept:    in.noteFailures(fmt.Sprintf("in PROCESSING for over %s", cfg.StaleAfter)),
+		OnSwept:    in.noteFailures("in PROCESSING for over " + durationText(cfg.StaleAfter)),
 	})
 	if err != nil {
 		return err
@@ -296,12 +296,12 @@ func (in *instance) build() error {
 	if err != nil {
 		return err
 	}
-	hooks := gate.Options{Holder: in.holder, Logger: in.log}
-	in.gate, err = gate.New(in.pool, gate.Config{Options: hooks})
+	opts := gate.Options{Holder: in.holder, Logger: in.log}
+	in.gate, err = gate.New(in.pool, gate.Config{Options: opts})
 	if err != nil {
 		return err
 	}
-	in.elector, err = gate.NewElector(in.pool, election, gate.ElectorOptions{Options: hooks, TTL: cfg.TTL})
+	in.elector, err = gate.NewElector(in.pool, election, gate.ElectorOptions{Options: opts, TTL: cfg.TTL})
 	return err
 }
 
@@ -431,7 +431,9 @@ loop:
 			}()
 		}
 	}
+	in.log.Info("pushresume: stopping")
 	wg.Wait()
+	in.log.Info("pushresume: stopped")
 	n := in.counters()
 	in.rep.emit(event{Ev: evStopped, Stats: &n})
 	return nil

@@ -72,8 +72,8 @@ func (w *logWriter) String() string {
 // testInstance is a small, fast configuration of an instance.
 func testInstance() instanceConfig {
 	return instanceConfig{
-		SendDelay:    5 * time.Millisecond,
-		Batch:        5,
+		SendDelay: 5 * time.Millisecond,
+		Batch:     5,
 		// Generous against a loaded machine: a live claim or leadership
 		// must not run out because a test process was not scheduled.
 		Lease:        2 * time.Second,
@@ -84,6 +84,12 @@ func testInstance() instanceConfig {
 		StandbyDelay: time.Second,
 		CatchUp:      time.Hour,
 	}
+}
+
+// childEnvs is the environment added for instance processes. Under the race
+// detector, a process sleeps a second at exit unless told otherwise.
+func childEnvs() []string {
+	return []string{childEnv + "=1", "GORACE=" + strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0")}
 }
 
 func childExe(t *testing.T) string {
@@ -101,7 +107,7 @@ func newHarness(t *testing.T, d *pgtest.Database, ic instanceConfig) *orchestrat
 	out := &logWriter{t: t}
 	o := &orchestrator{
 		cfg: demoConfig{
-			Instance: ic, Exe: childExe(t), Env: []string{childEnv + "=1"},
+			Instance: ic, Exe: childExe(t), Env: childEnvs(),
 			Out: out, Stderr: &logWriter{t: t, prefix: "stderr: "},
 		},
 		start: time.Now(), out: out, events: make(chan procEvent, 256),
@@ -190,7 +196,7 @@ func TestDemo(t *testing.T) {
 		Instance:    ic,
 		Timeout:     time.Minute,
 		Exe:         childExe(t),
-		Env:         []string{childEnv + "=1"},
+		Env:         childEnvs(),
 		Out:         out,
 		Stderr:      &logWriter{t: t, prefix: "stderr: "},
 	})
@@ -210,7 +216,7 @@ func TestDemo(t *testing.T) {
 		t.Errorf("states %v, duplicates %d; want 60 SENT, 2 FAILED, 0 duplicates", res.States, res.Duplicates)
 	}
 	var tookOver bool
-	for _, r := range (&orchestrator{}).rows(res) {
+	for _, r := range procRows(res) {
 		if r.role == "took over as Active" && r.label == "standby" && r.resumed > 0 {
 			tookOver = true
 		}
@@ -226,19 +232,23 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-// Two instance processes fire the same tick at the same instant: the ledger
-// lets one run it, and every push is sent once.
+// Two instance processes start together on an empty database (both migrate
+// at once), then fire the same tick at the same instant: the ledger lets one
+// run it, and every push is sent once.
 func TestTwoInstancesOneTick(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)
-	d := newDB(t)
+	d := pgtest.NewDatabaseFrom(t, pgtest.Template{Name: "pushresume_empty", Unmigrated: true})
 	const pushes = 40
-	if _, err := db.New(d.Pool).SeedPaused(ctx, pushes); err != nil {
-		t.Fatal(err)
-	}
 	ic := testInstance()
 	ic.StandbyDelay = 0 // both go for the ledger at the same moment
 	o := newHarness(t, d, ic)
+	var applied []string
+	o.onEvent = func(p *proc, e event) {
+		if e.Ev == evReady && e.Msg != "" {
+			applied = append(applied, e.Msg)
+		}
+	}
 	a, err := o.startInstance("a")
 	if err != nil {
 		t.Fatal(err)
@@ -247,7 +257,24 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "both to join the election", func() bool { return a.campaig && b.campaig }, nil); err != nil {
+	if err := o.wait(ctx, "both to join the election", func() bool { return a.joined && b.joined }, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Each migration is recorded once, and the service's own was applied
+	// by exactly one of the two.
+	var dupVersions int
+	if err := d.Pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) - count(DISTINCT version_id) FROM pgclaim_schema_version) +
+		(SELECT count(*) - count(DISTINCT version_id) FROM pushresume_schema_version)`).Scan(&dupVersions); err != nil {
+		t.Fatal(err)
+	}
+	if dupVersions != 0 {
+		t.Errorf("%d migrations recorded twice", dupVersions)
+	}
+	if own := strings.Count(strings.Join(applied, ","), "00001_push_requests.sql"); own != 1 {
+		t.Errorf("the service's migration reported applied %d times (%q); want once", own, applied)
+	}
+	if _, err := o.q.SeedPaused(ctx, pushes); err != nil {
 		t.Fatal(err)
 	}
 	now, err := o.q.DatabaseNow(ctx)
@@ -265,7 +292,7 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "every push to settle", nil2false, settled(ctx, o)); err != nil {
+	if err := o.wait(ctx, "every push to settle", never, settled(ctx, o)); err != nil {
 		t.Fatal(err)
 	}
 	stopAll(t, ctx, o)
@@ -335,7 +362,7 @@ func TestKillMidRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "b to join the election", func() bool { return b.campaig }, nil); err != nil {
+	if err := o.wait(ctx, "b to join the election", func() bool { return b.joined }, nil); err != nil {
 		t.Fatal(err)
 	}
 	now, err := o.q.DatabaseNow(ctx)
@@ -381,7 +408,7 @@ func TestKillMidRun(t *testing.T) {
 	// 3. Once the dead instances' leases have run out, a server starts: its
 	// start-up sweep must move every stuck row, whoever held it.
 	var stuck int
-	if err := o.wait(ctx, "the dead instances' leases to run out", nil2false, func() (bool, error) {
+	if err := o.wait(ctx, "the dead instances' leases to run out", never, func() (bool, error) {
 		var live int
 		err := d.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE lease_until >= now()), count(*)
 			FROM push_requests WHERE status = 'PROCESSING'`).Scan(&live, &stuck)
@@ -420,7 +447,7 @@ func TestKillMidRun(t *testing.T) {
 	}
 
 	// 4. c takes over from the dead b and finishes.
-	if err := o.wait(ctx, "every push to settle", nil2false, settled(ctx, o)); err != nil {
+	if err := o.wait(ctx, "every push to settle", never, settled(ctx, o)); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.wait(ctx, "c to lead", func() bool { return c.seen.Terms > 0 }, nil); err != nil {

@@ -21,7 +21,7 @@ type proc struct {
 	// Filled from the instance's events by the orchestrator's loop.
 	holder  string
 	ready   bool
-	campaig bool
+	joined  bool // joined the election
 	leader  bool
 	ranTick bool
 	tickEnd bool

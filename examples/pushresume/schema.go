@@ -24,8 +24,11 @@ const versionTable = "pushresume_schema_version"
 const migrationLockID int64 = 0x7075736872736d
 
 // migrate applies pgclaim's migrations and then the service's own, and
-// returns the names of the files it applied (empty when the schema was up to
-// date). Instances call it at start-up; concurrent calls are safe.
+// returns the names of the files applied (empty when the schema was up to
+// date). Instances call it at start-up; concurrent calls are safe, and each
+// migration is applied once. The service's own files are listed only by the
+// call that applied them; pgclaim's are listed by every call that found them
+// pending, since pgclaim.Migrate does not say which call applied them.
 func migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	before, err := pgclaim.MigrationStatus(ctx, pool)
 	if err != nil {

@@ -31,6 +31,9 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 	if res.Ticks, err = o.q.Ticks(ctx, job); err != nil {
 		return err
 	}
+	if res.FailReasons, err = o.q.FailReasons(ctx); err != nil {
+		return err
+	}
 	by, err := o.q.SentByInstance(ctx)
 	if err != nil {
 		return err
@@ -78,7 +81,7 @@ type procRow struct {
 	sweptFailed, sweptRetry, terms int
 }
 
-func (o *orchestrator) rows(res *demoResult) []procRow {
+func procRows(res *demoResult) []procRow {
 	var first *proc
 	for _, p := range res.Procs {
 		if p.seen.Terms > 0 {
@@ -118,7 +121,7 @@ func (o *orchestrator) summary(res *demoResult) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "instance\tpid\trole\tticks run\tticks skipped\trows resumed\tpushes sent\trows swept")
-	for _, r := range o.rows(res) {
+	for _, r := range procRows(res) {
 		var swept []string
 		if r.sweptFailed > 0 {
 			swept = append(swept, fmt.Sprintf("%d→FAILED", r.sweptFailed))
@@ -148,7 +151,15 @@ func (o *orchestrator) summary(res *demoResult) {
 	fmt.Fprintf(tw, "rows left PAUSED\t%d\t%s (must be 0)\n", res.States["PAUSED"], mark(res.States["PAUSED"] == 0))
 	odd := res.Odd.SentWithoutOneSend + res.Odd.SendsOfUnsent + res.Odd.SendsWithStaleFence
 	fmt.Fprintf(tw, "sends out of step with states\t%d\t%s (must be 0)\n", odd, mark(odd == 0))
-	fmt.Fprintf(tw, "rows FAILED\t%d\t(the %d requests stuck since yesterday: the 24-hour rule)\n", res.States["FAILED"], o.cfg.Stuck)
+	// FAILED is expected for the rows seeded as stuck since yesterday.
+	if r := res.FailReasons; len(r) == 1 {
+		fmt.Fprintf(tw, "rows FAILED\t%d\t%s (%d seeded as stuck since yesterday)\n", r[0].N, r[0].Reason, o.cfg.Stuck)
+	} else {
+		fmt.Fprintf(tw, "rows FAILED\t%d\t(%d seeded as stuck since yesterday)\n", res.States["FAILED"], o.cfg.Stuck)
+		for _, r := range r {
+			fmt.Fprintf(tw, "\t%d\t%s\n", r.N, r.Reason)
+		}
+	}
 	for _, t := range res.Ticks {
 		if !t.FireAt.Equal(res.FireAt) {
 			continue
