@@ -54,8 +54,11 @@ var ErrPooler = errors.New("gate: connection goes through a pooler; session advi
 
 const (
 	// maxIdleSessions is how many dedicated connections a Gate keeps for
-	// reuse once their lock is released.
-	maxIdleSessions = 4
+	// reuse once their lock is released: enough for as many jobs running at
+	// once, so a busy gate does not open a connection per run.
+	maxIdleSessions = 16
+	// maxIdleTime: a kept connection unused this long is closed.
+	maxIdleTime = time.Minute
 	// checkIdleAfter: a cached session idle this long is checked (without
 	// a round trip) before reuse.
 	checkIdleAfter = time.Second
@@ -161,7 +164,18 @@ func (c *sessions) put(s *session) {
 		return
 	}
 	c.idle = append(c.idle, s)
+	// get takes the most recently used, so the oldest sit at the front;
+	// close those idle too long.
+	var stale []*session
+	for len(c.idle) > 0 && s.idleSince.Sub(c.idle[0].idleSince) > maxIdleTime {
+		stale = append(stale, c.idle[0])
+		c.idle[0] = nil
+		c.idle = c.idle[1:]
+	}
 	c.mu.Unlock()
+	for _, s := range stale {
+		s.close()
+	}
 }
 
 // close closes every idle session and refuses new ones.

@@ -103,8 +103,7 @@ func (q *Queries) AdvisoryUnlock(ctx context.Context, arg AdvisoryUnlockParams) 
 const sessionSetup = `-- name: SessionSetup :one
 SELECT pg_backend_pid()::int4 AS pid,
        (SELECT count(set_config(s.name, v.value, false))
-        FROM (VALUES ('plan_cache_mode', 'force_generic_plan'),
-                     ('idle_session_timeout', '0'),
+        FROM (VALUES ('idle_session_timeout', '0'),
                      ('idle_in_transaction_session_timeout', '0'),
                      ('tcp_keepalives_idle', '5'),
                      ('tcp_keepalives_interval', '2'),
@@ -120,8 +119,7 @@ type SessionSetupRow struct {
 // Prepare a connection dedicated to holding advisory locks: report the
 // backend pid (compared with the one announced at connect to detect a
 // pooler in between), disable idle_session_timeout (an idle lock holder must
-// not be disconnected), plan pgclaim's few statements once (generic plans:
-// planning the CTEs costs more than running them), and set TCP keepalives so the server notices a
+// not be disconnected), and set TCP keepalives so the server notices a
 // vanished client in about 11 s and frees its locks. Settings unknown to
 // the server are skipped.
 func (q *Queries) SessionSetup(ctx context.Context) (SessionSetupRow, error) {
