@@ -515,3 +515,35 @@ func proxyConfig(t *testing.T, pool *pgxpool.Pool, rewritePID bool, silent *atom
 func startPIDProxy(t *testing.T, network, target string) string {
 	return startProxy(t, network, target, true, nil)
 }
+
+// TestIdleSessionTerminated: the backend of a lock connection kept for
+// reuse is terminated while idle. The next run notices before using it and
+// takes a fresh connection.
+func TestIdleSessionTerminated(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Shared(t)
+	db := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	g := newGate(t, db.Pool, "a", gate.Config{})
+	var pid uint32
+	if err := g.Exclusive(ctx, "job", func(context.Context, gate.Run) error {
+		pid = holderPID(t, db.Pool, "job")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Terminate(ctx, pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // a kept connection idle for a second is checked before reuse
+	var pid2 uint32
+	if err := g.Exclusive(ctx, "job", func(context.Context, gate.Run) error {
+		pid2 = holderPID(t, db.Pool, "job")
+		return nil
+	}); err != nil {
+		t.Fatalf("run after the idle connection was terminated: %v", err)
+	}
+	if pid2 == pid {
+		t.Errorf("the terminated backend %d still holds the lock", pid)
+	}
+}
