@@ -299,24 +299,36 @@ func TestOnceRecordsOutcome(t *testing.T) {
 
 func TestOnceClockSkew(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDatabase(t)
-	g := newGate(t, db.Pool, "skew", gate.Config{SkewTolerance: 30 * time.Second})
-	now := dbNow(t, db.Pool)
-	for _, off := range []time.Duration{-time.Minute, time.Minute, 24 * time.Hour} {
-		err := g.Once(context.Background(), "job", now.Add(off), func(context.Context, gate.Run) error {
-			t.Errorf("job ran at offset %s", off)
-			return nil
+	for name, cfg := range map[string]gate.Config{
+		"locked":      {SkewTolerance: 30 * time.Second},
+		"lock-wait":   {SkewTolerance: 30 * time.Second, LockWait: time.Second},
+		"ledger-only": {SkewTolerance: 30 * time.Second, LedgerOnly: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDatabase(t)
+			g := newGate(t, db.Pool, "skew", cfg)
+			now := dbNow(t, db.Pool)
+			for _, off := range []time.Duration{-time.Minute, time.Minute, 24 * time.Hour} {
+				err := g.Once(context.Background(), "job", now.Add(off), func(context.Context, gate.Run) error {
+					t.Errorf("job ran at offset %s", off)
+					return nil
+				})
+				if !errors.Is(err, gate.ErrClockSkew) {
+					t.Errorf("offset %s: %v, want ErrClockSkew", off, err)
+				}
+			}
+			if n := len(ledger(t, db.Pool, "job")); n != 0 {
+				t.Errorf("refused ticks left %d ledger rows", n)
+			}
+			// Within tolerance it runs; the refusals left no lock taken.
+			if err := g.Once(context.Background(), "job", now.Add(20*time.Second), noop); err != nil {
+				t.Errorf("Once within tolerance: %v", err)
+			}
+			if n := advisoryLocks(t, db.Pool); n != 0 {
+				t.Errorf("%d advisory locks held after the runs", n)
+			}
 		})
-		if !errors.Is(err, gate.ErrClockSkew) {
-			t.Errorf("offset %s: %v, want ErrClockSkew", off, err)
-		}
-	}
-	if n := len(ledger(t, db.Pool, "job")); n != 0 {
-		t.Errorf("refused ticks left %d ledger rows", n)
-	}
-	// Within tolerance it runs; the lock was not left taken by the refusals.
-	if err := g.Once(context.Background(), "job", now.Add(20*time.Second), func(context.Context, gate.Run) error { return nil }); err != nil {
-		t.Errorf("Once within tolerance: %v", err)
 	}
 }
 
