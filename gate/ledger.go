@@ -37,9 +37,9 @@ type Config struct {
 
 	// LockWait is how long Once and Exclusive wait for an advisory lock
 	// held by another session before skipping with ErrHeld. Zero: do not
-	// wait. Negative is an error. With a wait, Once takes the lock first
-	// and then claims the tick (one more round trip), checking skew after
-	// the wait.
+	// wait. Negative is an error. With a wait, Once looks the tick up,
+	// waits for the lock unless the tick was claimed already, then claims
+	// it (two more round trips), checking skew after the wait.
 	LockWait time.Duration
 
 	// LedgerOnly makes Once record ticks without taking the advisory lock.
@@ -226,7 +226,17 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 	ts := pgtype.Timestamptz{Time: at, Valid: true}
 	var fence int64
 	if g.wait > 0 {
-		// Wait for the lock first, then claim the tick.
+		// Wait for the lock, then claim the tick; but not for a tick
+		// claimed already (its run may be what holds the lock).
+		claimed, err := s.q.TickClaimed(ctx, store.TickClaimedParams{Job: name, FireAt: ts})
+		if err != nil {
+			s.close()
+			return fmt.Errorf("gate: %q: look up tick: %w", name, err)
+		}
+		if claimed {
+			g.sessions.put(s)
+			return g.skipped(name, at, errTaken)
+		}
 		if _, err := s.tryLock(ctx, class, key, g.wait); err != nil {
 			if errors.Is(err, ErrHeld) {
 				g.sessions.put(s)

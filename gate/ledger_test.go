@@ -530,3 +530,38 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("Once after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestOnceLockWaitSkipsClaimedTick: with a lock wait configured, an instance
+// firing a tick that another instance is still running skips at once rather
+// than waiting for that run to end.
+func TestOnceLockWaitSkipsClaimedTick(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	a := newGate(t, db.Pool, "a", gate.Config{})
+	b := newGate(t, db.NewPool(t), "b", gate.Config{LockWait: 10 * time.Second})
+	at := dbNow(t, db.Pool)
+	release := make(chan struct{})
+	running := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- a.Once(ctx, "slow", at, func(context.Context, gate.Run) error {
+			close(running)
+			<-release
+			return nil
+		})
+	}()
+	<-running
+	start := time.Now()
+	err := b.Once(ctx, "slow", at, noop)
+	if !errors.Is(err, gate.ErrSkipped) || errors.Is(err, gate.ErrHeld) {
+		t.Errorf("b: %v, want ErrSkipped (tick claimed)", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("b waited %s for a claimed tick", d)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -86,14 +86,23 @@ type Querier interface {
 	// vanished client in about 11 s and frees its locks. Settings unknown to
 	// the server are skipped.
 	SessionSetup(ctx context.Context) (SessionSetupRow, error)
-	// Record a new term for the holder of the election's advisory lock. A term
-	// still open (its leader did not close it) is closed first, as superseded.
+	// started_at and ended_at here and below are read from clock_timestamp(),
+	// not now(): now() is when the transaction began, which can precede the
+	// commit of the term it follows, and recorded terms must never appear to
+	// overlap.
+	// Record a new term for the holder of the election's advisory lock. While
+	// another term is open (its leader has not closed it yet) nothing is
+	// inserted and no row returned, unless supersede is set: then the open term
+	// is closed first, as superseded. A live lease term (an instance wrongly
+	// using the lease variant in the same election) is never superseded.
 	StartAdvisoryTerm(ctx context.Context, arg StartAdvisoryTermParams) (StartAdvisoryTermRow, error)
 	// Win the election if no unexpired term is open: close an expired term (it
 	// ended when its lease ran out), then open a term leased until now() + ttl.
 	// The partial unique index on open terms lets one of several racing
 	// standbys win; no row returned means another one leads.
 	StartLeaseTerm(ctx context.Context, arg StartLeaseTermParams) (StartLeaseTermRow, error)
+	// Whether some instance has claimed the tick.
+	TickClaimed(ctx context.Context, arg TickClaimedParams) (bool, error)
 	// Who claimed a tick and how it ended.
 	TickOwner(ctx context.Context, arg TickOwnerParams) (TickOwnerRow, error)
 }

@@ -260,6 +260,26 @@ func (q *Queries) PruneTicks(ctx context.Context, olderThanUs int64) (int64, err
 	return result.RowsAffected(), nil
 }
 
+const tickClaimed = `-- name: TickClaimed :one
+SELECT EXISTS (
+    SELECT 1 FROM pgclaim_ticks
+    WHERE job = $1::text AND fire_at = $2::timestamptz
+)::boolean AS claimed
+`
+
+type TickClaimedParams struct {
+	Job    string
+	FireAt pgtype.Timestamptz
+}
+
+// Whether some instance has claimed the tick.
+func (q *Queries) TickClaimed(ctx context.Context, arg TickClaimedParams) (bool, error) {
+	row := q.db.QueryRow(ctx, tickClaimed, arg.Job, arg.FireAt)
+	var claimed bool
+	err := row.Scan(&claimed)
+	return claimed, err
+}
+
 const tickOwner = `-- name: TickOwner :one
 SELECT holder, fence, outcome
 FROM pgclaim_ticks

@@ -101,6 +101,13 @@ SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4):
 -- Database time: the only clock pgclaim compares against.
 SELECT now()::timestamptz AS db_now;
 
+-- name: TickClaimed :one
+-- Whether some instance has claimed the tick.
+SELECT EXISTS (
+    SELECT 1 FROM pgclaim_ticks
+    WHERE job = sqlc.arg(job)::text AND fire_at = sqlc.arg(fire_at)::timestamptz
+)::boolean AS claimed;
+
 -- name: TickOwner :one
 -- Who claimed a tick and how it ended.
 SELECT holder, fence, outcome
