@@ -83,9 +83,9 @@ type core struct {
 	lease       time.Duration
 	whereParams int
 	log         *slog.Logger
-	perRowFence bool
+	batchFence  bool // one token per batch statement (benchmarks only)
 
-	sqlClaim, sqlBatch, sqlBatchPerRow               string
+	sqlClaim, sqlBatch, sqlBatchOneToken             string
 	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
 	sqlHeartbeat, sqlHeld                            string
 	claimArgs                                        []any // SET arguments shared by Claim and ClaimBatch
@@ -231,7 +231,8 @@ func (c *core) claimSet(p int, perRowFence bool) (string, []any) {
 			fmt.Fprintf(&b, ", %s = nextval('pgclaim_fence_seq')", t.fence)
 		} else {
 			// An uncorrelated subquery is evaluated once per statement: one
-			// token for the whole batch, unique to this claim event.
+			// token for the whole batch. Also correct, since (key, token)
+			// is what fenced statements check; kept for the benchmark.
 			fmt.Fprintf(&b, ", %s = (SELECT nextval('pgclaim_fence_seq'))", t.fence)
 		}
 	}
@@ -294,8 +295,8 @@ FROM pgclaim_c WHERE pgclaim_t.%[2]s = pgclaim_c.%[2]s AND pgclaim_t.%[3]s = $%[
 RETURNING pgclaim_t.%[2]s, %[9]s`,
 			t.qname, t.key, t.state, k+1, where, order, k+2, set, c.returning())
 	}
-	c.sqlBatch = batch(false)
-	c.sqlBatchPerRow = batch(true)
+	c.sqlBatch = batch(true)
+	c.sqlBatchOneToken = batch(false)
 
 	if t.fence == "" {
 		return
@@ -386,10 +387,9 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 // ClaimBatch claims up to n rows in From in one statement, picking them in
 // Options.Order and skipping rows locked by other transactions (FOR UPDATE
 // SKIP LOCKED), so concurrent claimers never receive the same row and never
-// wait for each other. args bind the placeholders of Options.Where. All rows
-// of one batch share one fencing token, fresh for this claim. The returned
-// claims are in no particular order; an empty slice means nothing was
-// claimable.
+// wait for each other. args bind the placeholders of Options.Where. Each
+// claimed row gets its own fresh fencing token. The returned claims are in no
+// particular order; an empty slice means nothing was claimable.
 func (c *Claimer[K]) ClaimBatch(ctx context.Context, n int, args ...any) ([]Claim[K], error) {
 	return c.claimBatch(ctx, n, args)
 }
@@ -407,8 +407,8 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	args = append(args, c.c.from, n)
 	args = append(args, c.c.claimArgs...)
 	q := c.c.sqlBatch
-	if c.c.perRowFence {
-		q = c.c.sqlBatchPerRow
+	if c.c.batchFence {
+		q = c.c.sqlBatchOneToken
 	}
 	rows, err := c.db.Query(ctx, q, args...)
 	if err != nil {

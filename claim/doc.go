@@ -67,11 +67,10 @@
 // Options.Order, Options.Where and SweeperConfig.Where are SQL, and they are
 // trusted input.
 //
-// Fencing tokens: Claim stamps a fresh token; ClaimBatch stamps one fresh
-// token on every row of the batch (one sequence call per statement). A token
-// is never reused, so the pair (key, token) identifies one claim of one row,
-// and that pair is what every fenced statement checks. It also makes a good
-// idempotency key for effects outside the database.
+// Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a
+// fresh token from the sequence. A token is never reused, so it names one
+// claim of one row; fenced statements check the pair (key, token). The token
+// also makes a good idempotency key for effects outside the database.
 //
 // # Indexes
 //
