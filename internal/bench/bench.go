@@ -70,6 +70,7 @@ type params struct {
 	SweepRows     int
 	SweepBatch    int
 	SweepSweepers []int
+	SweepTimeBox  time.Duration // sweeping stops after this long if rows remain
 
 	FailoverRounds int
 	FailoverLong   bool // include the default-TTL SIGKILL case (TTL-bound)
@@ -102,6 +103,7 @@ func fullParams() *params {
 		SweepRows:     1_000_000,
 		SweepBatch:    1000,
 		SweepSweepers: []int{1, 2},
+		SweepTimeBox:  100 * time.Second,
 
 		FailoverRounds: 10,
 		FailoverLong:   true,
@@ -133,6 +135,7 @@ func quickParams() *params {
 		SweepRows:     50_000,
 		SweepBatch:    1000,
 		SweepSweepers: []int{1, 2},
+		SweepTimeBox:  30 * time.Second,
 
 		FailoverRounds: 3,
 		FailoverLong:   false,

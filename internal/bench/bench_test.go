@@ -42,6 +42,7 @@ func tinyParams() *params {
 		SweepRows:     5000,
 		SweepBatch:    500,
 		SweepSweepers: []int{1, 2},
+		SweepTimeBox:  30 * time.Second,
 
 		FailoverRounds: 2,
 

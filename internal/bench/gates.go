@@ -156,9 +156,14 @@ func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 	var dupTicks, overlaps int64
 	for _, m := range gateMechs() {
 		for _, c := range p.GateContenders {
+			ph := e.begin(ctx, db.Name)
 			res, d, o, err := gateRun(ctx, e, admin, db.URL, m, c, p.GateDuration)
+			prof := ph.end(ctx, fmt.Sprintf("%s, %d contender(s)", m.name, c), 4)
 			if err != nil {
 				return fmt.Errorf("%s, %d contenders: %w", m.name, c, err)
+			}
+			if c == p.GateContenders[0] {
+				r.Profiles = append(r.Profiles, prof)
 			}
 			dupTicks += d
 			overlaps += o

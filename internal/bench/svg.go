@@ -5,6 +5,7 @@ import (
 	"html"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -99,9 +100,10 @@ func claimsSVG(r *Report) []byte {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="16" font-weight="bold">pgclaim claim + finish throughput (rows/s)</text>`+"\n", left)
-	sub := fmt.Sprintf("%d CPUs, PostgreSQL %s; effect written in the finishing transaction", r.Machine.CPUs, r.Machine.Postgres)
+	pgv, _, _ := strings.Cut(r.Machine.Postgres, " ")
+	sub := fmt.Sprintf("%d CPUs, PostgreSQL %s; claim batch, then finish + effect in one transaction", r.Machine.CPUs, pgv)
 	if ceiling > 0 {
-		sub += fmt.Sprintf("; bulk UPDATE ceiling %s rows/s", human(ceiling))
+		sub += fmt.Sprintf("; bulk UPDATE: %s rows/s", human(ceiling))
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="42" fill="#444">%s</text>`+"\n", left, html.EscapeString(sub))
 	// grid and y labels
@@ -109,7 +111,7 @@ func claimsSVG(r *Report) []byte {
 		v := ymax * float64(i) / 5
 		y := ypos(v)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e0e0e0"/>`+"\n", left, y, W-right, y)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" fill="#444">%s</text>`+"\n", left-8, y+4, human(v))
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" fill="#444">%s</text>`+"\n", left-8, y+4, axisLabel(v))
 	}
 	// x axis
 	for _, w := range workers {
@@ -161,4 +163,17 @@ func niceCeil(v float64) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// axisLabel formats a tick value: 0, 500, 10k, 2.5k, 1.2M.
+func axisLabel(v float64) string {
+	trim := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+	switch {
+	case v >= 1e6:
+		return trim(math.Round(v/1e5)/10) + "M"
+	case v >= 1e3:
+		return trim(math.Round(v/1e2)/10) + "k"
+	default:
+		return trim(math.Round(v))
+	}
 }
