@@ -231,3 +231,30 @@ func TestExecModes(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderAndWhere: ClaimBatch takes rows in Options.Order, filtered by
+// Options.Where with its arguments.
+func TestOrderAndWhere(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 20)
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Order: "id DESC", Where: "id % $1 = $2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ClaimBatch(ctx, 3, 2, 1) // odd ids, highest first
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[int64]bool{}
+	for _, g := range got {
+		keys[g.Key] = true
+	}
+	if len(got) != 3 || !keys[19] || !keys[17] || !keys[15] {
+		t.Fatalf("claimed %v", got)
+	}
+	if _, err := c.ClaimBatch(ctx, 3, 2); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "uses 2 parameters, got 1") {
+		t.Fatalf("missing arg: %v", err)
+	}
+}
