@@ -1,0 +1,9 @@
+// Package chaos is pgclaim's fault-injection suite. It proves, by counting
+// effects, that double firing cannot cause double effects: a harness starts
+// a Postgres server it controls, runs several instance processes of a
+// worker built on pgclaim (scheduled ticks through the gate, batch claims
+// finished with their effects, sweeps, leader election), injects faults on
+// a seeded schedule, and a checker verifies the invariants on the final
+// state of the database. The command is ./internal/chaos/cmd/chaos; see
+// docs/RELIABILITY.md for the fault model and the guarantees.
+package chaos

@@ -1,0 +1,264 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// faultWeights is how often each event fault is drawn, relative to the
+// others.
+var faultWeights = map[Fault]int{
+	FaultKill:      3,
+	FaultTerminate: 3,
+	FaultPause:     2,
+	FaultClock:     2,
+	FaultRestart:   1,
+}
+
+// minRestartGap keeps Postgres restarts apart, so the system makes progress
+// between them.
+const minRestartGap = 10 * time.Second
+
+// inject draws faults from rng until ctx ends. The schedule (which fault,
+// which instance, how long) comes from the seed; when a drawn instance is
+// not eligible (already killed or paused) the next eligible one is taken.
+// At most Instances-1 instances are down (killed or paused) at once.
+func (h *harness) inject(ctx context.Context, rng *rand.Rand) {
+	var kinds []Fault
+	total := 0
+	for _, f := range AllFaults {
+		if w := faultWeights[f]; w > 0 && slices.Contains(h.cfg.Faults, f) {
+			kinds = append(kinds, f)
+			total += w
+		}
+	}
+	if len(kinds) == 0 {
+		<-ctx.Done()
+		return
+	}
+	lastRestart := time.Now()
+	for {
+		wait := time.Duration((0.5 + rng.Float64()) * float64(h.cfg.FaultEvery))
+		// Draw everything up front, so the schedule does not depend on
+		// what the processes did meanwhile.
+		pick := rng.IntN(total)
+		var kind Fault
+		for _, k := range kinds {
+			if pick < faultWeights[k] {
+				kind = k
+				break
+			}
+			pick -= faultWeights[k]
+		}
+		target := rng.IntN(len(h.insts))
+		r1 := rng.Float64()
+		nTerm := 1 + rng.IntN(3)
+		offset := randOffset(rng, h.cfg.MaxOffset)
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+		switch kind {
+		case FaultKill:
+			h.killFault(ctx, target, r1)
+		case FaultPause:
+			h.pauseFault(ctx, target, r1)
+		case FaultTerminate:
+			h.terminateFault(ctx, nTerm, rng)
+		case FaultClock:
+			in := h.insts[target]
+			in.setOffset(offset)
+			h.faults.add(FaultClock, false)
+			h.faults.mu.Lock()
+			h.faults.offsets = append(h.faults.offsets, offset)
+			h.faults.mu.Unlock()
+		case FaultRestart:
+			if time.Since(lastRestart) < minRestartGap {
+				continue
+			}
+			lastRestart = time.Now()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			err := h.srv.Restart(rctx)
+			cancel()
+			if err != nil {
+				h.logf("restart Postgres: %v", err)
+				continue
+			}
+			h.faults.add(FaultRestart, false)
+		}
+	}
+}
+
+// down counts instances killed or paused.
+func (h *harness) down() int {
+	n := 0
+	for _, in := range h.insts {
+		if s := in.getState(); s == stateKilled || s == statePaused {
+			n++
+		}
+	}
+	return n
+}
+
+// eligible returns the first running instance from index i on, or nil.
+func (h *harness) eligible(i int) *instance {
+	if h.down() >= len(h.insts)-1 {
+		return nil
+	}
+	for k := 0; k < len(h.insts); k++ {
+		in := h.insts[(i+k)%len(h.insts)]
+		if in.getState() == stateRunning {
+			return in
+		}
+	}
+	return nil
+}
+
+// pickBusy returns the instance a kill or pause should hit: the first
+// running instance from index i on that is inside a batch (holding claims),
+// waiting up to three seconds for one; failing that, the first running one.
+func (h *harness) pickBusy(ctx context.Context, i int) *instance {
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if h.down() >= len(h.insts)-1 {
+			return nil
+		}
+		for k := 0; k < len(h.insts); k++ {
+			in := h.insts[(i+k)%len(h.insts)]
+			if in.getState() == stateRunning && in.inBatch.Load() {
+				return in
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return h.eligible(i)
+}
+
+func (h *harness) killFault(ctx context.Context, target int, r float64) {
+	in := h.pickBusy(ctx, target)
+	if in == nil {
+		return
+	}
+	mid, ok := in.kill()
+	if !ok {
+		return
+	}
+	h.faults.add(FaultKill, mid)
+	delay := 300*time.Millisecond + time.Duration(r*float64(2700*time.Millisecond))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopping {
+		return
+	}
+	h.restarts.Add(1)
+	go func() {
+		defer h.restarts.Done()
+		time.Sleep(delay)
+		h.mu.Lock()
+		stopping := h.stopping
+		h.mu.Unlock()
+		if stopping {
+			return
+		}
+		if err := in.start(); err != nil {
+			h.logf("restart instance %s: %v", in.name, err)
+		}
+	}()
+}
+
+func (h *harness) pauseFault(ctx context.Context, target int, r float64) {
+	in := h.pickBusy(ctx, target)
+	if in == nil {
+		return
+	}
+	mid, ok := in.pause()
+	if !ok {
+		return
+	}
+	h.faults.add(FaultPause, mid)
+	lo, hi := h.cfg.pauseRange()
+	d := lo + time.Duration(r*float64(hi-lo))
+	h.restarts.Add(1)
+	go func() {
+		defer h.restarts.Done()
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		in.resume()
+	}()
+}
+
+// terminateFault ends n random backends of the instances (found by
+// application_name; behind PgBouncer, the server connections it last lent
+// to an instance).
+func (h *harness) terminateFault(ctx context.Context, n int, rng *rand.Rand) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := h.pool.Query(qctx, `SELECT pid FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE $1 AND pid <> pg_backend_pid()
+		ORDER BY pid`, appNamePrefix+"%")
+	if err != nil {
+		return
+	}
+	var pids []uint32
+	for rows.Next() {
+		var pid uint32
+		if rows.Scan(&pid) == nil {
+			pids = append(pids, pid)
+		}
+	}
+	rows.Close()
+	if len(pids) == 0 {
+		return
+	}
+	ended := 0
+	for i := 0; i < n && len(pids) > 0; i++ {
+		k := rng.IntN(len(pids))
+		if err := h.srv.Terminate(qctx, pids[k]); err == nil {
+			ended++
+		}
+		pids = slices.Delete(pids, k, k+1)
+	}
+	if ended > 0 {
+		h.faults.add(FaultTerminate, false)
+		h.faults.mu.Lock()
+		h.faults.terminated += ended
+		h.faults.mu.Unlock()
+	}
+}
+
+func (h *harness) faultCounts() []FaultCount {
+	f := h.faults
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []FaultCount
+	for _, k := range AllFaults {
+		if !slices.Contains(h.cfg.Faults, k) {
+			continue
+		}
+		fc := FaultCount{Kind: k, Count: f.n[k]}
+		switch k {
+		case FaultKill:
+			fc.Detail = fmt.Sprintf("%d mid-batch; restarted after 0.3-3s, start-up sweep", f.midBatch[k])
+		case FaultPause:
+			lo, hi := h.cfg.pauseRange()
+			fc.Detail = fmt.Sprintf("%d mid-batch; stopped %.1f-%.1fs (leases 2s)", f.midBatch[k], lo.Seconds(), hi.Seconds())
+		case FaultTerminate:
+			fc.Detail = fmt.Sprintf("%d backends ended", f.terminated)
+		case FaultRestart:
+			fc.Detail = "immediate stop + start"
+		case FaultClock:
+			fc.Detail = fmt.Sprintf("offsets within ±%s (plus one per instance at start)", h.cfg.MaxOffset)
+		case FaultBouncer:
+			fc.Count = h.cfg.Bouncer
+			fc.Detail = "instances behind PgBouncer (transaction pooling): lease gate + lease elector"
+		}
+		out = append(out, fc)
+	}
+	return out
+}

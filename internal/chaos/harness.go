@@ -1,0 +1,644 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// Fault is a kind of fault the harness injects.
+type Fault string
+
+// The fault kinds. FaultBouncer is a topology rather than an event: some
+// instances reach Postgres through PgBouncer in transaction pooling mode.
+const (
+	FaultKill      Fault = "kill"      // SIGKILL an instance (mid-batch when it can), restart it later
+	FaultTerminate Fault = "terminate" // pg_terminate_backend on instances' backends
+	FaultRestart   Fault = "restart"   // immediate restart of the Postgres server
+	FaultClock     Fault = "clock"     // change an instance's clock offset (up to ±MaxOffset)
+	FaultPause     Fault = "pause"     // SIGSTOP an instance for longer than every lease, then SIGCONT
+	FaultBouncer   Fault = "bouncer"   // put some instances behind PgBouncer (transaction pooling)
+)
+
+// AllFaults lists every fault kind, in report order.
+var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultBouncer}
+
+// ParseFaults parses a comma-separated list of fault kinds; "all" and ""
+// mean AllFaults, "none" means none.
+func ParseFaults(s string) ([]Fault, error) {
+	switch strings.TrimSpace(s) {
+	case "", "all":
+		return slices.Clone(AllFaults), nil
+	case "none":
+		return nil, nil
+	}
+	var out []Fault
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if !slices.Contains(AllFaults, Fault(f)) {
+			return nil, fmt.Errorf("chaos: unknown fault %q (known: %v)", f, AllFaults)
+		}
+		if !slices.Contains(out, Fault(f)) {
+			out = append(out, Fault(f))
+		}
+	}
+	return out, nil
+}
+
+// Config configures a run. The zero value (with Duration set) is the
+// default short run.
+type Config struct {
+	// Seed drives the fault schedule and the workload's failures. 0 picks
+	// one at random; the chosen seed is in the Result and the report.
+	Seed int64
+	// Duration is how long faults are injected. Required.
+	Duration time.Duration
+	// Instances is the number of instance processes (default 4).
+	Instances int
+	// Bouncer is how many of them reach Postgres through PgBouncer when
+	// FaultBouncer is on (default Instances/2).
+	Bouncer int
+	// Faults enabled (default AllFaults). Nil means all; use ParseFaults
+	// ("none") for a run without faults.
+	Faults []Fault
+	// NoFaults runs without any fault (Faults is ignored).
+	NoFaults bool
+	// FaultEvery is the mean time between faults (default 1.5s).
+	FaultEvery time.Duration
+	// RowsPerSecond is the rate at which new PAUSED rows arrive (default 40).
+	RowsPerSecond int
+	// Broken selects a deliberately broken worker (BrokenNoFence,
+	// BrokenNoGuard, BrokenNoLedger); "" is the real one.
+	Broken string
+	// Period is the tick job's schedule period (default 1s).
+	Period time.Duration
+	// Window is the catch-up window (default 30s; see docs/RELIABILITY.md).
+	Window time.Duration
+	// MaxOffset bounds the injected clock offsets (default 5s).
+	MaxOffset time.Duration
+	// Executable is the binary started for each instance; it must call
+	// MaybeWorker first thing. Default: this process's own executable.
+	Executable string
+	// Dir receives the instances' logs. Default: a temporary directory,
+	// removed after a run without violations.
+	Dir string
+	// Out receives progress lines (default: discarded).
+	Out io.Writer
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Duration <= 0 {
+		return c, errors.New("chaos: Config.Duration: must be positive")
+	}
+	if c.Seed == 0 {
+		c.Seed = rand.Int64N(1<<53) + 1
+	}
+	if c.Instances == 0 {
+		c.Instances = 4
+	}
+	if c.Instances < 2 {
+		return c, errors.New("chaos: Config.Instances: need at least 2")
+	}
+	if c.NoFaults {
+		c.Faults = []Fault{}
+	} else if c.Faults == nil {
+		c.Faults = slices.Clone(AllFaults)
+	}
+	if slices.Contains(c.Faults, FaultBouncer) {
+		if c.Bouncer == 0 {
+			c.Bouncer = c.Instances / 2
+		}
+		if c.Bouncer < 0 || c.Bouncer > c.Instances {
+			return c, errors.New("chaos: Config.Bouncer: out of range")
+		}
+	} else {
+		c.Bouncer = 0
+	}
+	if c.FaultEvery == 0 {
+		c.FaultEvery = 1500 * time.Millisecond
+	}
+	if c.RowsPerSecond == 0 {
+		c.RowsPerSecond = 40
+	}
+	if c.Broken != "" && !slices.Contains(brokenModes, c.Broken) {
+		return c, fmt.Errorf("chaos: Config.Broken: unknown mode %q (known: %v)", c.Broken, brokenModes)
+	}
+	if c.Period == 0 {
+		c.Period = time.Second
+	}
+	if c.Period < 100*time.Millisecond || c.Period%time.Millisecond != 0 {
+		return c, errors.New("chaos: Config.Period: must be a whole number of milliseconds, at least 100ms")
+	}
+	if c.Window == 0 {
+		c.Window = 30 * time.Second
+	}
+	if c.MaxOffset == 0 {
+		c.MaxOffset = 5 * time.Second
+	}
+	if c.Window < 2*c.MaxOffset+4*c.Period {
+		return c, errors.New("chaos: Config.Window: must exceed 2*MaxOffset + 4*Period")
+	}
+	if c.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return c, err
+		}
+		c.Executable = exe
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	return c, nil
+}
+
+// timing of the workload, derived from the Config.
+func (c Config) worker() workerConfig {
+	return workerConfig{
+		Broken:         c.Broken,
+		Period:         c.Period,
+		Window:         c.Window,
+		SkewTolerance:  c.Window + c.MaxOffset + 2*time.Second,
+		TickWork:       400 * time.Millisecond,
+		PollEvery:      200 * time.Millisecond,
+		BatchSize:      20,
+		WorkPerRow:     10 * time.Millisecond,
+		RowLease:       2 * time.Second,
+		SweepEvery:     time.Second,
+		MaxAttempts:    3,
+		LeaseAtMost:    2 * time.Second,
+		ElectorTTL:     2 * time.Second,
+		HeartbeatEvery: 250 * time.Millisecond,
+		FailPermille:   5,
+		RetryPermille:  10,
+		Seed:           c.Seed,
+	}
+}
+
+// pauseRange is how long a SIGSTOP lasts: always longer than the row lease,
+// the drain lease and the elector's TTL, so the paused instance wakes up as
+// a zombie whose claims and locks were taken over.
+func (c Config) pauseRange() (lo, hi time.Duration) {
+	w := c.worker()
+	longest := max(w.RowLease, w.LeaseAtMost, w.ElectorTTL)
+	return longest + w.SweepEvery + 500*time.Millisecond, longest + 4*time.Second
+}
+
+// Result is the outcome of a run.
+type Result struct {
+	Seed     int64
+	Config   Config
+	Faults   []FaultCount
+	Checks   []Check
+	Stats    []Stat
+	Dir      string // where the logs are (kept when there were violations)
+	Duration time.Duration
+}
+
+// FaultCount is how many faults of one kind were injected.
+type FaultCount struct {
+	Kind   Fault
+	Count  int
+	Detail string
+}
+
+// Violations is the number of violations over all checks.
+func (r *Result) Violations() int {
+	n := 0
+	for _, c := range r.Checks {
+		n += c.Violations
+	}
+	return n
+}
+
+// Check returns the check called name, or nil.
+func (r *Result) Check(name string) *Check {
+	for i := range r.Checks {
+		if r.Checks[i].Name == name {
+			return &r.Checks[i]
+		}
+	}
+	return nil
+}
+
+// faultLog counts injected faults.
+type faultLog struct {
+	mu         sync.Mutex
+	n          map[Fault]int
+	midBatch   map[Fault]int
+	terminated int
+	offsets    []int64
+}
+
+func (f *faultLog) add(k Fault, mid bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n[k]++
+	if mid {
+		f.midBatch[k]++
+	}
+}
+
+// Run starts a Postgres server it controls, the instances and (when
+// enabled) PgBouncer, injects faults for cfg.Duration, lets the system
+// quiesce, stops everything and checks the invariants.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{cfg: cfg, faults: &faultLog{n: map[Fault]int{}, midBatch: map[Fault]int{}}}
+	return h.run(ctx)
+}
+
+type harness struct {
+	cfg    Config
+	srv    *pgtest.Server
+	db     *pgtest.Database
+	pool   *pgxpool.Pool
+	bnc    *bouncer
+	insts  []*instance
+	faults *faultLog
+	probe  Check
+
+	mu       sync.Mutex
+	stopping bool // no more restarts of killed instances
+	restarts sync.WaitGroup
+}
+
+func (h *harness) logf(format string, args ...any) {
+	fmt.Fprintf(h.cfg.Out, "chaos: "+format+"\n", args...)
+}
+
+func (h *harness) run(ctx context.Context) (res *Result, err error) {
+	began := time.Now()
+	cfg := h.cfg
+	h.logf("seed %d, %s of faults %v, %d instances (%d behind PgBouncer)%s",
+		cfg.Seed, cfg.Duration, cfg.Faults, cfg.Instances, cfg.Bouncer, brokenNote(cfg.Broken))
+
+	dir := cfg.Dir
+	tempDir := dir == ""
+	if tempDir {
+		if dir, err = os.MkdirTemp("", "chaos-run-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+
+	h.srv, err = pgtest.Start(ctx, pgtest.Options{NoContainer: true})
+	if err != nil {
+		return nil, err
+	}
+	defer h.srv.Close()
+	if slices.Contains(cfg.Faults, FaultRestart) && h.srv.Source() != pgtest.SourceLocal {
+		return nil, fmt.Errorf("chaos: the restart fault needs a cluster started from local binaries, got a %s server (unset %s)", h.srv.Source(), pgtest.EnvURL)
+	}
+	h.db, err = h.srv.CreateDatabase(ctx, pgtest.Template{Name: templateName, Setup: setupSchema})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = h.db.Drop(dctx)
+	}()
+	pcfg, err := pgxpool.ParseConfig(h.db.URL)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.ConnConfig.RuntimeParams["application_name"] = harnessAppName
+	pcfg.MaxConns = 4
+	if h.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return nil, err
+	}
+	defer h.pool.Close()
+
+	if cfg.Bouncer > 0 {
+		if h.bnc, err = startBouncer(ctx, h.srv.URL(), h.db.Name); err != nil {
+			return nil, err
+		}
+		defer h.bnc.stop()
+		h.probe = probePooler(ctx, h.bnc.URL(h.db.Name, harnessAppName))
+	}
+
+	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6368616f73))
+	for i := 0; i < cfg.Instances; i++ {
+		in := &instance{
+			name:    fmt.Sprintf("i%d", i),
+			bouncer: i >= cfg.Instances-cfg.Bouncer,
+			exe:     cfg.Executable,
+			logPath: instanceLog(dir, fmt.Sprintf("i%d", i)),
+		}
+		in.cfg = cfg.worker()
+		in.cfg.Name = in.name
+		in.cfg.Bouncer = in.bouncer
+		app := appNamePrefix + fmt.Sprint(i)
+		if in.bouncer {
+			in.cfg.URL = h.bnc.URL(h.db.Name, app)
+		} else {
+			in.cfg.URL = h.db.URL + "&application_name=" + app + "&connect_timeout=5"
+			if !strings.Contains(h.db.URL, "?") {
+				in.cfg.URL = h.db.URL + "?application_name=" + app + "&connect_timeout=5"
+			}
+		}
+		if slices.Contains(cfg.Faults, FaultClock) {
+			in.cfg.OffsetMS = randOffset(rng, cfg.MaxOffset)
+		}
+		h.insts = append(h.insts, in)
+	}
+	defer h.stopAll()
+	for _, in := range h.insts {
+		if err := in.start(); err != nil {
+			return nil, err
+		}
+	}
+	for _, in := range h.insts {
+		if err := in.waitReady(time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	tStart, err := h.dbNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tStart = tStart.Truncate(cfg.Period).Add(cfg.Period)
+	h.logf("instances ready; injecting faults until %s", time.Now().Add(cfg.Duration).Format(time.TimeOnly))
+
+	prodCtx, stopProducer := context.WithCancel(ctx)
+	defer stopProducer()
+	var prodWG sync.WaitGroup
+	prodWG.Add(1)
+	go func() { defer prodWG.Done(); h.produce(prodCtx) }()
+
+	faultCtx, stopFaults := context.WithTimeout(ctx, cfg.Duration)
+	h.inject(faultCtx, rng)
+	stopFaults()
+	if ctx.Err() != nil {
+		stopProducer()
+		prodWG.Wait()
+		return nil, ctx.Err()
+	}
+
+	// Quiesce: no more faults; wake the paused, restart the killed.
+	h.logf("faults stopped; quiescing")
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	h.restarts.Wait()
+	for _, in := range h.insts {
+		switch in.getState() {
+		case statePaused:
+			in.resume()
+		case stateKilled:
+			if err := in.start(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, in := range h.insts {
+		if err := in.waitReady(time.Minute); err != nil {
+			h.logf("%v", err)
+		}
+	}
+	tStop, err := h.dbNowRetry(ctx)
+	if err != nil {
+		return nil, err
+	}
+	stopProducer()
+	prodWG.Wait()
+	settleErr := h.settle(ctx, tStop)
+	if settleErr != nil {
+		h.logf("%v", settleErr)
+	}
+	h.stopAll()
+
+	var killed []string
+	var unexpected []string
+	for _, in := range h.insts {
+		for _, inc := range in.incarnations() {
+			if inc.end == "killed" {
+				killed = append(killed, inc.holder)
+			}
+		}
+		unexpected = append(unexpected, in.unexpectedExits()...)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	checks, stats, err := check(cctx, h.pool, checkParams{
+		period:      cfg.Period,
+		window:      cfg.Window,
+		maxOffset:   cfg.MaxOffset,
+		maxAttempts: cfg.worker().MaxAttempts,
+		tStart:      tStart,
+		tStop:       tStop,
+		killed:      killed,
+		elections:   h.elections(),
+		unexpected:  unexpected,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if h.probe.Name != "" {
+		checks = append(checks, h.probe)
+	}
+	batches := ""
+	for _, in := range h.insts {
+		if batches != "" {
+			batches += ", "
+		}
+		batches += fmt.Sprintf("%s %d", in.name, in.batches.Load())
+	}
+	stats = append(stats, Stat{Name: "batches seen", Value: batches})
+	res = &Result{
+		Seed: cfg.Seed, Config: cfg, Checks: checks, Stats: stats,
+		Faults: h.faultCounts(), Dir: dir, Duration: time.Since(began),
+	}
+	if res.Violations() == 0 && tempDir {
+		_ = os.RemoveAll(dir)
+		res.Dir = ""
+	}
+	return res, nil
+}
+
+func brokenNote(b string) string {
+	if b == "" {
+		return ""
+	}
+	return ", deliberately broken worker: " + b
+}
+
+func randOffset(rng *rand.Rand, maxOffset time.Duration) int64 {
+	m := maxOffset.Milliseconds()
+	return rng.Int64N(2*m+1) - m
+}
+
+func (h *harness) elections() []string {
+	var out []string
+	if h.cfg.Bouncer < h.cfg.Instances {
+		out = append(out, electionDirect)
+	}
+	if h.cfg.Bouncer > 0 {
+		out = append(out, electionBouncer)
+	}
+	return out
+}
+
+func (h *harness) stopAll() {
+	h.mu.Lock()
+	h.stopping = true
+	h.mu.Unlock()
+	h.restarts.Wait()
+	var wg sync.WaitGroup
+	for _, in := range h.insts {
+		wg.Add(1)
+		go func() { defer wg.Done(); in.stop(15 * time.Second) }()
+	}
+	wg.Wait()
+}
+
+func (h *harness) dbNow(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := h.pool.QueryRow(ctx, "SELECT now()").Scan(&t)
+	return t, err
+}
+
+// dbNowRetry reads database time, retrying while the server restarts.
+func (h *harness) dbNowRetry(ctx context.Context) (time.Time, error) {
+	var last error
+	for i := 0; i < 100; i++ {
+		t, err := h.dbNow(ctx)
+		if err == nil {
+			return t, nil
+		}
+		last = err
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return time.Time{}, ctx.Err()
+		}
+	}
+	return time.Time{}, last
+}
+
+// produce inserts new PAUSED rows at the configured rate.
+func (h *harness) produce(ctx context.Context) {
+	const step = 100 * time.Millisecond
+	per := float64(h.cfg.RowsPerSecond) * step.Seconds()
+	owed := 0.0
+	t := time.NewTicker(step)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		owed += per
+		n := int(owed)
+		if n == 0 {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := h.pool.Exec(ictx, "INSERT INTO chaos_rows (state) SELECT 'PAUSED' FROM generate_series(1, $1)", n)
+		cancel()
+		if err == nil {
+			owed -= float64(n)
+		}
+	}
+}
+
+// settle waits until every row is finished and the tick loops have looked
+// at every instant up to tStop (by every clock), or gives up after a
+// generous bound: what is left then is reported by the checker.
+func (h *harness) settle(ctx context.Context, tStop time.Time) error {
+	w := h.cfg.worker()
+	minWait := h.cfg.MaxOffset + 4*h.cfg.Period + time.Second
+	deadline := time.Now().Add(2*time.Minute + minWait)
+	began := time.Now()
+	for {
+		var open int
+		err := h.pool.QueryRow(ctx, "SELECT count(*) FROM chaos_rows WHERE state IN ('PAUSED', 'PROCESSING')").Scan(&open)
+		if err == nil && open == 0 && time.Since(began) >= minWait {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: %d rows still PAUSED or PROCESSING %s after faults stopped", open, time.Since(began).Round(time.Second))
+		}
+		if !sleepCtx(ctx, w.SweepEvery/2) {
+			return ctx.Err()
+		}
+	}
+}
+
+// probePooler checks that the advisory variants refuse to run behind a
+// transaction-pooling PgBouncer, with gate.ErrPooler, and that the lease
+// variants work there.
+func probePooler(ctx context.Context, url string) Check {
+	c := Check{Name: checkPooler}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		c.fail("connect through PgBouncer: %v", err)
+		return c
+	}
+	defer pool.Close()
+	g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "probe"}})
+	if err != nil {
+		c.fail("gate.New: %v", err)
+		return c
+	}
+	defer g.Close()
+	ran := false
+	fn := func(context.Context, gate.Run) error { ran = true; return nil }
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+
+	c.Checked++
+	if err := g.Once(pctx, "chaos-probe", time.Now(), fn); !errors.Is(err, gate.ErrPooler) {
+		c.fail("advisory Gate.Once behind PgBouncer: got %v, want gate.ErrPooler", err)
+	}
+	c.Checked++
+	if err := g.Exclusive(pctx, "chaos-probe", fn); !errors.Is(err, gate.ErrPooler) {
+		c.fail("advisory Gate.Exclusive behind PgBouncer: got %v, want gate.ErrPooler", err)
+	}
+	c.Checked++
+	e, err := gate.NewElector(pool, "chaos-probe", gate.ElectorOptions{Options: gate.Options{Holder: "probe"}, TTL: time.Second})
+	if err == nil {
+		_, err = e.Campaign(pctx)
+	}
+	if !errors.Is(err, gate.ErrPooler) {
+		c.fail("advisory Elector.Campaign behind PgBouncer: got %v, want gate.ErrPooler", err)
+	}
+	if ran {
+		c.fail("an advisory job ran behind PgBouncer")
+	}
+	// The lease variants work there.
+	c.Checked++
+	l, err := gate.NewLease(pool, "chaos-probe", gate.LeaseOptions{Options: gate.Options{Holder: "probe"}, AtMost: time.Second})
+	if err == nil {
+		err = l.Do(pctx, func(context.Context, gate.Run) error { return nil })
+	}
+	if err != nil {
+		c.fail("gate.Lease behind PgBouncer: %v", err)
+	}
+	c.Checked++
+	le, err := gate.NewElector(pool, "chaos-probe-lease", gate.ElectorOptions{Options: gate.Options{Holder: "probe"}, Lease: true, TTL: time.Second})
+	if err == nil {
+		if _, err = le.Campaign(pctx); err == nil {
+			err = le.Resign(pctx)
+		}
+	}
+	if err != nil {
+		c.fail("lease Elector behind PgBouncer: %v", err)
+	}
+	return c
+}

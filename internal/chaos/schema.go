@@ -1,0 +1,97 @@
+package chaos
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// schema is the workload's own schema, applied on top of pgclaim's
+// migrations. Nothing here hides a duplicate: effect tables have no unique
+// constraint, so a row or tick that took effect twice shows up as two rows.
+const schema = `
+-- The claimed rows: the field's "paused pushes".
+CREATE TABLE chaos_rows (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    state       text        NOT NULL DEFAULT 'PAUSED'
+        CHECK (state IN ('PAUSED', 'PROCESSING', 'DONE', 'FAILED')),
+    claimed_at  timestamptz,
+    claimed_by  text,
+    fence       bigint,
+    lease_until timestamptz,
+    attempts    int         NOT NULL DEFAULT 0,
+    reason      text,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX chaos_rows_paused_idx ON chaos_rows (id) WHERE state = 'PAUSED';
+CREATE INDEX chaos_rows_processing_idx ON chaos_rows (lease_until) WHERE state = 'PROCESSING';
+
+-- A row moved to FAILED always carries a reason. The worker writes its own
+-- reason with the finish; for rows the sweeper fails (their holder died or
+-- hung on every attempt) the reason is recorded in the same statement.
+CREATE FUNCTION chaos_rows_reason() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'FAILED' AND NEW.reason IS NULL THEN
+        NEW.reason := format('stale claim swept after %s attempts (last holder %s, token %s)',
+                             NEW.attempts, OLD.claimed_by, OLD.fence);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_rows_reason BEFORE UPDATE OF state ON chaos_rows
+    FOR EACH ROW EXECUTE FUNCTION chaos_rows_reason();
+
+-- One row per effect, written in the transaction that finishes the claim.
+CREATE TABLE chaos_effects (
+    row_id   bigint      NOT NULL,
+    fence    bigint      NOT NULL,
+    instance text        NOT NULL,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_effects_row_idx ON chaos_effects (row_id);
+
+-- Every finish a worker attempted, with its token and what came of it,
+-- written after the finishing transaction ended (so refused ones stay).
+CREATE TABLE chaos_audit (
+    row_id   bigint      NOT NULL,
+    fence    bigint      NOT NULL,
+    instance text        NOT NULL,
+    result   text        NOT NULL CHECK (result IN ('done', 'failed', 'retry', 'lost', 'error')),
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_audit_row_idx ON chaos_audit (row_id);
+
+-- Rows the sweepers moved (from OnSwept).
+CREATE TABLE chaos_sweeps (
+    row_id   bigint      NOT NULL,
+    fence    bigint      NOT NULL,
+    state    text        NOT NULL,
+    instance text        NOT NULL,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- One row per tick run, written by the tick's job: at most one per instant.
+CREATE TABLE chaos_tick_effects (
+    job      text        NOT NULL,
+    fire_at  timestamptz NOT NULL,
+    fence    bigint      NOT NULL,
+    instance text        NOT NULL,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Leader heartbeats, written only while the writer's term is open.
+CREATE TABLE chaos_leader_log (
+    election text        NOT NULL,
+    term     bigint      NOT NULL,
+    instance text        NOT NULL,
+    at       timestamptz NOT NULL
+);
+`
+
+// templateName names the pgtest template holding pgclaim's migrations and
+// the workload schema.
+const templateName = "chaos"
+
+func setupSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, schema)
+	return err
+}

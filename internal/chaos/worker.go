@@ -1,0 +1,659 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/claim"
+	"github.com/pgclaim/pgclaim/gate"
+)
+
+// Names shared by the worker and the checker.
+const (
+	tickJob         = "chaos-resume"       // the scheduled job
+	tickLeaseName   = "chaos-resume"       // lease keeping its runs apart behind PgBouncer
+	electionDirect  = "chaos-leader/adv"   // advisory elector, direct instances
+	electionBouncer = "chaos-leader/lease" // lease elector, instances behind PgBouncer
+	appNamePrefix   = "chaos-i"            // application_name of instance connections
+	harnessAppName  = "chaos-harness"
+)
+
+// envWorker names the environment variable that turns a process started by
+// the harness into an instance: it holds the instance's workerConfig as JSON.
+const envWorker = "PGCLAIM_CHAOS_WORKER"
+
+// Broken modes: each removes one guard, so that the checker can be shown to
+// catch what the guard prevents.
+const (
+	// BrokenNoFence finishes claims without the fencing token and state
+	// check: a zombie's finish lands on a row that was swept and claimed
+	// again.
+	BrokenNoFence = "nofence"
+	// BrokenNoGuard sweeps without the state guard, as a rescuer that
+	// overwrites rows finished meanwhile: finished rows are run again.
+	BrokenNoGuard = "noguard"
+	// BrokenNoLedger runs every scheduled instant without the tick ledger.
+	BrokenNoLedger = "noledger"
+)
+
+var brokenModes = []string{BrokenNoFence, BrokenNoGuard, BrokenNoLedger}
+
+// workerConfig is one instance's configuration, passed by the harness.
+type workerConfig struct {
+	Name        string // instance name, e.g. "i2"
+	Incarnation int    // how many times this instance was started before
+	URL         string // connection string (direct, or through PgBouncer)
+	Bouncer     bool   // behind PgBouncer: ledger-only gate, lease lock, lease elector
+	OffsetMS    int64  // initial clock offset
+	Broken      string
+
+	Period         time.Duration // schedule period of the tick job
+	Window         time.Duration // catch-up window: instants this far back are still run
+	SkewTolerance  time.Duration // gate.Config.SkewTolerance
+	TickWork       time.Duration // longest a tick's job works
+	PollEvery      time.Duration // drain loop's wait when nothing is claimable
+	BatchSize      int
+	WorkPerRow     time.Duration
+	RowLease       time.Duration // claim lease; the sweeper takes rows back after it
+	SweepEvery     time.Duration
+	MaxAttempts    int
+	LeaseAtMost    time.Duration // tick lease behind PgBouncer
+	ElectorTTL     time.Duration
+	HeartbeatEvery time.Duration // leader's fenced writes
+	FailPermille   int           // rows whose work fails for good
+	RetryPermille  int           // rows whose work fails once in a while
+	Seed           int64
+}
+
+// holder is the identity of one incarnation of an instance, as recorded in
+// the ledger, terms, claims and effects: "i2#3:pid".
+func (c workerConfig) holder() string {
+	return fmt.Sprintf("%s#%d:%d", c.Name, c.Incarnation, os.Getpid())
+}
+
+// Messages from an instance to the harness, one per line on stdout.
+const (
+	msgReady      = "READY"
+	msgBatchStart = "B"
+	msgBatchEnd   = "E"
+)
+
+// MaybeWorker runs this process as a chaos instance and exits, when the
+// harness started it as one (see Run); otherwise it returns at once. Call
+// it first thing in main, and in TestMain of tests that run the harness.
+func MaybeWorker() {
+	raw := os.Getenv(envWorker)
+	if raw == "" {
+		return
+	}
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos worker: bad %s: %v\n", envWorker, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	err := runWorker(ctx, cfg, os.Stdin, os.Stdout, logger)
+	stop()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		logger.Error("chaos worker exits", "instance", cfg.Name, "error", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// worker is one running instance.
+type worker struct {
+	cfg     workerConfig
+	holder  string
+	log     *slog.Logger
+	pool    *pgxpool.Pool
+	claimer *claim.Claimer[int64]
+	gate    *gate.Gate
+	tickL   *gate.Lease // behind PgBouncer only
+	offset  atomic.Int64
+
+	outMu sync.Mutex
+	out   io.Writer
+}
+
+var rowsTable = claim.Table{
+	Name:       "chaos_rows",
+	Key:        "id",
+	State:      "state",
+	ClaimedAt:  "claimed_at",
+	ClaimedBy:  "claimed_by",
+	Fence:      "fence",
+	LeaseUntil: "lease_until",
+	Attempts:   "attempts",
+}
+
+func (w *worker) say(msg string) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	_, _ = io.WriteString(w.out, msg+"\n")
+}
+
+// now is the instance's clock, offset by the injected skew. Everything the
+// instance computes locally (which scheduled instant is due) uses it; every
+// expiry is database time inside pgclaim.
+func (w *worker) now() time.Time {
+	return time.Now().Add(time.Duration(w.offset.Load()) * time.Millisecond)
+}
+
+func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Writer, logger *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := &worker{cfg: cfg, holder: cfg.holder(), log: logger.With("instance", cfg.Name), out: out}
+	w.offset.Store(cfg.OffsetMS)
+
+	// Commands from the harness; its end (the harness died) ends the
+	// instance.
+	go func() {
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) == 2 && f[0] == "offset" {
+				if ms, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+					w.offset.Store(ms)
+				}
+			}
+		}
+		cancel()
+	}()
+
+	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = 8
+	pcfg.HealthCheckPeriod = time.Second
+	w.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer w.pool.Close()
+
+	w.claimer, err = claim.New[int64](w.pool, rowsTable, claim.Options{
+		From: "PAUSED", To: "PROCESSING", Holder: w.holder, Lease: cfg.RowLease, Logger: w.log,
+	})
+	if err != nil {
+		return err
+	}
+	sweeper, err := claim.NewSweeper(w.claimer, claim.SweeperConfig[int64]{
+		Failed: "FAILED", Retry: "PAUSED", MaxAttempts: cfg.MaxAttempts, BatchSize: 500,
+		OnSwept: w.recordSwept, Logger: w.log,
+	})
+	if err != nil {
+		return err
+	}
+	gopts := gate.Options{Holder: w.holder, Logger: w.log}
+	w.gate, err = gate.New(w.pool, gate.Config{Options: gopts, SkewTolerance: cfg.SkewTolerance, LedgerOnly: cfg.Bouncer})
+	if err != nil {
+		return err
+	}
+	defer w.gate.Close()
+	election := electionDirect
+	if cfg.Bouncer {
+		election = electionBouncer
+		w.tickL, err = gate.NewLease(w.pool, tickLeaseName, gate.LeaseOptions{Options: gopts, AtMost: cfg.LeaseAtMost})
+		if err != nil {
+			return err
+		}
+	}
+	elector, err := gate.NewElector(w.pool, election, gate.ElectorOptions{Options: gopts, Lease: cfg.Bouncer, TTL: cfg.ElectorTTL})
+	if err != nil {
+		return err
+	}
+
+	// Start-up sweep: rows a dead incarnation left PROCESSING go back (or
+	// fail) before this one claims anything.
+	for {
+		_, err := w.sweep(ctx, sweeper)
+		if err == nil {
+			break
+		}
+		w.log.Warn("start-up sweep failed; retrying", "error", err)
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	w.say(msgReady)
+
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); w.sweepLoop(ctx, sweeper) }()
+	go func() { defer wg.Done(); w.drainLoop(ctx) }()
+	go func() { defer wg.Done(); w.leadLoop(ctx, elector) }()
+	go func() { defer wg.Done(); w.tickLoop(ctx) }()
+	wg.Wait()
+	return ctx.Err()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// sweep moves stale rows once: pgclaim's sweeper, or the broken one.
+func (w *worker) sweep(ctx context.Context, s *claim.Sweeper[int64]) (int, error) {
+	if w.cfg.Broken == BrokenNoGuard {
+		// A rescuer without the state guard: it takes any row whose lease
+		// has passed, finished or not.
+		rows, err := w.pool.Query(ctx, `UPDATE chaos_rows
+			SET state = CASE WHEN attempts >= $1 THEN 'FAILED' ELSE 'PAUSED' END
+			WHERE lease_until < now()
+			RETURNING id, coalesce(fence, 0), state`, w.cfg.MaxAttempts)
+		if err != nil {
+			return 0, err
+		}
+		var swept []claim.Swept[int64]
+		for rows.Next() {
+			var sw claim.Swept[int64]
+			if err := rows.Scan(&sw.Key, &sw.Token, &sw.State); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			swept = append(swept, sw)
+		}
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+		w.recordSwept(ctx, swept)
+		return len(swept), nil
+	}
+	swept, err := s.Sweep(ctx)
+	return len(swept), err
+}
+
+func (w *worker) sweepLoop(ctx context.Context, s *claim.Sweeper[int64]) {
+	for sleepCtx(ctx, w.cfg.SweepEvery) {
+		if _, err := w.sweep(ctx, s); err != nil && ctx.Err() == nil {
+			w.log.Warn("sweep failed", "error", err)
+		}
+	}
+}
+
+// recordSwept notes swept rows for the report (best effort).
+func (w *worker) recordSwept(ctx context.Context, swept []claim.Swept[int64]) {
+	if len(swept) == 0 {
+		return
+	}
+	ids := make([]int64, len(swept))
+	toks := make([]int64, len(swept))
+	states := make([]string, len(swept))
+	for i, s := range swept {
+		ids[i], toks[i], states[i] = s.Key, s.Token, s.State
+	}
+	_, err := w.pool.Exec(ctx, `INSERT INTO chaos_sweeps (row_id, fence, state, instance)
+		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], array_fill($4::text, array[cardinality($1::bigint[])]))`,
+		ids, toks, states, w.holder)
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("record swept rows", "error", err)
+	}
+}
+
+// leadLoop campaigns and, while leading, writes heartbeats fenced by the
+// term: each is written only while the term is open in pgclaim_terms.
+func (w *worker) leadLoop(ctx context.Context, e *gate.Elector) {
+	for ctx.Err() == nil {
+		err := e.Run(ctx, func(lctx context.Context, run gate.Run) error {
+			t := time.NewTicker(w.cfg.HeartbeatEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-lctx.Done():
+					return lctx.Err()
+				case <-t.C:
+				}
+				_, err := w.pool.Exec(lctx, `INSERT INTO chaos_leader_log (election, term, instance, at)
+					SELECT $1::text, $2::bigint, $3::text, now()
+					WHERE EXISTS (
+						SELECT 1 FROM pgclaim_terms
+						WHERE election = $1::text AND term = $2::bigint AND holder = $3::text
+						  AND ended_at IS NULL AND (lease_until IS NULL OR lease_until > now())
+						FOR SHARE)`, e.Name(), run.Fence, w.holder)
+				if err != nil && lctx.Err() == nil {
+					w.log.Warn("leader heartbeat", "error", err)
+				}
+			}
+		})
+		if ctx.Err() == nil {
+			w.log.Warn("elector stopped; campaigning again", "error", err)
+			sleepCtx(ctx, 500*time.Millisecond)
+		}
+	}
+}
+
+// periodic is the tick job's schedule: every period, aligned to the Unix
+// epoch, so every instance computes the same instants.
+type periodic struct{ ms int64 }
+
+// Next returns the first instant strictly after t.
+func (p periodic) Next(t time.Time) time.Time {
+	ms := t.UnixMilli()
+	return time.UnixMilli(ms - mod(ms, p.ms) + p.ms)
+}
+
+func mod(a, b int64) int64 { return ((a % b) + b) % b }
+
+// tickLoop fires the tick job: every quarter period it looks at the
+// instants of the catch-up window (by the instance's own, skewed clock) and
+// runs each one the ledger does not have yet. At start-up it first runs
+// gate.CatchUp, the product's own catch-up of the latest missed instant.
+func (w *worker) tickLoop(ctx context.Context) {
+	p := periodic{ms: w.cfg.Period.Milliseconds()}
+	if w.cfg.Broken != BrokenNoLedger {
+		err := w.gate.CatchUp(ctx, tickJob, p, w.cfg.Window, w.tickFn)
+		if err != nil && !errors.Is(err, gate.ErrSkipped) && ctx.Err() == nil {
+			w.log.Warn("start-up catch-up", "error", err)
+		}
+	}
+	ran := map[int64]bool{} // instants this incarnation knows are taken (noledger: ran)
+	for sleepCtx(ctx, w.cfg.Period/4) {
+		now := w.now().UnixMilli()
+		last := now - mod(now, p.ms)
+		first := last - w.cfg.Window.Milliseconds() + p.ms
+		for k := range ran {
+			if k < first {
+				delete(ran, k)
+			}
+		}
+		if w.cfg.Broken != BrokenNoLedger {
+			if err := w.known(ctx, first, last, ran); err != nil {
+				continue
+			}
+		}
+		for at := first; at <= last && ctx.Err() == nil; at += p.ms {
+			if ran[at] {
+				continue
+			}
+			if n := w.now().UnixMilli(); at <= n-w.cfg.Window.Milliseconds() {
+				// Runs of earlier instants took so long that this one
+				// left the window meanwhile.
+				continue
+			}
+			fireAt := time.UnixMilli(at)
+			if w.cfg.Broken == BrokenNoLedger {
+				ran[at] = true
+				_ = w.tickFn(ctx, gate.Run{Name: tickJob, FireAt: fireAt, Holder: w.holder})
+				continue
+			}
+			err := w.once(ctx, fireAt)
+			switch {
+			case errors.Is(err, gate.ErrHeld):
+				// Another run of the job holds the lock: this instant is
+				// not recorded; try again at the next look.
+			case err == nil, errors.Is(err, gate.ErrSkipped), errors.Is(err, gate.ErrLockLost):
+				ran[at] = true
+			case errors.Is(err, gate.ErrClockSkew):
+				w.log.Warn("tick refused", "error", err)
+			default:
+				if ctx.Err() == nil {
+					w.log.Warn("tick", "fire_at", fireAt, "error", err)
+				}
+			}
+			if errors.Is(err, gate.ErrHeld) {
+				break
+			}
+		}
+	}
+}
+
+// known marks the instants in [first, last] (Unix ms) the ledger has.
+func (w *worker) known(ctx context.Context, first, last int64, ran map[int64]bool) error {
+	rows, err := w.pool.Query(ctx, `SELECT fire_at FROM pgclaim_ticks WHERE job = $1 AND fire_at BETWEEN $2 AND $3`,
+		tickJob, time.UnixMilli(first), time.UnixMilli(last))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			return err
+		}
+		ran[at.UnixMilli()] = true
+	}
+	return rows.Err()
+}
+
+// once runs the tick for fireAt through the gate. Behind PgBouncer the
+// gate records ticks in the ledger only, and a lease keeps runs of the job
+// apart, as the advisory lock does for direct instances: when the lease is
+// held elsewhere the instant is not recorded and is tried again later.
+func (w *worker) once(ctx context.Context, fireAt time.Time) error {
+	if w.tickL == nil {
+		return w.gate.Once(ctx, tickJob, fireAt, w.tickFn)
+	}
+	return w.tickL.Do(ctx, func(ctx context.Context, _ gate.Run) error {
+		return w.gate.Once(ctx, tickJob, fireAt, w.tickFn)
+	})
+}
+
+// tickFn is the scheduled job: record the run, then work for a while
+// (so that kills and pauses land inside runs too).
+func (w *worker) tickFn(ctx context.Context, run gate.Run) error {
+	if _, err := w.pool.Exec(ctx, `INSERT INTO chaos_tick_effects (job, fire_at, fence, instance) VALUES ($1, $2, $3, $4)`,
+		run.Name, run.FireAt, run.Fence, w.holder); err != nil {
+		return fmt.Errorf("record tick: %w", err)
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d", w.cfg.Seed, run.FireAt.UnixMilli())
+	if !sleepCtx(ctx, time.Duration(h.Sum64()%uint64(w.cfg.TickWork+1))) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// drainLoop claims batches of PAUSED rows and works them, polling when
+// there is nothing to claim.
+func (w *worker) drainLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		cls, err := w.claimer.ClaimBatch(ctx, w.cfg.BatchSize)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("claim batch", "error", err)
+			}
+			sleepCtx(ctx, w.cfg.PollEvery)
+			continue
+		}
+		if len(cls) == 0 {
+			sleepCtx(ctx, w.cfg.PollEvery)
+			continue
+		}
+		w.say(msgBatchStart)
+		err = w.work(ctx, cls)
+		w.say(msgBatchEnd)
+		if err != nil && ctx.Err() == nil {
+			w.log.Warn("batch", "error", err)
+		}
+	}
+}
+
+// fate decides, deterministically from the seed, the row and the attempt,
+// whether the row's work fails for good, fails this once, or succeeds.
+func (w *worker) fate(id int64, attempt int) (fail, retry bool) {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d/%d/%d", w.cfg.Seed, id, attempt)
+	v := int(h.Sum64() % 1000)
+	return v < w.cfg.FailPermille, v >= w.cfg.FailPermille && v < w.cfg.FailPermille+w.cfg.RetryPermille
+}
+
+// work does the batch's work, then finishes its claims in one transaction
+// that also writes the effects of the rows it moved to DONE. Every finish
+// attempted is then recorded in chaos_audit with its token and result.
+func (w *worker) work(ctx context.Context, cls []claim.Claim[int64]) error {
+	var ok, retry, failed []claim.Claim[int64]
+	for _, c := range cls {
+		if !sleepCtx(ctx, w.cfg.WorkPerRow) {
+			// The instance is stopping: the claims stay PROCESSING
+			// until swept (a new incarnation sweeps at start-up).
+			return ctx.Err()
+		}
+		f, r := w.fate(c.Key, c.Attempts)
+		switch {
+		case f, r && c.Attempts >= w.cfg.MaxAttempts:
+			failed = append(failed, c)
+		case r:
+			retry = append(retry, c)
+		default:
+			ok = append(ok, c)
+		}
+	}
+	result := map[int64]string{}
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		cl := w.claimer.WithTx(tx)
+		var done []claim.Claim[int64]
+		if w.cfg.Broken == BrokenNoFence {
+			var err error
+			done, err = finishUnfenced(ctx, tx, ok)
+			if err != nil {
+				return err
+			}
+		} else {
+			var lost []claim.Claim[int64]
+			var err error
+			done, lost, err = cl.FinishBatch(ctx, ok, "DONE")
+			if err != nil {
+				return err
+			}
+			for _, c := range lost {
+				result[c.Key] = "lost"
+			}
+		}
+		for _, c := range done {
+			result[c.Key] = "done"
+		}
+		if err := w.writeEffects(ctx, tx, done); err != nil {
+			return err
+		}
+		if len(retry) > 0 {
+			done, lost, err := cl.FinishBatch(ctx, retry, "PAUSED")
+			if err != nil {
+				return err
+			}
+			mark(result, done, "retry")
+			mark(result, lost, "lost")
+		}
+		if len(failed) > 0 {
+			ids, toks := keysTokens(failed)
+			if _, err := tx.Exec(ctx, `UPDATE chaos_rows r SET reason = $3
+				FROM unnest($1::bigint[], $2::bigint[]) AS x(id, tok)
+				WHERE r.id = x.id AND r.fence = x.tok AND r.state = 'PROCESSING'`,
+				ids, toks, fmt.Sprintf("work failed (instance %s)", w.holder)); err != nil {
+				return err
+			}
+			done, lost, err := cl.FinishBatch(ctx, failed, "FAILED")
+			if err != nil {
+				return err
+			}
+			mark(result, done, "failed")
+			mark(result, lost, "lost")
+		}
+		return nil
+	})
+	if err != nil {
+		for _, c := range cls {
+			result[c.Key] = "error"
+		}
+	}
+	w.audit(ctx, cls, result)
+	return err
+}
+
+func mark(m map[int64]string, cls []claim.Claim[int64], v string) {
+	for _, c := range cls {
+		m[c.Key] = v
+	}
+}
+
+func keysTokens(cls []claim.Claim[int64]) (ids, toks []int64) {
+	ids = make([]int64, len(cls))
+	toks = make([]int64, len(cls))
+	for i, c := range cls {
+		ids[i], toks[i] = c.Key, c.Token
+	}
+	return ids, toks
+}
+
+// finishUnfenced is the broken finish: no token, no state check.
+func finishUnfenced(ctx context.Context, tx pgx.Tx, cls []claim.Claim[int64]) ([]claim.Claim[int64], error) {
+	if len(cls) == 0 {
+		return nil, nil
+	}
+	ids, _ := keysTokens(cls)
+	rows, err := tx.Query(ctx, `UPDATE chaos_rows SET state = 'DONE' WHERE id = ANY($1::bigint[]) RETURNING id`, ids)
+	if err != nil {
+		return nil, err
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	in := map[int64]bool{}
+	for _, id := range got {
+		in[id] = true
+	}
+	var done []claim.Claim[int64]
+	for _, c := range cls {
+		if in[c.Key] {
+			done = append(done, c)
+		}
+	}
+	return done, nil
+}
+
+func (w *worker) writeEffects(ctx context.Context, tx pgx.Tx, done []claim.Claim[int64]) error {
+	if len(done) == 0 {
+		return nil
+	}
+	ids, toks := keysTokens(done)
+	_, err := tx.Exec(ctx, `INSERT INTO chaos_effects (row_id, fence, instance)
+		SELECT x.id, x.tok, $3 FROM unnest($1::bigint[], $2::bigint[]) AS x(id, tok)`, ids, toks, w.holder)
+	return err
+}
+
+// audit records every finish attempted (best effort: an instance killed
+// right after its commit leaves no audit, which the checker allows).
+func (w *worker) audit(ctx context.Context, cls []claim.Claim[int64], result map[int64]string) {
+	ids, toks := keysTokens(cls)
+	res := make([]string, len(cls))
+	for i, c := range cls {
+		res[i] = result[c.Key]
+		if res[i] == "" {
+			res[i] = "error"
+		}
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := w.pool.Exec(actx, `INSERT INTO chaos_audit (row_id, fence, instance, result)
+		SELECT x.id, x.tok, $3, x.res FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS x(id, tok, res)`,
+		ids, toks, w.holder, res)
+	if err != nil {
+		w.log.Warn("audit", "error", err)
+	}
+}
