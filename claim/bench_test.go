@@ -77,7 +77,7 @@ func BenchmarkBatchClaimFinish(b *testing.B) {
 	for _, bc := range []struct {
 		batch  int
 		perRow bool
-	}{{10, false}, {100, false}, {100, true}, {1000, false}, {1000, true}} {
+	}{{10, true}, {100, true}, {100, false}, {1000, true}, {1000, false}} {
 		fence := "batch"
 		if bc.perRow {
 			fence = "row"
