@@ -247,7 +247,7 @@ func TestWorkerHeartbeat(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 2)
 	pool := newWorkerPool(t, db, 6)
-	const lease = 300 * time.Millisecond
+	const lease = time.Second // heartbeats every 333ms; a stall of a whole lease would fail the test
 	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: lease})
 	sc, _ := New[int64](db.Pool, jobsTable, pausedOpts)
 	sw, err := NewSweeper(sc, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
@@ -261,8 +261,8 @@ func TestWorkerHeartbeat(t *testing.T) {
 	var cancelled atomic.Bool
 	work := func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
 		if cl.Key == 1 {
-			// Outlive the lease several times over.
-			time.Sleep(4 * lease)
+			// Outlive the lease.
+			time.Sleep(lease * 5 / 2)
 			return effectWork("w")(ctx, tx, cl)
 		}
 		// Row 2 is taken away while its work runs.
