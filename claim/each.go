@@ -16,8 +16,8 @@ type Stats struct {
 	// Succeeded is the number of claims whose work succeeded and whose
 	// finish committed.
 	Succeeded int
-	// Failed is the number of claims whose work failed (or panicked) and
-	// that were moved to the failed state.
+	// Failed is the number of claims whose work failed (or panicked): the
+	// Worker moved them to its Failed state; Each returns their errors.
 	Failed int
 	// Retried is the number of failed claims moved to the retry state
 	// because attempts remained.
