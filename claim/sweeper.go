@@ -14,7 +14,9 @@ type SweeperConfig[K any] struct {
 	// Table.ClaimedAt is older than this (database time). Rows with a lease
 	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
 	// whatever StaleAfter says. Required unless the table has LeaseUntil,
-	// in which case zero means: sweep expired leases only.
+	// in which case zero means: sweep expired leases only. A row whose
+	// ClaimedAt is NULL (moved to To by a statement that did not stamp it)
+	// is never stale by StaleAfter.
 	StaleAfter time.Duration
 	// Failed is the state stale rows move to when no attempts remain.
 	// Required.
