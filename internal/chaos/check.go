@@ -56,6 +56,7 @@ type checkParams struct {
 	killed                    []string // holders of SIGKILLed incarnations
 	elections                 []string
 	unexpected                []string
+	processes                 int // instance processes started
 }
 
 type checker struct {
@@ -73,7 +74,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, p checkParams) ([]Check, []S
 			return nil, nil, err
 		}
 	}
-	inst := Check{Name: checkInstances, Checked: len(p.killed)}
+	inst := Check{Name: checkInstances, Checked: p.processes}
 	for _, u := range p.unexpected {
 		inst.fail("%s", u)
 	}

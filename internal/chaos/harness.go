@@ -426,8 +426,10 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 
 	var killed []string
 	var unexpected []string
+	incarnations := 0
 	for _, in := range h.insts {
 		for _, inc := range in.incarnations() {
+			incarnations++
 			if inc.end == "killed" {
 				killed = append(killed, inc.holder)
 			}

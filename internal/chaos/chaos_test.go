@@ -1,0 +1,206 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	// The harness starts this test binary again as its instances.
+	MaybeWorker()
+	// The harness starts (and restarts) a cluster of its own.
+	os.Unsetenv(pgtest.EnvURL)
+	os.Exit(m.Run())
+}
+
+// runHarness runs the harness for a test, skipping when no local
+// PostgreSQL (or, for runs that need it, no PgBouncer) is available, unless
+// CI is "true". It fails the test when an instance's log shows a data race.
+func runHarness(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the chaos harness takes tens of seconds; skipped with -short")
+	}
+	if cfg.Faults == nil && !cfg.NoFaults || containsFault(cfg.Faults, FaultBouncer) {
+		if _, err := findBouncer(); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal(err)
+			}
+			t.Skip(err)
+		}
+	}
+	var out bytes.Buffer
+	cfg.Out = &out
+	cfg.Dir = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+4*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if errors.Is(err, pgtest.ErrUnavailable) && os.Getenv("CI") != "true" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var report bytes.Buffer
+	res.Print(&report)
+	t.Logf("%s%s", out.String(), report.String())
+	logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "instance-*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		if bytes.Contains(b, []byte("DATA RACE")) || bytes.Contains(b, []byte("panic:")) {
+			t.Errorf("%s shows a data race or a panic:\n%s", l, b)
+		}
+	}
+	return res
+}
+
+func containsFault(fs []Fault, f Fault) bool {
+	for _, x := range fs {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+// TestHealthyRun runs every fault kind for a short while against the real
+// worker: no invariant may break, and the run must have covered something.
+func TestHealthyRun(t *testing.T) {
+	res := runHarness(t, Config{Duration: 25 * time.Second, FaultEvery: time.Second})
+	if v := res.Violations(); v != 0 {
+		t.Fatalf("%d violations with the real worker (seed %d)", v, res.Seed)
+	}
+	faults := 0
+	for _, f := range res.Faults {
+		if f.Kind != FaultBouncer {
+			faults += f.Count
+		}
+	}
+	if faults == 0 {
+		t.Errorf("no fault was injected: %+v", res.Faults)
+	}
+	for _, name := range []string{checkRowsOnce, checkTicksWindow, checkTerms, checkFence, checkPooler} {
+		c := res.Check(name)
+		if c == nil || c.Checked == 0 {
+			t.Errorf("check %q covered nothing: %+v", name, c)
+		}
+	}
+}
+
+// TestCheckerCatchesBrokenWorkers proves the checker can fail: each broken
+// worker lacks one guard, and the check that guard protects must report
+// violations.
+func TestCheckerCatchesBrokenWorkers(t *testing.T) {
+	cases := []struct {
+		broken string
+		cfg    Config
+		want   []string // checks of which at least one must report violations
+	}{
+		{
+			// A rescuer without the state guard takes finished rows back:
+			// they are worked, and take effect, again (or end FAILED with
+			// effects once their attempts run out). No fault needed.
+			broken: BrokenNoGuard,
+			cfg:    Config{Duration: 8 * time.Second, NoFaults: true},
+			want:   []string{checkRowsOnce, checkRowsFailed},
+		},
+		{
+			// Finishing without the token: paused instances wake up as
+			// zombies and finish rows that were swept and claimed again.
+			broken: BrokenNoFence,
+			cfg:    Config{Duration: 15 * time.Second, Faults: []Fault{FaultPause}, FaultEvery: time.Second},
+			want:   []string{checkFence, checkRowsOnce},
+		},
+		{
+			// Without the ledger every instance runs every instant.
+			broken: BrokenNoLedger,
+			cfg:    Config{Duration: 5 * time.Second, NoFaults: true},
+			want:   []string{checkTicksOnce},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.broken, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Broken = tc.broken
+			res := runHarness(t, cfg)
+			if res.Violations() == 0 {
+				t.Fatalf("the checker found nothing wrong with the %s worker", tc.broken)
+			}
+			caught := false
+			for _, name := range tc.want {
+				if c := res.Check(name); c != nil && c.Violations > 0 {
+					caught = true
+				}
+			}
+			if !caught {
+				t.Errorf("none of the checks %q reported a violation for the %s worker", tc.want, tc.broken)
+			}
+			var report bytes.Buffer
+			res.Print(&report)
+			if !strings.Contains(report.String(), "--seed ") {
+				t.Errorf("report of a failed run does not print the seed to replay:\n%s", report.String())
+			}
+		})
+	}
+}
+
+// TestAdvisoryRefusesBehindPgBouncer: the advisory gate and elector detect
+// transaction pooling and refuse with gate.ErrPooler; the lease variants
+// work through the same PgBouncer.
+func TestAdvisoryRefusesBehindPgBouncer(t *testing.T) {
+	if _, err := findBouncer(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	db := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := startBouncer(ctx, db.Server.URL(), db.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.stop()
+	c := probePooler(ctx, b.URL(db.Name, "chaos-probe"))
+	if c.Checked != 5 || c.Violations != 0 {
+		t.Fatalf("probe behind PgBouncer: %d checked, %d violations: %v", c.Checked, c.Violations, c.Examples)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Config.Duration"},
+		{Config{Duration: time.Second, Instances: 1}, "Config.Instances"},
+		{Config{Duration: time.Second, Broken: "nothing"}, "Config.Broken"},
+		{Config{Duration: time.Second, Period: 10 * time.Millisecond}, "Config.Period"},
+		{Config{Duration: time.Second, Window: time.Second}, "Config.Window"},
+		{Config{Duration: time.Second, Faults: []Fault{FaultBouncer}, Bouncer: 9}, "Config.Bouncer"},
+	}
+	for _, tc := range cases {
+		if _, err := tc.cfg.withDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want an error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+	if _, err := ParseFaults("kill,meteor"); err == nil || !strings.Contains(err.Error(), `"meteor"`) {
+		t.Errorf("ParseFaults: got %v, want an error naming the unknown fault", err)
+	}
+	fs, err := ParseFaults("pause, kill,pause")
+	if err != nil || len(fs) != 2 || fs[0] != FaultPause || fs[1] != FaultKill {
+		t.Errorf("ParseFaults: got %v, %v", fs, err)
+	}
+	if fs, _ := ParseFaults("none"); len(fs) != 0 {
+		t.Errorf("ParseFaults(none) = %v", fs)
+	}
+}
