@@ -309,7 +309,8 @@ type term struct {
 	fence    int64
 	start    time.Time
 	deferEnd bool
-	sess     *session // advisory variant: the connection holding the lock
+	sess     *session       // advisory variant: the connection holding the lock
+	sq       *store.Queries // queries on sess
 
 	ctx    context.Context // cancelled when leadership ends
 	cancel context.CancelCauseFunc
@@ -430,7 +431,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
 		var err error
 		if t.sess != nil && !t.sess.conn.IsClosed() {
-			_, err = t.sess.q.EndTerm(ctx, p)
+			_, err = t.sq.EndTerm(ctx, p)
 		}
 		if t.sess == nil || t.sess.conn.IsClosed() || err != nil {
 			err = e.endTermRetrying(ctx, p)
@@ -440,7 +441,11 @@ func (t *term) end(ctx context.Context, reason string) error {
 		}
 		if t.sess != nil {
 			if !t.sess.conn.IsClosed() {
-				if ok, uerr := t.sess.q.ElectionUnlock(ctx, store.ElectionUnlockParams{LockClass: e.class, LockKey: e.key}); uerr == nil && !ok {
+				ok, uerr := t.sq.ElectionUnlock(ctx, store.ElectionUnlockParams{LockClass: e.class, LockKey: e.key})
+				switch {
+				case uerr != nil:
+					e.o.Logger.Warn("gate: election unlock failed; closing the session", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", uerr.Error())
+				case !ok:
 					e.o.Logger.Warn("gate: election lock was not held at resign", "name", e.name, "holder", e.o.Holder, "fence", t.fence)
 				}
 			}

@@ -47,11 +47,30 @@ func (e *Elector) handoverPoll() time.Duration {
 	return min(max(e.o.TTL/100, time.Millisecond), 10*time.Millisecond)
 }
 
+// oneTrip runs statements in one round trip each (pgx.QueryExecModeExec)
+// on a session dedicated to one campaign and term: caching prepared
+// statements there would only add a round trip to each first use, on the
+// hand-over path.
+type oneTrip struct{ conn *pgx.Conn }
+
+func (o oneTrip) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return o.conn.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneTrip) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return o.conn.Query(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return o.conn.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
 func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
 	sess, err := (&sessions{pool: e.pool}).get(ctx)
 	if err != nil {
 		return nil, err
 	}
+	q := store.New(oneTrip{sess.conn})
 	keep := false
 	defer func() {
 		if !keep {
@@ -64,7 +83,7 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 	// instead of leaving a waiter queued behind the leader.
 	locked := make(chan error, 1)
 	go func() {
-		locked <- sess.q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
+		locked <- q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
 	}()
 	select {
 	case err := <-locked:
@@ -103,13 +122,13 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 		supersede := time.Since(got) >= e.o.TTL
 		if supersede && !warned {
 			warned = true
-			open, _ := sess.q.OpenTerm(ctx, e.name)
+			open, _ := q.OpenTerm(ctx, e.name)
 			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		sent = time.Now()
-		row, err = sess.q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder, Supersede: supersede})
+		row, err = q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder, Supersede: supersede})
 		cancel()
 		if err == nil {
 			break
@@ -124,7 +143,7 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 		}
 	}
 	t := e.newTerm(row.Term, sent, deferEnd)
-	t.sess = sess
+	t.sess, t.sq = sess, q
 	keep = true
 	return t, nil
 }

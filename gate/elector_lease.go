@@ -24,7 +24,10 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 		})
 		cancel()
 		if err == nil {
-			return e.newTerm(row.Term, sent, deferEnd), nil
+			err = e.stampStart(ctx, row.Term)
+			if err == nil {
+				return e.newTerm(row.Term, sent, deferEnd), nil
+			}
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -38,6 +41,19 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 		case <-time.After(e.o.RetryInterval):
 		}
 	}
+}
+
+// stampStart records when a new lease term is certainly in force. A term
+// that ended meanwhile (its lease ran out already) is lost: pgx.ErrNoRows.
+// A term whose stamp cannot be written is closed again.
+func (e *Elector) stampStart(ctx context.Context, term int64) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_, err := e.q.StampTermStart(sctx, store.StampTermStartParams{Election: e.name, Term: term})
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		_ = e.endTermRetrying(sctx, store.EndTermParams{Election: e.name, Term: term, Reason: reasonResigned})
+	}
+	return err
 }
 
 // watchLease renews the term's lease every TTL/4 (TTL/16 after a failed

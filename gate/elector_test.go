@@ -56,6 +56,21 @@ type termRow struct {
 	LeaseUntil *time.Time
 }
 
+func (r termRow) String() string {
+	f := func(p *time.Time) string {
+		if p == nil {
+			return "-"
+		}
+		return p.Format("15:04:05.000000")
+	}
+	reason := "-"
+	if r.EndReason != nil {
+		reason = *r.EndReason
+	}
+	return fmt.Sprintf("term %d (%s, %s..%s %s, lease until %s)", r.Term, r.Holder,
+		r.StartedAt.Format("15:04:05.000000"), f(r.EndedAt), reason, f(r.LeaseUntil))
+}
+
 // checkTerms verifies the recorded terms of election: at most one open, and
 // every term ended at or before the next one started (database time), with
 // term numbers rising in start order. It returns the terms.
@@ -83,8 +98,7 @@ func checkTerms(t testing.TB, pool *pgxpool.Pool, election string) []termRow {
 		if i+1 < len(terms) {
 			next := terms[i+1]
 			if tr.EndedAt.After(next.StartedAt) {
-				t.Errorf("terms overlap: %d (%s) ended %v after %d (%s) started %v",
-					tr.Term, tr.Holder, tr.EndedAt, next.Term, next.Holder, next.StartedAt)
+				t.Errorf("terms overlap: %s ended after %s started", tr, next)
 			}
 			if next.Term <= tr.Term {
 				t.Errorf("term %d started after term %d", next.Term, tr.Term)

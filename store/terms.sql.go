@@ -128,6 +128,31 @@ func (q *Queries) RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Ti
 	return lease_until, err
 }
 
+const stampTermStart = `-- name: StampTermStart :one
+UPDATE pgclaim_terms
+SET started_at = clock_timestamp()
+WHERE election = $1::text
+  AND term = $2::bigint
+  AND ended_at IS NULL
+RETURNING started_at
+`
+
+type StampTermStartParams struct {
+	Election string
+	Term     int64
+}
+
+// Set a new lease term's started_at to the time it is certainly in force.
+// StartLeaseTerm reads the clock before its insert is decided, which can be
+// after it waited for the previous term's close to commit; this statement
+// runs after that commit, so started_at follows the previous ended_at.
+func (q *Queries) StampTermStart(ctx context.Context, arg StampTermStartParams) (pgtype.Timestamptz, error) {
+	row := q.db.QueryRow(ctx, stampTermStart, arg.Election, arg.Term)
+	var started_at pgtype.Timestamptz
+	err := row.Scan(&started_at)
+	return started_at, err
+}
+
 const startAdvisoryTerm = `-- name: StartAdvisoryTerm :one
 WITH superseded AS (
     UPDATE pgclaim_terms

@@ -70,6 +70,18 @@ WHERE NOT EXISTS (
 ON CONFLICT (election) WHERE ended_at IS NULL DO NOTHING
 RETURNING term, started_at, lease_until;
 
+-- name: StampTermStart :one
+-- Set a new lease term's started_at to the time it is certainly in force.
+-- StartLeaseTerm reads the clock before its insert is decided, which can be
+-- after it waited for the previous term's close to commit; this statement
+-- runs after that commit, so started_at follows the previous ended_at.
+UPDATE pgclaim_terms
+SET started_at = clock_timestamp()
+WHERE election = sqlc.arg(election)::text
+  AND term = sqlc.arg(term)::bigint
+  AND ended_at IS NULL
+RETURNING started_at;
+
 -- name: RenewTerm :one
 -- Extend this term's lease, only while it is open and unexpired. No row
 -- returned: the term ended (expired, or closed by someone else).
