@@ -43,6 +43,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	svg := f.String("svg", "", "write the claim-throughput chart (SVG) to this file")
 	markdown := f.Bool("markdown", false, "print the report as Markdown instead of plain tables")
 	cpuprofile := f.String("cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
+	jsonFile := f.String("json-file", "", "also write the JSON report to this file")
 	f.Lookup("database-url").Usage = "run on this server instead of a throwaway one (the role needs CREATEDB; DATABASE_URL is not read)"
 	pos, err := f.parse(args)
 	if err != nil {
@@ -88,6 +89,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		if werr != nil && err == nil {
 			err = werr
 		}
+		if *jsonFile != "" {
+			if werr := writeJSONFile(*jsonFile, rep); werr != nil && err == nil {
+				err = werr
+			}
+		}
 	}
 	if errors.Is(err, bench.ErrChecksFailed) {
 		return failf("a duplicate means an effect happened twice: report it with the output above",
@@ -97,6 +103,18 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("%w", err)
 	}
 	return nil
+}
+
+func writeJSONFile(path string, rep *bench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteJSON(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func contains(list []string, s string) bool {
