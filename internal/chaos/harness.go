@@ -448,6 +448,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		killed:      killed,
 		elections:   h.elections(),
 		unexpected:  unexpected,
+		processes:   incarnations,
 	})
 	if err != nil {
 		return nil, err
