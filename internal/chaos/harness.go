@@ -383,6 +383,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	go func() { defer prodWG.Done(); h.produce(prodCtx) }()
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, cfg.Duration)
+	go h.progress(faultCtx)
 	h.inject(faultCtx, rng)
 	stopFaults()
 	if ctx.Err() != nil {
@@ -531,6 +532,31 @@ func (h *harness) dbNowRetry(ctx context.Context) (time.Time, error) {
 		}
 	}
 	return time.Time{}, last
+}
+
+// progress prints a line a minute while faults are injected.
+func (h *harness) progress(ctx context.Context) {
+	began := time.Now()
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var rows, open int
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = h.pool.QueryRow(qctx, "SELECT count(*), count(*) FILTER (WHERE state IN ('PAUSED', 'PROCESSING')) FROM chaos_rows").Scan(&rows, &open)
+		cancel()
+		h.faults.mu.Lock()
+		n := 0
+		for _, c := range h.faults.n {
+			n += c
+		}
+		h.faults.mu.Unlock()
+		h.logf("%s: %d faults injected, %d rows (%d open)", time.Since(began).Round(time.Second), n, rows, open)
+	}
 }
 
 // produce inserts new PAUSED rows at the configured rate.
