@@ -11,9 +11,9 @@ import (
 // Check is one invariant, with how many items were checked and how many
 // broke it.
 type Check struct {
-	Name       string
-	Checked    int
-	Violations int
+	Name       string   // what is checked
+	Checked    int      // how many items (rows, instants, terms, ...) were checked
+	Violations int      // how many broke the invariant
 	Examples   []string // up to maxExamples violations, described
 }
 
@@ -28,8 +28,8 @@ func (c *Check) fail(format string, args ...any) {
 
 // Stat is one figure of the workload, for the report.
 type Stat struct {
-	Name  string
-	Value string
+	Name  string // what is counted
+	Value string // the figures
 }
 
 // Names of the checks.

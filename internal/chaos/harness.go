@@ -197,20 +197,20 @@ func (c Config) pauseRange() (lo, hi time.Duration) {
 
 // Result is the outcome of a run.
 type Result struct {
-	Seed     int64
-	Config   Config
-	Faults   []FaultCount
-	Checks   []Check
-	Stats    []Stat
-	Dir      string // where the logs are (kept when there were violations)
-	Duration time.Duration
+	Seed     int64         // the seed the run used (to replay it)
+	Config   Config        // the configuration, defaults filled in
+	Faults   []FaultCount  // faults injected, by kind
+	Checks   []Check       // every invariant checked
+	Stats    []Stat        // figures of the workload
+	Dir      string        // where the logs are (kept when there were violations)
+	Duration time.Duration // how long the whole run took
 }
 
 // FaultCount is how many faults of one kind were injected.
 type FaultCount struct {
 	Kind   Fault
-	Count  int
-	Detail string
+	Count  int    // how many were injected (for FaultBouncer: instances behind it)
+	Detail string // e.g. how many landed mid-batch
 }
 
 // Violations is the number of violations over all checks.
