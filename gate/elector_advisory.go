@@ -44,7 +44,7 @@ func (e *Elector) retryDelay() time.Duration {
 // handoverPoll is how often a new lock holder looks whether the previous
 // term was closed.
 func (e *Elector) handoverPoll() time.Duration {
-	return min(max(e.o.TTL/100, time.Millisecond), 10*time.Millisecond)
+	return min(max(e.o.TTL/200, time.Millisecond), 5*time.Millisecond)
 }
 
 // oneTrip runs statements in one round trip each (pgx.QueryExecModeExec)
