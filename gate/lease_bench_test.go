@@ -3,6 +3,7 @@ package gate_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -132,8 +133,9 @@ func BenchmarkElectorTakeover(b *testing.B) {
 				standby := 1 - leader
 				campaign(es[standby])
 				if c.lease {
-					// past the standby's first try: measure its polling
-					time.Sleep(o.RetryInterval + 2*time.Millisecond)
+					// past the standby's first try, at a random phase
+					// of its polling
+					time.Sleep(o.RetryInterval + rand.N(o.RetryInterval))
 				} else {
 					waitForWaiter(b, db.Pool, "bench")
 				}
