@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -41,14 +43,19 @@ func runBaselines(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.setup("bulk UPDATE: one statement moves every PAUSED row; median of %d runs", p.BulkRepeats)
 	r.setup("field loop: K instances (own pools) each SELECT every PAUSED id, then per id: CAS UPDATE … WHERE id = $1 AND status = 'PAUSED' (autocommit); when won, BEGIN; INSERT effect; UPDATE … SET status = 'DONE'; COMMIT")
 	r.setup("hand-written SQL: UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT batch) RETURNING, then one fenced finish + effects per batch: the loop of the claims scenario without pgclaim")
+	r.setup("hand-written SQL and pgclaim run alternately, %d runs each at %v (workers, batch); the median run is shown with the range", max(1, p.CompareRepeats), p.Compare)
 	r.setup("claim.Worker: Drain with BatchSize = batch and Concurrency = workers; every row's work (the effect) and finish in its own transaction; %d rows", p.WorkerRows)
 	r.setup("time box per run: %s", p.ClaimTimeBox)
 
 	tbl := Table{Title: "Baselines beside pgclaim (same server, same run)",
-		Columns: []string{"approach", "workers", "batch", "rows", "s", "rows/s", "p50", "p99", "dup"}}
+		Columns: []string{"approach", "workers", "batch", "rows", "s", "rows/s", "range of runs", "p50", "p99", "dup"}}
 	row := func(res Result) {
+		spread := "-"
+		if res.Extra["runs"] > 1 {
+			spread = fmt.Sprintf("%.0f–%.0f (%d runs)", res.Extra["min_per_second"], res.Extra["max_per_second"], int(res.Extra["runs"]))
+		}
 		tbl.Rows = append(tbl.Rows, []string{res.Name, itoa(res.Workers), itoa(res.Batch), fmt.Sprintf("%d", res.Ops),
-			fmt.Sprintf("%.2f", res.Seconds), fmt.Sprintf("%.0f", res.PerSecond), fmtUs(res.P50us), fmtUs(res.P99us),
+			fmt.Sprintf("%.2f", res.Seconds), fmt.Sprintf("%.0f", res.PerSecond), spread, fmtUs(res.P50us), fmtUs(res.P99us),
 			fmt.Sprintf("%.0f", res.Extra["duplicates"])})
 		r.Results = append(r.Results, res)
 	}
@@ -117,38 +124,60 @@ INSERT INTO bench_effects (id, fence, worker) SELECT id, fence, 0 FROM moved`},
 		r.Profiles = append(r.Profiles, prof)
 	}
 
-	// 3. hand-written SQL and pgclaim at the same settings, one after the other.
+	// 3. hand-written SQL and pgclaim at the same settings, alternating,
+	// p.CompareRepeats runs each; the median run is reported.
 	pg, err := pgclaimOps(pool)
 	if err != nil {
 		return err
 	}
+	type measured struct {
+		res  Result
+		prof Profile
+	}
 	for _, cp := range p.Compare {
-		for _, v := range []struct {
+		variants := []struct {
 			group, name string
 			ops         func(w int) batchOps
 		}{
 			{"baseline", "hand-written SKIP LOCKED SQL", handOps(pool)},
 			{"pgclaim", "pgclaim ClaimBatch + FinishBatch", pg},
-		} {
-			if err := resetPush(ctx, pool, p.ClaimRows); err != nil {
-				return err
+		}
+		runs := make([][]measured, len(variants))
+		for rep := range max(1, p.CompareRepeats) {
+			for j := range variants {
+				vi := j
+				if rep%2 == 1 { // alternate which goes first
+					vi = len(variants) - 1 - j
+				}
+				v := variants[vi]
+				if err := resetPush(ctx, pool, p.ClaimRows); err != nil {
+					return err
+				}
+				var rows atomic.Int64
+				end := e.prog.task(fmt.Sprintf("  baselines: %s workers=%d batch=%d (run %d)", v.name, cp.Workers, cp.Batch, rep+1), "rows", int64(p.ClaimRows), rows.Load)
+				ph := e.begin(ctx, db.Name)
+				cr, err := drainBatches(ctx, pool, cp.Workers, cp.Batch, time.Now().Add(p.ClaimTimeBox), v.ops, &rows)
+				prof := ph.end(ctx, fmt.Sprintf("%s workers=%d batch=%d", v.name, cp.Workers, cp.Batch), 5)
+				end()
+				if err != nil {
+					return err
+				}
+				c, err := countEffects(ctx, pool)
+				if err != nil {
+					return err
+				}
+				t.add(c, cr.lost)
+				runs[vi] = append(runs[vi], measured{claimResult(v.group, v.name, cp.Workers, cp.Batch, cr, prof, c), prof})
 			}
-			var rows atomic.Int64
-			end := e.prog.task(fmt.Sprintf("  baselines: %s workers=%d batch=%d", v.name, cp.Workers, cp.Batch), "rows", int64(p.ClaimRows), rows.Load)
-			ph := e.begin(ctx, db.Name)
-			cr, err := drainBatches(ctx, pool, cp.Workers, cp.Batch, time.Now().Add(p.ClaimTimeBox), v.ops, &rows)
-			prof := ph.end(ctx, fmt.Sprintf("%s workers=%d batch=%d", v.name, cp.Workers, cp.Batch), 5)
-			end()
-			if err != nil {
-				return err
-			}
-			c, err := countEffects(ctx, pool)
-			if err != nil {
-				return err
-			}
-			t.add(c, cr.lost)
-			row(claimResult(v.group, v.name, cp.Workers, cp.Batch, cr, prof, c))
-			r.Profiles = append(r.Profiles, prof)
+		}
+		for _, ms := range runs {
+			slices.SortFunc(ms, func(a, b measured) int { return cmp.Compare(a.res.PerSecond, b.res.PerSecond) })
+			m := ms[len(ms)/2]
+			m.res.Extra["runs"] = float64(len(ms))
+			m.res.Extra["min_per_second"] = ms[0].res.PerSecond
+			m.res.Extra["max_per_second"] = ms[len(ms)-1].res.PerSecond
+			row(m.res)
+			r.Profiles = append(r.Profiles, m.prof)
 		}
 	}
 

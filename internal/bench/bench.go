@@ -62,6 +62,7 @@ type params struct {
 	FieldInstances []int   // the SELECT-then-CAS loop, K instances
 	BulkRepeats    int     // bulk UPDATE runs (median reported)
 	Compare        []point // (workers, batch) for hand-written SQL and claim.Worker
+	CompareRepeats int     // alternating runs of hand-written SQL and pgclaim
 	WorkerRows     int     // rows for the claim.Worker drain
 
 	GateDuration   time.Duration
@@ -95,6 +96,7 @@ func fullParams() *params {
 		FieldInstances: []int{2, 8},
 		BulkRepeats:    3,
 		Compare:        []point{{8, 1}, {8, 100}},
+		CompareRepeats: 3,
 		WorkerRows:     50_000,
 
 		GateDuration:   4 * time.Second,
@@ -127,6 +129,7 @@ func quickParams() *params {
 		FieldInstances: []int{2},
 		BulkRepeats:    1,
 		Compare:        []point{{8, 100}},
+		CompareRepeats: 1,
 		WorkerRows:     5_000,
 
 		GateDuration:   1 * time.Second,
