@@ -255,7 +255,7 @@ func (r *Report) Problems() []string {
 		}
 		for _, c := range s.Checks {
 			if !c.OK {
-				out = append(out, fmt.Sprintf("%s: %s: got %d, want %d", s.Name, c.Name, c.Got, c.Want))
+				out = append(out, fmt.Sprintf("%s: got %d, want %d", c.Name, c.Got, c.Want))
 			}
 		}
 	}

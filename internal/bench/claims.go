@@ -233,16 +233,24 @@ func pgclaimOps(pool *pgxpool.Pool) (func(w int) batchOps, error) {
 // handOps is the same loop written by hand: the SQL a careful user writes
 // without pgclaim (SKIP LOCKED batch claim stamped with a fencing token,
 // one fenced finish per batch).
-func handOps(pool *pgxpool.Pool) func(w int) batchOps {
+//
+// perExec runs the claim as an unnamed statement planned at every
+// execution, as pgclaim's ClaimBatch does (pgx's QueryExecModeCacheDescribe);
+// otherwise it is a prepared statement whose plan the server may cache.
+func handOps(pool *pgxpool.Pool, perExec bool) func(w int) batchOps {
 	return func(w int) batchOps {
 		holder := fmt.Sprintf("hand-w%d", w)
+		var mode []any
+		if perExec {
+			mode = []any{pgx.QueryExecModeCacheDescribe}
+		}
 		return batchOps{
 			claim: func(ctx context.Context, n int) ([]int64, []int64, error) {
 				rows, err := pool.Query(ctx, `UPDATE bench_push
 SET status = 'PROCESSING', claimed_at = now(), claimed_by = $2,
     fence = (SELECT nextval('pgclaim_fence_seq')), attempts = attempts + 1
 WHERE id IN (SELECT id FROM bench_push WHERE status = 'PAUSED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, fence`, n, holder)
+RETURNING id, fence`, append(mode, n, holder)...)
 				if err != nil {
 					return nil, nil, err
 				}

@@ -288,10 +288,16 @@ func ratios(r *Report) []Ratio {
 		if h.Name != "hand-written SKIP LOCKED SQL" {
 			continue
 		}
-		if pg, ok := find("baselines", func(x Result) bool {
+		pg, ok := find("baselines", func(x Result) bool {
 			return x.Name == "pgclaim ClaimBatch + FinishBatch" && x.Workers == h.Workers && x.Batch == h.Batch
-		}); ok {
+		})
+		if ok {
 			throughput(fmt.Sprintf("pgclaim / hand-written SQL (%d workers, batch %d)", h.Workers, h.Batch), pg, h)
+			if pe, ok := find("baselines", func(x Result) bool {
+				return x.Name == "hand-written SQL, claim planned per execution" && x.Workers == h.Workers && x.Batch == h.Batch
+			}); ok {
+				throughput(fmt.Sprintf("pgclaim / hand-written SQL planned per execution (%d workers, batch %d)", h.Workers, h.Batch), pg, pe)
+			}
 		}
 		if w, ok := find("baselines", func(x Result) bool {
 			return strings.HasPrefix(x.Name, "pgclaim claim.Worker") && x.Workers == h.Workers && x.Batch == h.Batch
