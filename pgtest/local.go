@@ -74,7 +74,10 @@ type localCluster struct {
 // reaperPipes keeps the write ends of the reapers' stdin pipes open for the
 // life of the process: when the process exits, however it exits, the pipes
 // close and each reaper stops its cluster and removes its files.
-var reaperPipes []*os.File
+var (
+	reaperMu    sync.Mutex
+	reaperPipes []*os.File
+)
 
 const reaperScript = `read -r _
 pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null)
@@ -168,7 +171,9 @@ func (c *localCluster) startReaper() error {
 	}
 	r.Close()
 	go func() { _ = cmd.Wait() }()
+	reaperMu.Lock()
 	reaperPipes = append(reaperPipes, w)
+	reaperMu.Unlock()
 	return nil
 }
 
