@@ -35,7 +35,7 @@ CREATE INDEX pgclaim_terms_started_at_idx ON pgclaim_terms (started_at);
 -- until vacuum: the lease cycle ran 1.5-5x slower than with the index
 -- dropped (BenchmarkLeaseCycle). The table holds one row per lock name and
 -- is read whole, so the index bought nothing.
-DROP INDEX pgclaim_locks_lock_until_idx;
+DROP INDEX IF EXISTS pgclaim_locks_lock_until_idx;
 
 -- +goose Down
 CREATE INDEX pgclaim_locks_lock_until_idx ON pgclaim_locks (lock_until);
