@@ -549,6 +549,9 @@ func (h *harness) progress(ctx context.Context) {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = h.pool.QueryRow(qctx, "SELECT count(*), count(*) FILTER (WHERE state IN ('PAUSED', 'PROCESSING')) FROM chaos_rows").Scan(&rows, &open)
 		cancel()
+		if ctx.Err() != nil {
+			return
+		}
 		h.faults.mu.Lock()
 		n := 0
 		for _, c := range h.faults.n {
