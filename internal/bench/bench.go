@@ -66,12 +66,14 @@ type params struct {
 	WorkerRows     int     // rows for the claim.Worker drain
 
 	GateDuration   time.Duration
+	GateRounds     int // the duration is split into rounds that take turns
 	GateContenders []int
 
 	SweepRows     int
 	SweepBatch    int
 	SweepSweepers []int
 	SweepTimeBox  time.Duration // sweeping stops after this long if rows remain
+	SweepRepeats  int           // runs of each approach, taking turns; the fastest is reported
 
 	FailoverRounds int
 	FailoverLong   bool // include the default-TTL SIGKILL case (TTL-bound)
@@ -100,12 +102,14 @@ func fullParams() *params {
 		WorkerRows:     50_000,
 
 		GateDuration:   4 * time.Second,
+		GateRounds:     4,
 		GateContenders: []int{1, 8},
 
 		SweepRows:     1_000_000,
 		SweepBatch:    1000,
 		SweepSweepers: []int{1, 2},
 		SweepTimeBox:  100 * time.Second,
+		SweepRepeats:  2,
 
 		FailoverRounds: 10,
 		FailoverLong:   true,
@@ -133,6 +137,7 @@ func quickParams() *params {
 		WorkerRows:     5_000,
 
 		GateDuration:   1 * time.Second,
+		GateRounds:     2,
 		GateContenders: []int{1, 8},
 
 		SweepRows:     50_000,

@@ -167,32 +167,53 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	}
 	r.setup("each contender is an instance with its own pool (and own gate/lease object); the job does nothing")
 	r.setup("the ledger starts in steady state: %d finished ticks of 100 other jobs, analyzed", gateHistory)
-	r.setup("a cycle is acquire + run + release; contenders %v loop for %s each on one name", p.GateContenders, p.GateDuration)
+	r.setup("a cycle is acquire + run + release; contenders %v loop for %s in all on one name, in %d rounds that take turns with the other mechanisms", p.GateContenders, p.GateDuration, max(1, p.GateRounds))
 	r.setup("ledger mechanisms fire consecutive ticks (1 µs apart); every contender tries every tick, so with 8 contenders most attempts find the tick or lock taken")
 	r.setup("ShedLock-style: INSERT … ON CONFLICT (name) DO UPDATE … WHERE lock_until <= now(), then UPDATE lock_until = max(now(), locked_at + at_least) (at_least = 0): ShedLock's own SQL with usingDbTime()")
 	r.setup("checks: a tick runs at most once; two runs under one lock never overlap (LedgerOnly takes no lock: different ticks may overlap there, by design)")
 
 	tbl := Table{Title: "Gate cycles (acquire + release); p50/p99 of won cycles, then of skipped attempts",
 		Columns: []string{"mechanism", "contenders", "won", "won/s", "attempts/s", "p50", "p99", "skip p50", "dup/overlap"}}
-	var dupTicks, overlaps int64
-	for _, m := range gateMechs() {
-		for _, c := range p.GateContenders {
+	// Rounds: every (mechanism, contenders) runs for a slice of the
+	// duration in each round, in rotating order, so a disturbance of the
+	// machine (other processes) hits every mechanism alike.
+	mechs := gateMechs()
+	type cell struct{ m, c int }
+	var cells []cell
+	for mi := range mechs {
+		for ci := range p.GateContenders {
+			cells = append(cells, cell{mi, ci})
+		}
+	}
+	acc := make([]gateRaw, len(cells))
+	rounds := max(1, p.GateRounds)
+	slice := p.GateDuration / time.Duration(rounds)
+	for round := range rounds {
+		for k := range cells {
+			i := (k + round*len(p.GateContenders)) % len(cells)
+			m, c := mechs[cells[i].m], p.GateContenders[cells[i].c]
 			ph := e.begin(ctx, db.Name)
-			res, d, o, err := gateRun(ctx, e, admin, db.URL, m, c, p.GateDuration)
+			raw, err := gateRun(ctx, e, admin, db.URL, m, c, slice, fmt.Sprintf("round %d/%d", round+1, rounds))
 			prof := ph.end(ctx, fmt.Sprintf("%s, %d contender(s)", m.name, c), 4)
 			if err != nil {
 				return fmt.Errorf("%s, %d contenders: %w", m.name, c, err)
 			}
-			if c == p.GateContenders[0] {
+			if round == 0 && cells[i].c == 0 {
 				r.Profiles = append(r.Profiles, prof)
 			}
-			dupTicks += d
-			overlaps += o
-			r.Results = append(r.Results, res)
-			tbl.Rows = append(tbl.Rows, []string{m.name, itoa(c), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.0f", res.PerSecond),
-				fmt.Sprintf("%.0f", res.Extra["attempts_per_second"]), fmtUs(res.P50us), fmtUs(res.P99us),
-				fmtUs(res.Extra["skip_p50_us"]), fmt.Sprintf("%d", d+o)})
+			acc[i].merge(raw)
 		}
+	}
+	var dupTicks, overlaps int64
+	for i, cl := range cells {
+		m, c, raw := mechs[cl.m], p.GateContenders[cl.c], acc[i]
+		res := raw.result(m, c)
+		dupTicks += raw.dups
+		overlaps += raw.overlaps
+		r.Results = append(r.Results, res)
+		tbl.Rows = append(tbl.Rows, []string{m.name, itoa(c), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.0f", res.PerSecond),
+			fmt.Sprintf("%.0f", res.Extra["attempts_per_second"]), fmtUs(res.P50us), fmtUs(res.P99us),
+			fmtUs(res.Extra["skip_p50_us"]), fmt.Sprintf("%d", raw.dups+raw.overlaps)})
 	}
 	r.Tables = append(r.Tables, tbl)
 	r.check("gates: ticks run more than once", 0, dupTicks)
@@ -206,13 +227,47 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	return nil
 }
 
-// gateRun runs c contenders of m for d and returns the result, the number
-// of ticks run twice and the number of overlapping jobs.
-func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gateMech, c int, d time.Duration) (Result, int64, int64, error) {
+// gateRaw is what runs of one (mechanism, contenders) measured.
+type gateRaw struct {
+	won, tries, dups, overlaps int64
+	elapsed                    time.Duration
+	wonLat, skipLat            []time.Duration
+}
+
+func (g *gateRaw) merge(o gateRaw) {
+	g.won += o.won
+	g.tries += o.tries
+	g.dups += o.dups
+	g.overlaps += o.overlaps
+	g.elapsed += o.elapsed
+	g.wonLat = append(g.wonLat, o.wonLat...)
+	g.skipLat = append(g.skipLat, o.skipLat...)
+}
+
+func (g gateRaw) result(m gateMech, c int) Result {
+	ws, ss := summarize(g.wonLat), summarize(g.skipLat)
+	return Result{
+		Group: m.group, Name: m.name, Workers: c, Ops: g.won, Unit: "cycles/s",
+		Seconds: g.elapsed.Seconds(), PerSecond: perSec(g.won, g.elapsed),
+		P50us: us(ws.P50), P99us: us(ws.P99), MaxUs: us(ws.Max),
+		Extra: map[string]float64{
+			"attempts":            float64(g.tries),
+			"attempts_per_second": perSec(g.tries, g.elapsed),
+			"skip_p50_us":         us(ss.P50),
+			"skip_p99_us":         us(ss.P99),
+			"duplicates":          float64(g.dups),
+			"overlaps":            float64(g.overlaps),
+		},
+	}
+}
+
+// gateRun runs c contenders of m for d and returns what they measured,
+// with the number of ticks run twice and of overlapping jobs.
+func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gateMech, c int, d time.Duration, label string) (gateRaw, error) {
 	// Each run fires its own ticks: from database time now, 1 µs apart.
 	var base time.Time
 	if err := admin.QueryRow(ctx, "SELECT now()").Scan(&base); err != nil {
-		return Result{}, 0, 0, err
+		return gateRaw{}, err
 	}
 	base = base.Truncate(time.Microsecond)
 	at := func(i int64) time.Time { return base.Add(time.Duration(i) * time.Microsecond) }
@@ -252,12 +307,12 @@ func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gat
 	for i := range c {
 		p, err := openPool(ctx, url, 4)
 		if err != nil {
-			return Result{}, 0, 0, err
+			return gateRaw{}, err
 		}
 		pools[i] = p
 		op, closeFn, err := m.setup(ctx, i, p, at, job)
 		if err != nil {
-			return Result{}, 0, 0, err
+			return gateRaw{}, err
 		}
 		ops[i] = op
 		closers = append(closers, closeFn)
@@ -270,7 +325,7 @@ func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gat
 		mu.Unlock()
 	}
 	var wonLat, skipLat latencies
-	end := e.prog.task(fmt.Sprintf("  gates: %s, %d contenders", m.name, c), "cycles", 0, won.Load)
+	end := e.prog.task(fmt.Sprintf("  gates: %s, %d contenders, %s", m.name, c, label), "cycles", 0, won.Load)
 	start := time.Now()
 	deadline := start.Add(d)
 	err := runGroup(c, func(ci int) error {
@@ -296,7 +351,7 @@ func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gat
 	el := time.Since(start)
 	end()
 	if err != nil {
-		return Result{}, 0, 0, err
+		return gateRaw{}, err
 	}
 	var dups int64
 	for _, n := range runs {
@@ -304,19 +359,8 @@ func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gat
 			dups += int64(n - 1)
 		}
 	}
-	ws, ss := wonLat.summary(), skipLat.summary()
-	res := Result{
-		Group: m.group, Name: m.name, Workers: c, Ops: won.Load(), Unit: "cycles/s",
-		Seconds: el.Seconds(), PerSecond: perSec(won.Load(), el),
-		P50us: us(ws.P50), P99us: us(ws.P99), MaxUs: us(ws.Max),
-		Extra: map[string]float64{
-			"attempts":            float64(tries.Load()),
-			"attempts_per_second": perSec(tries.Load(), el),
-			"skip_p50_us":         us(ss.P50),
-			"skip_p99_us":         us(ss.P99),
-			"duplicates":          float64(dups),
-			"overlaps":            float64(overlap.Load()),
-		},
-	}
-	return res, dups, overlap.Load(), nil
+	return gateRaw{
+		won: won.Load(), tries: tries.Load(), dups: dups, overlaps: overlap.Load(), elapsed: el,
+		wonLat: wonLat.d, skipLat: skipLat.d,
+	}, nil
 }

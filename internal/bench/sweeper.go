@@ -65,63 +65,93 @@ func runSweeper(ctx context.Context, e *env, p *params, r *ScenarioReport) error
 	if e.pgss {
 		r.setup("longest statement: max_exec_time of the sweep statement in pg_stat_statements")
 	}
-	r.setup("a run stops after %s if rows remain (then rows/s is over that time)", p.SweepTimeBox)
+	r.setup("a run stops after %s if rows remain (then rows/s is over that time); each approach runs %d time(s), taking turns, and the fastest run is shown", p.SweepTimeBox, max(1, p.SweepRepeats))
 	r.setup("baseline: one UPDATE … SET status = 'FAILED' WHERE status = 'PROCESSING' AND claimed_at < now() - 24h over the same rows")
 
 	tbl := Table{Title: "Sweeping stale rows",
 		Columns: []string{"approach", "sweepers", "rows", "s", "rows/s", "batch p50", "batch p99", "longest statement", "moved twice"}}
 	var twice, missed int64
-	for _, k := range p.SweepSweepers {
-		if err := resetStale(ctx, pool, p.SweepRows); err != nil {
-			return err
-		}
-		res, dup, prof, err := sweepRun(ctx, e, db.Name, db.URL, k, p)
-		if err != nil {
-			return err
-		}
-		r.Profiles = append(r.Profiles, prof)
-		twice += dup
-		left, err := scanInt64(ctx, pool, "SELECT count(*) FROM bench_stale WHERE status <> 'FAILED'")
-		if err != nil {
-			return err
-		}
-		if res.Extra["timed_out"] == 0 {
-			missed += left
-		} else {
-			r.note("%d sweeper(s): stopped by the %s time box with %d of %d rows swept; rows/s is over the time box", k, p.SweepTimeBox, res.Ops, p.SweepRows)
-			if res.Ops+left != int64(p.SweepRows) {
-				missed += abs64(int64(p.SweepRows) - res.Ops - left)
+	type run struct {
+		res  Result
+		prof Profile
+	}
+	// approaches: k sweepers for each k, then the giant UPDATE (k = 0);
+	// repeated runs take turns, and the fastest of each is reported.
+	approaches := append(append([]int{}, p.SweepSweepers...), 0)
+	best := make([]*run, len(approaches))
+	reps := max(1, p.SweepRepeats)
+	for rep := range reps {
+		for j := range approaches {
+			ai := (j + rep) % len(approaches)
+			k := approaches[ai]
+			if err := resetStale(ctx, pool, p.SweepRows); err != nil {
+				return err
+			}
+			var cur run
+			if k == 0 {
+				res, prof, err := giantUpdate(ctx, e, pool, db.Name, p.SweepRows)
+				if err != nil {
+					return err
+				}
+				cur = run{res, prof}
+			} else {
+				res, dup, prof, err := sweepRun(ctx, e, db.Name, db.URL, k, p)
+				if err != nil {
+					return err
+				}
+				twice += dup
+				left, err := scanInt64(ctx, pool, "SELECT count(*) FROM bench_stale WHERE status <> 'FAILED'")
+				if err != nil {
+					return err
+				}
+				if res.Extra["timed_out"] == 0 {
+					missed += left
+				} else {
+					r.note("%d sweeper(s), run %d: stopped by the %s time box with %d of %d rows swept; rows/s is over the time box", k, rep+1, p.SweepTimeBox, res.Ops, p.SweepRows)
+					missed += abs64(int64(p.SweepRows) - res.Ops - left)
+				}
+				cur = run{res, prof}
+			}
+			if best[ai] == nil || cur.res.PerSecond > best[ai].res.PerSecond {
+				best[ai] = &cur
 			}
 		}
+	}
+	for _, b := range best {
+		res := b.res
+		res.Extra["runs"] = float64(reps)
 		r.Results = append(r.Results, res)
-		tbl.Rows = append(tbl.Rows, []string{res.Name, itoa(k), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
-			fmt.Sprintf("%.0f", res.PerSecond), fmtUs(res.P50us), fmtUs(res.P99us), fmtMs(res.Extra["longest_statement_ms"]), fmt.Sprintf("%d", dup)})
+		r.Profiles = append(r.Profiles, b.prof)
+		if res.Group == "baseline" {
+			tbl.Rows = append(tbl.Rows, []string{res.Name, "1", fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
+				fmt.Sprintf("%.0f", res.PerSecond), "-", "-", fmtMs(res.Extra["longest_statement_ms"]), "0"})
+			continue
+		}
+		tbl.Rows = append(tbl.Rows, []string{res.Name, itoa(res.Workers), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
+			fmt.Sprintf("%.0f", res.PerSecond), fmtUs(res.P50us), fmtUs(res.P99us), fmtMs(res.Extra["longest_statement_ms"]),
+			fmt.Sprintf("%.0f", res.Extra["duplicates"])})
 	}
-
-	// the giant UPDATE
-	if err := resetStale(ctx, pool, p.SweepRows); err != nil {
-		return err
-	}
-	e.prog.logf("  sweeper: one UPDATE over %d rows", p.SweepRows)
-	ph := e.begin(ctx, db.Name)
-	t0 := time.Now()
-	tag, err := pool.Exec(ctx, "UPDATE bench_stale SET status = 'FAILED' WHERE status = 'PROCESSING' AND claimed_at < now() - interval '24 hours'")
-	if err != nil {
-		return err
-	}
-	d := time.Since(t0)
-	prof := ph.end(ctx, "one giant UPDATE", 3)
-	r.Profiles = append(r.Profiles, prof)
-	res := Result{Group: "baseline", Name: "one UPDATE (all rows)", Workers: 1, Ops: tag.RowsAffected(), Unit: "rows/s",
-		Seconds: d.Seconds(), PerSecond: perSec(tag.RowsAffected(), d), P50us: us(d), P99us: us(d), MaxUs: us(d),
-		Extra: map[string]float64{"longest_statement_ms": ms(d), "rows_locked_at_once": float64(tag.RowsAffected())}}
-	r.Results = append(r.Results, res)
-	tbl.Rows = append(tbl.Rows, []string{res.Name, "1", fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.1f", res.Seconds),
-		fmt.Sprintf("%.0f", res.PerSecond), "-", "-", fmtMs(ms(d)), "0"})
 	r.Tables = append(r.Tables, tbl)
 	r.check("sweeper: rows moved more than once", 0, twice)
 	r.check("sweeper: stale rows left unswept", 0, missed)
 	return nil
+}
+
+// giantUpdate moves every stale row with one statement.
+func giantUpdate(ctx context.Context, e *env, pool *pgxpool.Pool, dbName string, n int) (Result, Profile, error) {
+	e.prog.logf("  sweeper: one UPDATE over %d rows", n)
+	ph := e.begin(ctx, dbName)
+	t0 := time.Now()
+	tag, err := pool.Exec(ctx, "UPDATE bench_stale SET status = 'FAILED' WHERE status = 'PROCESSING' AND claimed_at < now() - interval '24 hours'")
+	if err != nil {
+		return Result{}, Profile{}, err
+	}
+	d := time.Since(t0)
+	prof := ph.end(ctx, "one giant UPDATE", 3)
+	res := Result{Group: "baseline", Name: "one UPDATE (all rows)", Workers: 1, Ops: tag.RowsAffected(), Unit: "rows/s",
+		Seconds: d.Seconds(), PerSecond: perSec(tag.RowsAffected(), d), P50us: us(d), P99us: us(d), MaxUs: us(d),
+		Extra: map[string]float64{"longest_statement_ms": ms(d), "rows_locked_at_once": float64(tag.RowsAffected())}}
+	return res, prof, nil
 }
 
 // sweepRun runs k sweepers at once over the stale table.
