@@ -39,7 +39,19 @@ func runHarness(t *testing.T, cfg Config) *Result {
 	}
 	var out bytes.Buffer
 	cfg.Out = &out
-	cfg.Dir = t.TempDir()
+	// Logs and report stay on disk when the test fails.
+	dir, err := os.MkdirTemp("", "chaos-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("instance logs and report kept in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	cfg.Dir = dir
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+4*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, cfg)
@@ -52,6 +64,7 @@ func runHarness(t *testing.T, cfg Config) *Result {
 	var report bytes.Buffer
 	res.Print(&report)
 	t.Logf("%s%s", out.String(), report.String())
+	_ = os.WriteFile(filepath.Join(dir, "report.txt"), append(out.Bytes(), report.Bytes()...), 0o644)
 	logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "instance-*.log"))
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)

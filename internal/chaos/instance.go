@@ -216,6 +216,9 @@ func (in *instance) stop(timeout time.Duration) {
 	select {
 	case <-exited:
 	case <-time.After(timeout):
+		in.mu.Lock()
+		in.cur.end = "killed" // what it left running is a crash's leftovers
+		in.mu.Unlock()
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		<-exited
 	}
