@@ -57,6 +57,27 @@
 // TCP keepalives (the server drops a vanished client's session, and its
 // locks, within about 11 s) and turns idle_session_timeout off.
 //
+// # Abandoned ticks
+//
+// A holder that dies mid-run (a killed process, a session lost between claim
+// and finish) cannot record an outcome, so its tick stays marked running.
+// Every run under the advisory lock holds the lock until its outcome is
+// recorded, so whoever takes a job's lock knows that no other run of the job
+// is alive. The claim statement of Once and CatchUp (when not LedgerOnly)
+// therefore also checks, with one index probe, whether the job's most
+// recently started tick is still marked running: that is where a dead
+// holder's tick is, since no tick of the job can be claimed while its
+// holder holds the lock. If it is, a second statement, still under the lock,
+// marks every running tick of the job abandoned, with finished_at and an
+// error naming the instance that found it, and each is reported with
+// EventAbandoned. A live run is never marked: it holds the lock, so the
+// claim does not get it, and a run's finish records its outcome before it
+// unlocks. If the old holder was not dead after all (its session ended
+// while its process went on), its own outcome replaces the mark when its job
+// returns. Ledger-only runs hold no lock, so nothing tells a dead one from a
+// live one: their ticks are not resolved automatically (see
+// Config.LedgerOnly), and instances of one job must all use the same mode.
+//
 // The server frees the lock as soon as the session is gone, possibly before
 // the old job has noticed: another instance may then start while the old job
 // is still winding down. Jobs should stop promptly when their context ends
@@ -76,5 +97,5 @@
 //
 // Options.Logger (a *slog.Logger, silent by default) and Options.Hooks
 // receive the same events: acquired, skipped, lost, finished with outcome and
-// duration.
+// duration, and abandoned ticks found by a claim.
 package gate

@@ -135,7 +135,7 @@ const (
 	OutcomeSucceeded Outcome = "succeeded" // the job returned nil
 	OutcomeFailed    Outcome = "failed"    // the job returned an error
 	OutcomeLost      Outcome = "lost"      // exclusion was lost while running
-	OutcomeAbandoned Outcome = "abandoned" // the caller's context ended, or the job panicked
+	OutcomeAbandoned Outcome = "abandoned" // the caller's context ended, the job panicked, or its holder died
 )
 
 // EventKind says what an Event reports.
@@ -154,9 +154,16 @@ const (
 	// EventReleased: a lease or a leadership was given up by its holder
 	// (Release, Resign); Duration is how long it was held.
 	EventReleased
+	// EventAbandoned: taking a job's advisory lock, this instance found a
+	// tick of the job still marked running, left by a holder whose session
+	// had ended (a killed process, a lost connection), and recorded it as
+	// abandoned. FireAt and Fence are that tick's, Outcome is
+	// OutcomeAbandoned and Err names its holder; Holder is this instance.
+	EventAbandoned
 )
 
-// String returns "acquired", "skipped", "lost", "finished" or "released".
+// String returns "acquired", "skipped", "lost", "finished", "released" or
+// "abandoned".
 func (k EventKind) String() string {
 	switch k {
 	case EventAcquired:
@@ -169,6 +176,8 @@ func (k EventKind) String() string {
 		return "finished"
 	case EventReleased:
 		return "released"
+	case EventAbandoned:
+		return "abandoned"
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -181,10 +190,11 @@ type Event struct {
 	Holder string    // this instance's identity
 	Fence  int64     // fencing token of the run, when one was issued
 
-	// Set for EventFinished only.
+	// Set for EventFinished (Outcome also for EventAbandoned, Duration also
+	// for EventReleased).
 	Outcome  Outcome
 	Duration time.Duration // how long the job ran
-	Err      error         // the job's error (or ErrLockLost); nil on success
+	Err      error         // the job's error (or ErrLockLost); nil on success; why, for skips and abandoned ticks
 }
 
 // Hooks receives events for metrics and tracing. Observe may be called from

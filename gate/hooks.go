@@ -7,14 +7,16 @@ import (
 )
 
 // emit reports e to the hooks and writes one log record for it: acquired and
-// skipped at debug level, finished at info (error when the job failed), lost
-// at error.
+// skipped at debug level, finished at info (error when the job failed),
+// abandoned at warn, lost at error.
 func (o *Options) emit(e Event) {
 	o.Hooks.Observe(e)
 	level := slog.LevelDebug
 	switch e.Kind {
 	case EventLost:
 		level = slog.LevelError
+	case EventAbandoned:
+		level = slog.LevelWarn
 	case EventFinished, EventReleased:
 		level = slog.LevelInfo
 		if e.Outcome != "" && e.Outcome != OutcomeSucceeded {

@@ -110,7 +110,8 @@ func TestEventKindString(t *testing.T) {
 	t.Parallel()
 	for k, want := range map[gate.EventKind]string{
 		gate.EventAcquired: "acquired", gate.EventSkipped: "skipped", gate.EventLost: "lost",
-		gate.EventFinished: "finished", gate.EventKind(99): "EventKind(99)",
+		gate.EventFinished: "finished", gate.EventReleased: "released", gate.EventAbandoned: "abandoned",
+		gate.EventKind(99): "EventKind(99)",
 	} {
 		if got := k.String(); got != want {
 			t.Errorf("%d.String() = %q, want %q", int(k), got, want)

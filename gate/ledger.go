@@ -46,6 +46,14 @@ type Config struct {
 	// Use it where session locks cannot live (a transaction-pooling
 	// PgBouncer), and pair it with a Lease when runs of one job must not
 	// overlap. Exclusive always takes the advisory lock.
+	//
+	// Without the lock nothing tells a dead run from a live one, so a tick
+	// whose holder died mid-run stays marked running: ledger-only gates do
+	// not mark ticks abandoned, and Prune keeps running ticks. Operators see
+	// them (pgclaim ticks) and may delete or update them once they know the
+	// holder is gone. All instances of a job must use the same mode: a Once
+	// that takes the lock marks every running tick of the job abandoned,
+	// including a live ledger-only run's.
 	LedgerOnly bool
 }
 
@@ -112,6 +120,11 @@ func (g *Gate) Close() {
 // overlaps another run of the same job (a slow previous tick, a manual
 // Exclusive run); the lock is held on a dedicated connection that is
 // watched while fn runs. See Exclusive for what happens when it is lost.
+//
+// Holding the lock, the claim also marks the job's ticks still running as
+// abandoned: they were left by holders whose session ended before their run
+// finished (see "Abandoned ticks" in the package documentation), and each is
+// reported with EventAbandoned.
 //
 // Once returns an error wrapping ErrSkipped when the tick was claimed
 // already, ErrHeld when another run of the job holds the lock (the tick is
@@ -245,10 +258,15 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 			s.close() // a failed statement may leave the lock held: drop the session
 			return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
 		}
-		row, err := s.q.ClaimTick(ctx, store.ClaimTickParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
+		row, err := s.q.ClaimTickHeld(ctx, store.ClaimTickHeldParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
 		if err != nil {
 			s.close()
 			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+		}
+		if row.Stale {
+			if err := g.abandonStale(ctx, s, name, class, key, row.Fence); err != nil {
+				return g.claimBroken(ctx, name, at, row.Fence, err)
+			}
 		}
 		if !row.InTolerance || row.Fence == 0 {
 			if _, err := s.q.AdvisoryUnlock(ctx, store.AdvisoryUnlockParams{LockClass: class, LockKey: key}); err != nil {
@@ -270,6 +288,11 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 			s.close()
 			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 		}
+		if row.Stale {
+			if err := g.abandonStale(ctx, s, name, class, key, row.Fence); err != nil {
+				return g.claimBroken(ctx, name, at, row.Fence, err)
+			}
+		}
 		if row.Fence == 0 {
 			if row.Locked && !row.Released {
 				s.close() // not expected: the lock would be left held; drop the session
@@ -289,6 +312,49 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 	}
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
 	return g.hold(ctx, s, run, fn, tickRelease{g: g, class: class, key: key})
+}
+
+// abandonStale marks abandoned the ticks of job still running (but the one
+// with ownFence, this run's), which a claim found while holding the job's
+// lock: their holders' sessions had ended. It reports each with
+// EventAbandoned. On error s has been closed, and with it any lock it held.
+func (g *Gate) abandonStale(ctx context.Context, s *session, job string, class, key int32, ownFence int64) error {
+	r, err := s.q.AbandonTicks(ctx, store.AbandonTicksParams{
+		LockClass: class, LockKey: key, Job: job, OwnFence: ownFence,
+		Error: "gate: abandoned: the holder's session ended before the run finished (found by " + g.opts.Holder + ")",
+	})
+	if err == nil && r.Locked && !r.Unlocked {
+		err = errors.New("unlock not confirmed")
+	}
+	if err != nil {
+		s.close() // the lock count is unknown: drop the session
+		return fmt.Errorf("gate: %q: mark abandoned ticks: %w", job, err)
+	}
+	for i := range min(len(r.FireAt), len(r.Holder), len(r.Fence)) {
+		g.opts.emit(Event{
+			Kind: EventAbandoned, Name: job, FireAt: r.FireAt[i].Time, Holder: g.opts.Holder, Fence: r.Fence[i],
+			Outcome: OutcomeAbandoned,
+			Err:     fmt.Errorf("run of %q by %s was abandoned: its session ended before the run finished", job, r.Holder[i]),
+		})
+	}
+	return nil
+}
+
+// claimBroken handles a claim whose session failed (and was closed) after
+// the tick was inserted with fence, 0 for none: the job cannot run without
+// its lock, so its tick is recorded as not run, and err is returned.
+func (g *Gate) claimBroken(ctx context.Context, name string, at time.Time, fence int64, err error) error {
+	if fence == 0 {
+		return err
+	}
+	out := outcomeOf(ctx, err)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
+	if rerr := g.finishTick(rctx, run, out, fmt.Errorf("gate: job not run: %w", err)); rerr != nil {
+		g.opts.Logger.Error("gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", rerr)
+	}
+	return err
 }
 
 // errTaken is the ErrSkipped returned for a tick claimed already.

@@ -11,6 +11,16 @@ import (
 )
 
 type Querier interface {
+	// Mark abandoned every tick of the job still running, except the caller's
+	// own (own_fence; 0 for none), while holding the job's advisory lock: no
+	// other run of the job is alive then, so these ticks' holders died before
+	// their runs finished. The lock is taken here (re-entrantly when the session
+	// holds it already, so the unlock below leaves it held once) and released
+	// after the update, which runs first since abl is read in FROM. locked is
+	// false, and nothing is marked, when another session has the lock. A run
+	// that finished while this statement waited for the lock is seen by its
+	// finished row (the update re-checks a row changed since its snapshot).
+	AbandonTicks(ctx context.Context, arg AbandonTicksParams) (AbandonTicksRow, error)
 	// Lease locks (gate.Lease). Every statement stands alone: no session state,
 	// so they work through PgBouncer in transaction pooling mode. All times are
 	// the database's; durations are passed in microseconds.
@@ -34,6 +44,9 @@ type Querier interface {
 	// time (skipped when tolerance_us is NULL, as for catch-up), then insert the
 	// tick unless it exists. fence is 0 when the tick was already claimed.
 	ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error)
+	// ClaimTick on a session that holds the job's advisory lock already (taken
+	// with a wait), with ClaimTickLocked's stale check.
+	ClaimTickHeld(ctx context.Context, arg ClaimTickHeldParams) (ClaimTickHeldRow, error)
 	// The combined gate in one statement: skew check, pg_try_advisory_lock on the
 	// job's key, the ledger insert, and, if the insert found the tick claimed
 	// already, the unlock. fence <> 0 means this session holds the lock and owns
@@ -41,6 +54,14 @@ type Querier interface {
 	// tick was claimed already (else the lock was held elsewhere). The ledger is
 	// read separately only when the lock was held elsewhere: checking it up front
 	// made the common path several times slower.
+	//
+	// stale: the lock was taken and the job's most recently started tick (other
+	// than the one inserted here, which this statement does not see) is still
+	// marked running. With the lock taken no other run of the job is alive
+	// (every locked run holds the lock until its outcome is recorded), so that
+	// tick's holder died; AbandonTicks then marks it. Looking at the latest tick
+	// only costs one index probe; a dead holder's tick is the latest, since no
+	// tick of the job could be claimed while it held the lock.
 	ClaimTickLocked(ctx context.Context, arg ClaimTickLockedParams) (ClaimTickLockedRow, error)
 	// Database time: the only clock pgclaim compares against.
 	DBNow(ctx context.Context) (pgtype.Timestamptz, error)
@@ -56,11 +77,16 @@ type Querier interface {
 	// Push lock_until to now() + at_most, only for the holder of this fence and
 	// only while the lease has not expired. No row returned: expired or taken over.
 	ExtendLease(ctx context.Context, arg ExtendLeaseParams) (pgtype.Timestamptz, error)
-	// Record how a run ended. Only the run that claimed the tick (same fence)
-	// and only while it is still running.
+	// Record how a run ended, through the pool (the run's session is gone, or
+	// there is none). Only the run that claimed the tick (same fence), and only
+	// while it is running, or marked abandoned by another instance that took the
+	// job's lock after this run's session ended: the holder's own account wins.
 	FinishTick(ctx context.Context, arg FinishTickParams) (int64, error)
 	// FinishTick and the advisory unlock in one statement, on the session that
 	// holds the lock. unlocked is false if the session did not hold the lock.
+	// The update runs in FROM, so the row is finished (and locked) before the
+	// select list unlocks: an instance that takes the lock next waits for this
+	// transaction and never sees the tick still running.
 	FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error)
 	// The lease row of name, with whether it is held now (for operators and tests).
 	LeaseByName(ctx context.Context, name string) (LeaseByNameRow, error)

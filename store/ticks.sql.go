@@ -11,6 +11,78 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const abandonTicks = `-- name: AbandonTicks :one
+WITH lk AS (
+    SELECT pg_try_advisory_lock($1::int4, $2::int4) AS locked
+), ab AS (
+    UPDATE pgclaim_ticks t
+    SET outcome = 'abandoned', finished_at = clock_timestamp(), error = $3::text
+    FROM lk
+    WHERE lk.locked
+      AND t.job = $4::text
+      AND t.outcome = 'running'
+      AND t.fence <> $5::bigint
+    RETURNING t.fire_at, t.holder, t.fence
+), abl AS (
+    SELECT array_agg(ab.fire_at ORDER BY ab.fire_at) AS fire_at,
+           array_agg(ab.holder ORDER BY ab.fire_at) AS holder,
+           array_agg(ab.fence ORDER BY ab.fire_at) AS fence
+    FROM ab
+)
+SELECT lk.locked::boolean AS locked,
+       COALESCE(abl.fire_at, '{}')::timestamptz[] AS fire_at,
+       COALESCE(abl.holder, '{}')::text[] AS holder,
+       COALESCE(abl.fence, '{}')::bigint[] AS fence,
+       (CASE WHEN lk.locked
+             THEN pg_advisory_unlock($1::int4, $2::int4)
+             ELSE false END)::boolean AS unlocked
+FROM lk CROSS JOIN abl
+`
+
+type AbandonTicksParams struct {
+	LockClass int32
+	LockKey   int32
+	Error     string
+	Job       string
+	OwnFence  int64
+}
+
+type AbandonTicksRow struct {
+	Locked   bool
+	FireAt   []pgtype.Timestamptz
+	Holder   []string
+	Fence    []int64
+	Unlocked bool
+}
+
+// Mark abandoned every tick of the job still running, except the caller's
+// own (own_fence; 0 for none), while holding the job's advisory lock: no
+// other run of the job is alive then, so these ticks' holders died before
+// their runs finished. The lock is taken here (re-entrantly when the session
+// holds it already, so the unlock below leaves it held once) and released
+// after the update, which runs first since abl is read in FROM. locked is
+// false, and nothing is marked, when another session has the lock. A run
+// that finished while this statement waited for the lock is seen by its
+// finished row (the update re-checks a row changed since its snapshot).
+func (q *Queries) AbandonTicks(ctx context.Context, arg AbandonTicksParams) (AbandonTicksRow, error) {
+	row := q.db.QueryRow(ctx, abandonTicks,
+		arg.LockClass,
+		arg.LockKey,
+		arg.Error,
+		arg.Job,
+		arg.OwnFence,
+	)
+	var i AbandonTicksRow
+	err := row.Scan(
+		&i.Locked,
+		&i.FireAt,
+		&i.Holder,
+		&i.Fence,
+		&i.Unlocked,
+	)
+	return i, err
+}
+
 const claimTick = `-- name: ClaimTick :one
 WITH chk AS (
     SELECT now() AS db_now,
@@ -60,6 +132,63 @@ func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTick
 	return i, err
 }
 
+const claimTickHeld = `-- name: ClaimTickHeld :one
+WITH chk AS (
+    SELECT now() AS db_now,
+           ($2::bigint IS NULL
+            OR $3::timestamptz
+               BETWEEN now() - $2::bigint * interval '1 microsecond'
+                   AND now() + $2::bigint * interval '1 microsecond') AS in_tolerance
+), ins AS (
+    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
+    SELECT $1::text, $3::timestamptz, $4::text, nextval('pgclaim_fence_seq')
+    FROM chk
+    WHERE chk.in_tolerance
+    ON CONFLICT (job, fire_at) DO NOTHING
+    RETURNING fence
+)
+SELECT chk.db_now::timestamptz AS db_now,
+       chk.in_tolerance::boolean AS in_tolerance,
+       COALESCE(ins.fence, 0)::bigint AS fence,
+       COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                 WHERE l.job = $1::text
+                 ORDER BY l.started_at DESC LIMIT 1), false)::boolean AS stale
+FROM chk LEFT JOIN ins ON true
+`
+
+type ClaimTickHeldParams struct {
+	Job         string
+	ToleranceUs *int64
+	FireAt      pgtype.Timestamptz
+	Holder      string
+}
+
+type ClaimTickHeldRow struct {
+	DbNow       pgtype.Timestamptz
+	InTolerance bool
+	Fence       int64
+	Stale       bool
+}
+
+// ClaimTick on a session that holds the job's advisory lock already (taken
+// with a wait), with ClaimTickLocked's stale check.
+func (q *Queries) ClaimTickHeld(ctx context.Context, arg ClaimTickHeldParams) (ClaimTickHeldRow, error) {
+	row := q.db.QueryRow(ctx, claimTickHeld,
+		arg.Job,
+		arg.ToleranceUs,
+		arg.FireAt,
+		arg.Holder,
+	)
+	var i ClaimTickHeldRow
+	err := row.Scan(
+		&i.DbNow,
+		&i.InTolerance,
+		&i.Fence,
+		&i.Stale,
+	)
+	return i, err
+}
+
 const claimTickLocked = `-- name: ClaimTickLocked :one
 WITH chk AS (
     SELECT now() AS db_now,
@@ -91,6 +220,9 @@ SELECT chk.db_now::timestamptz AS db_now,
              ELSE false
         END)::boolean AS taken,
        COALESCE(ins.fence, 0)::bigint AS fence,
+       (lk.locked AND COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                                WHERE l.job = $1::text
+                                ORDER BY l.started_at DESC LIMIT 1), false))::boolean AS stale,
        (CASE WHEN lk.locked AND ins.fence IS NULL
              THEN pg_advisory_unlock($3::int4, $4::int4)
              ELSE false END)::boolean AS released
@@ -112,6 +244,7 @@ type ClaimTickLockedRow struct {
 	Locked      bool
 	Taken       bool
 	Fence       int64
+	Stale       bool
 	Released    bool
 }
 
@@ -122,6 +255,14 @@ type ClaimTickLockedRow struct {
 // tick was claimed already (else the lock was held elsewhere). The ledger is
 // read separately only when the lock was held elsewhere: checking it up front
 // made the common path several times slower.
+//
+// stale: the lock was taken and the job's most recently started tick (other
+// than the one inserted here, which this statement does not see) is still
+// marked running. With the lock taken no other run of the job is alive
+// (every locked run holds the lock until its outcome is recorded), so that
+// tick's holder died; AbandonTicks then marks it. Looking at the latest tick
+// only costs one index probe; a dead holder's tick is the latest, since no
+// tick of the job could be claimed while it held the lock.
 func (q *Queries) ClaimTickLocked(ctx context.Context, arg ClaimTickLockedParams) (ClaimTickLockedRow, error) {
 	row := q.db.QueryRow(ctx, claimTickLocked,
 		arg.Job,
@@ -138,6 +279,7 @@ func (q *Queries) ClaimTickLocked(ctx context.Context, arg ClaimTickLockedParams
 		&i.Locked,
 		&i.Taken,
 		&i.Fence,
+		&i.Stale,
 		&i.Released,
 	)
 	return i, err
@@ -163,10 +305,7 @@ SET finished_at = clock_timestamp(),
 WHERE job = $3::text
   AND fire_at = $4::timestamptz
   AND fence = $5::bigint
-  -- = 'running', spelled so the planner uses the primary key rather than
-  -- the partial index on running ticks, which fills with dead entries
-  -- between vacuums.
-  AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost')
+  AND outcome IN ('running', 'abandoned')
 `
 
 type FinishTickParams struct {
@@ -177,8 +316,10 @@ type FinishTickParams struct {
 	Fence   int64
 }
 
-// Record how a run ended. Only the run that claimed the tick (same fence)
-// and only while it is still running.
+// Record how a run ended, through the pool (the run's session is gone, or
+// there is none). Only the run that claimed the tick (same fence), and only
+// while it is running, or marked abandoned by another instance that took the
+// job's lock after this run's session ended: the holder's own account wins.
 func (q *Queries) FinishTick(ctx context.Context, arg FinishTickParams) (int64, error) {
 	result, err := q.db.Exec(ctx, finishTick,
 		arg.Outcome,
@@ -202,13 +343,12 @@ WITH fin AS (
     WHERE job = $5::text
       AND fire_at = $6::timestamptz
       AND fence = $7::bigint
-      -- = 'running', spelled so the planner cannot pick the partial index
-      -- on running ticks, which fills with dead entries between vacuums.
-      AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost')
+      AND outcome = 'running'
     RETURNING 1
 )
 SELECT pg_advisory_unlock($1::int4, $2::int4)::boolean AS unlocked,
-       (SELECT count(*) FROM fin)::bigint AS finished
+       f.n::bigint AS finished
+FROM (SELECT count(*) AS n FROM fin) f
 `
 
 type FinishTickUnlockParams struct {
@@ -228,6 +368,9 @@ type FinishTickUnlockRow struct {
 
 // FinishTick and the advisory unlock in one statement, on the session that
 // holds the lock. unlocked is false if the session did not hold the lock.
+// The update runs in FROM, so the row is finished (and locked) before the
+// select list unlocks: an instance that takes the lock next waits for this
+// transaction and never sees the tick still running.
 func (q *Queries) FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error) {
 	row := q.db.QueryRow(ctx, finishTickUnlock,
 		arg.LockClass,

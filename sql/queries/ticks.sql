@@ -29,6 +29,14 @@ FROM chk LEFT JOIN ins ON true;
 -- tick was claimed already (else the lock was held elsewhere). The ledger is
 -- read separately only when the lock was held elsewhere: checking it up front
 -- made the common path several times slower.
+--
+-- stale: the lock was taken and the job's most recently started tick (other
+-- than the one inserted here, which this statement does not see) is still
+-- marked running. With the lock taken no other run of the job is alive
+-- (every locked run holds the lock until its outcome is recorded), so that
+-- tick's holder died; AbandonTicks then marks it. Looking at the latest tick
+-- only costs one index probe; a dead holder's tick is the latest, since no
+-- tick of the job could be claimed while it held the lock.
 WITH chk AS (
     SELECT now() AS db_now,
            (sqlc.narg(tolerance_us)::bigint IS NULL
@@ -59,14 +67,80 @@ SELECT chk.db_now::timestamptz AS db_now,
              ELSE false
         END)::boolean AS taken,
        COALESCE(ins.fence, 0)::bigint AS fence,
+       (lk.locked AND COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                                WHERE l.job = sqlc.arg(job)::text
+                                ORDER BY l.started_at DESC LIMIT 1), false))::boolean AS stale,
        (CASE WHEN lk.locked AND ins.fence IS NULL
              THEN pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
              ELSE false END)::boolean AS released
 FROM chk CROSS JOIN lk LEFT JOIN ins ON true;
 
+-- name: ClaimTickHeld :one
+-- ClaimTick on a session that holds the job's advisory lock already (taken
+-- with a wait), with ClaimTickLocked's stale check.
+WITH chk AS (
+    SELECT now() AS db_now,
+           (sqlc.narg(tolerance_us)::bigint IS NULL
+            OR sqlc.arg(fire_at)::timestamptz
+               BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
+                   AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance
+), ins AS (
+    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
+    SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, nextval('pgclaim_fence_seq')
+    FROM chk
+    WHERE chk.in_tolerance
+    ON CONFLICT (job, fire_at) DO NOTHING
+    RETURNING fence
+)
+SELECT chk.db_now::timestamptz AS db_now,
+       chk.in_tolerance::boolean AS in_tolerance,
+       COALESCE(ins.fence, 0)::bigint AS fence,
+       COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                 WHERE l.job = sqlc.arg(job)::text
+                 ORDER BY l.started_at DESC LIMIT 1), false)::boolean AS stale
+FROM chk LEFT JOIN ins ON true;
+
+-- name: AbandonTicks :one
+-- Mark abandoned every tick of the job still running, except the caller's
+-- own (own_fence; 0 for none), while holding the job's advisory lock: no
+-- other run of the job is alive then, so these ticks' holders died before
+-- their runs finished. The lock is taken here (re-entrantly when the session
+-- holds it already, so the unlock below leaves it held once) and released
+-- after the update, which runs first since abl is read in FROM. locked is
+-- false, and nothing is marked, when another session has the lock. A run
+-- that finished while this statement waited for the lock is seen by its
+-- finished row (the update re-checks a row changed since its snapshot).
+WITH lk AS (
+    SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) AS locked
+), ab AS (
+    UPDATE pgclaim_ticks t
+    SET outcome = 'abandoned', finished_at = clock_timestamp(), error = sqlc.arg(error)::text
+    FROM lk
+    WHERE lk.locked
+      AND t.job = sqlc.arg(job)::text
+      AND t.outcome = 'running'
+      AND t.fence <> sqlc.arg(own_fence)::bigint
+    RETURNING t.fire_at, t.holder, t.fence
+), abl AS (
+    SELECT array_agg(ab.fire_at ORDER BY ab.fire_at) AS fire_at,
+           array_agg(ab.holder ORDER BY ab.fire_at) AS holder,
+           array_agg(ab.fence ORDER BY ab.fire_at) AS fence
+    FROM ab
+)
+SELECT lk.locked::boolean AS locked,
+       COALESCE(abl.fire_at, '{}')::timestamptz[] AS fire_at,
+       COALESCE(abl.holder, '{}')::text[] AS holder,
+       COALESCE(abl.fence, '{}')::bigint[] AS fence,
+       (CASE WHEN lk.locked
+             THEN pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
+             ELSE false END)::boolean AS unlocked
+FROM lk CROSS JOIN abl;
+
 -- name: FinishTick :execrows
--- Record how a run ended. Only the run that claimed the tick (same fence)
--- and only while it is still running.
+-- Record how a run ended, through the pool (the run's session is gone, or
+-- there is none). Only the run that claimed the tick (same fence), and only
+-- while it is running, or marked abandoned by another instance that took the
+-- job's lock after this run's session ended: the holder's own account wins.
 UPDATE pgclaim_ticks
 SET finished_at = clock_timestamp(),
     outcome     = sqlc.arg(outcome)::text,
@@ -74,14 +148,14 @@ SET finished_at = clock_timestamp(),
 WHERE job = sqlc.arg(job)::text
   AND fire_at = sqlc.arg(fire_at)::timestamptz
   AND fence = sqlc.arg(fence)::bigint
-  -- = 'running', spelled so the planner uses the primary key rather than
-  -- the partial index on running ticks, which fills with dead entries
-  -- between vacuums.
-  AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost');
+  AND outcome IN ('running', 'abandoned');
 
 -- name: FinishTickUnlock :one
 -- FinishTick and the advisory unlock in one statement, on the session that
 -- holds the lock. unlocked is false if the session did not hold the lock.
+-- The update runs in FROM, so the row is finished (and locked) before the
+-- select list unlocks: an instance that takes the lock next waits for this
+-- transaction and never sees the tick still running.
 WITH fin AS (
     UPDATE pgclaim_ticks
     SET finished_at = clock_timestamp(),
@@ -90,13 +164,12 @@ WITH fin AS (
     WHERE job = sqlc.arg(job)::text
       AND fire_at = sqlc.arg(fire_at)::timestamptz
       AND fence = sqlc.arg(fence)::bigint
-      -- = 'running', spelled so the planner cannot pick the partial index
-      -- on running ticks, which fills with dead entries between vacuums.
-      AND outcome NOT IN ('succeeded', 'failed', 'abandoned', 'lost')
+      AND outcome = 'running'
     RETURNING 1
 )
 SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked,
-       (SELECT count(*) FROM fin)::bigint AS finished;
+       f.n::bigint AS finished
+FROM (SELECT count(*) AS n FROM fin) f;
 
 -- name: DBNow :one
 -- Database time: the only clock pgclaim compares against.
