@@ -74,23 +74,15 @@ func drain(b *testing.B, rows int, step func(ctx context.Context) (int, error)) 
 // the same work in plain SQL, for comparison.
 func BenchmarkBatchClaimFinish(b *testing.B) {
 	pool := benchPool(b)
-	for _, bc := range []struct {
-		batch  int
-		perRow bool
-	}{{10, true}, {100, true}, {100, false}, {1000, true}, {1000, false}} {
-		fence := "batch"
-		if bc.perRow {
-			fence = "row"
-		}
-		b.Run(fmt.Sprintf("pgclaim/batch=%d/fence=%s", bc.batch, fence), func(b *testing.B) {
+	for _, batch := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("pgclaim/batch=%d", batch), func(b *testing.B) {
 			resetJobs(b, pool, b.N)
 			c, err := New[int64](pool, jobsTable, pausedOpts)
 			if err != nil {
 				b.Fatal(err)
 			}
-			c.c.batchFence = !bc.perRow
 			drain(b, b.N, func(ctx context.Context) (int, error) {
-				cls, err := c.ClaimBatch(ctx, bc.batch)
+				cls, err := c.ClaimBatch(ctx, batch)
 				if err != nil || len(cls) == 0 {
 					return 0, err
 				}

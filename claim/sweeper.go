@@ -182,6 +182,12 @@ func (s *Sweeper[K]) build(k int) {
 			ret += ", pgclaim_t." + col.name
 		}
 	}
+	// The selection locks at most a batch of stale rows; the update finds
+	// them by key and re-checks state and staleness on each locked row, so
+	// a row finished since the selection's snapshot is left alone. The
+	// re-check is written with recheck, so that the planner cannot trade
+	// the key index for an index on the state or the times, whose
+	// statistics are typically stale by the time rows go stale.
 	s.sql = fmt.Sprintf(`%[1]spgclaim_c AS (
   SELECT %[3]s FROM %[2]s
   WHERE %[4]s = %[5]s AND %[6]s%[7]s
@@ -190,11 +196,10 @@ func (s *Sweeper[K]) build(k int) {
   FOR UPDATE SKIP LOCKED
 )
 UPDATE %[2]s AS pgclaim_t SET %[4]s = %[10]s
-FROM pgclaim_c
-WHERE pgclaim_t.%[3]s = pgclaim_c.%[3]s AND pgclaim_t.%[4]s = %[5]s AND %[11]s
+WHERE pgclaim_t.%[3]s = ANY(ARRAY(SELECT %[3]s FROM pgclaim_c)) AND %[11]s
 RETURNING %[12]s`,
 		"WITH ", t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
-		newState, stale("pgclaim_t."), ret)
+		newState, recheck(fmt.Sprintf("pgclaim_t.%s = %s AND %s", t.state, processing, stale("pgclaim_t."))), ret)
 	s.args = args
 }
 
