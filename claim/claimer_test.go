@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -256,5 +257,75 @@ func TestOrderAndWhere(t *testing.T) {
 	}
 	if _, err := c.ClaimBatch(ctx, 3, 2); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "uses 2 parameters, got 1") {
 		t.Fatalf("missing arg: %v", err)
+	}
+}
+
+// TestFinishBatchPairs: FinishBatch and the heartbeat match each row to a
+// claim by the pair (key, token), not by key and token separately; a claim
+// passed twice finishes once; claims sharing a token (stamped on several
+// rows by the caller's own SQL) each finish their own row.
+func TestFinishBatchPairs(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 8)
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.ClaimBatch(ctx, 8)
+	if err != nil || len(batch) != 8 {
+		t.Fatalf("claim: %v %v", batch, err)
+	}
+	by := map[int64]Claim[int64]{}
+	for _, cl := range batch {
+		by[cl.Key] = cl
+	}
+	swap := func(a, b int64) Claim[int64] { return Claim[int64]{Key: a, Token: by[b].Token} }
+	in := []Claim[int64]{
+		swap(2, 3), by[4], by[1], swap(3, 2), by[1],
+		{Key: 5, Token: by[5].Token + 1000}, {Key: 6, Token: 0},
+	}
+	// Each key of the swapped pairs and each token is in the batch, but
+	// not as a pair of one claim: the heartbeat extends 4 and 1 only.
+	lost, err := c.heartbeat(ctx, in, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false, true, false, true, true}; !slices.Equal(lost, want) {
+		t.Fatalf("heartbeat lost %v, want %v", lost, want)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE lease_until > now() + interval '30 minutes'`); n != 2 {
+		t.Fatalf("%d leases extended, want 2", n)
+	}
+	done, gone, err := c.FinishBatch(ctx, in, "DONE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Claim[int64]{by[4], by[1]}; !slices.Equal(done, want) {
+		t.Fatalf("done %v, want %v", done, want)
+	}
+	if want := []Claim[int64]{in[0], in[3], in[4], in[5], in[6]}; !slices.Equal(gone, want) {
+		t.Fatalf("lost %v, want %v", gone, want)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE' AND id IN (1, 4)`); n != 2 {
+		t.Fatalf("%d of rows 1 and 4 DONE", n)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'PROCESSING'`); n != 6 {
+		t.Fatalf("%d rows PROCESSING, want 6", n)
+	}
+
+	// One token on three rows, as one nextval per statement would stamp.
+	mustExec(t, db.Pool, `UPDATE jobs SET fence = 77 WHERE id IN (5, 6, 7)`)
+	shared := []Claim[int64]{{Key: 7, Token: 77}, {Key: 5, Token: 77}, by[2], {Key: 6, Token: 77}, {Key: 3, Token: 77}}
+	done, gone, err = c.FinishBatch(ctx, shared, "DONE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Claim[int64]{shared[0], shared[1], shared[2], shared[3]}; !slices.Equal(done, want) || len(gone) != 1 || gone[0] != shared[4] {
+		t.Fatalf("shared token: done %v lost %v", done, gone)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`); n != 6 {
+		t.Fatalf("%d rows DONE, want 6", n)
 	}
 }
