@@ -519,7 +519,10 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 // done holds the claims whose rows moved to state, lost the ones no longer
 // held (each also logged). err reports only failures of the statement
 // itself. Inside a transaction, call it before writing the effects, and
-// write effects only for done.
+// write effects only for done. A claim passed twice is done once at most.
+// The statement finds the rows by key, so it reads as many rows as there
+// are claims, whatever the table's statistics say. Claims sharing a token
+// (never stamped by Claim or ClaimBatch) take a statement each.
 func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state string) (done, lost []Claim[K], err error) {
 	if err := c.checkState("FinishBatch", state); err != nil {
 		return nil, nil, err

@@ -87,6 +87,12 @@
 // do not set plan_cache_mode = force_generic_plan for their sessions. Every
 // pgx exec mode works, including the simple protocol.
 //
+// Every other statement — over the claims a caller holds, or the rows a
+// batch claim or sweep has just locked — finds its rows through the key's
+// unique index and reads only those, whatever the table's statistics say.
+// That matters after a burst of claims: statistics taken while every row
+// was PAUSED say that no row is PROCESSING.
+//
 // # Three ways in
 //
 //   - Claimer: claim one or a batch, finish, extend, release — inside your
