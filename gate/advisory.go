@@ -73,6 +73,15 @@ const (
 // A variable only so tests can shorten it.
 var pingEvery = 5 * time.Second
 
+// watchAfter is how long into a run the watcher starts. Starting it costs a
+// goroutine and a hand-over between threads when it is stopped, which was
+// about a tenth of a whole Once cycle for a job that returns at once. A job
+// that returns sooner is not watched; its release statement then finds a
+// session that has ended (and the run reports the lost lock). A session lost
+// earlier is seen the moment the watcher starts, since the read returns what
+// the server sent meanwhile. A variable only so tests can change it.
+var watchAfter = time.Millisecond
+
 // session is a connection taken out of the pool (pgxpool.Conn.Hijack) and
 // dedicated to holding advisory locks. It never goes back to the pool: after
 // an explicit, confirmed unlock it is kept in the gate's own small cache,
@@ -245,19 +254,21 @@ func isLockTimeout(err error) bool {
 // watcher watches a session while it holds a lock.
 type watcher struct {
 	stopWatch context.CancelFunc
+	start     *time.Timer // starts the watch after watchAfter
 	done      chan struct{}
 	err       error // why the session was lost; read after done
 }
 
-// watch starts watching s. The goroutine blocks reading the connection's
-// socket (pgconn's WaitForNotification): a terminated backend or a server
-// shutdown sends a FATAL error and closes the socket, which ends the read at
-// once. After pingEvery of silence it pings, to find a dead network. When
-// the session is lost, onLost is called once, from the watching goroutine.
+// watch starts watching s, watchAfter from now. The watching goroutine
+// blocks reading the connection's socket (pgconn's WaitForNotification): a
+// terminated backend or a server shutdown sends a FATAL error and closes the
+// socket, which ends the read at once. After pingEvery of silence it pings,
+// to find a dead network. When the session is lost, onLost is called once,
+// from the watching goroutine.
 func (s *session) watch(onLost func(error)) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{stopWatch: cancel, done: make(chan struct{})}
-	go func() {
+	w.start = time.AfterFunc(watchAfter, func() {
 		defer close(w.done)
 		pc := s.conn.PgConn()
 		for {
@@ -283,7 +294,7 @@ func (s *session) watch(onLost func(error)) *watcher {
 			onLost(err)
 			return
 		}
-	}()
+	})
 	return w
 }
 
@@ -291,6 +302,9 @@ func (s *session) watch(onLost func(error)) *watcher {
 // session is usable again once stop returns nil.
 func (w *watcher) stop() error {
 	w.stopWatch()
+	if w.start.Stop() {
+		return nil // never started
+	}
 	<-w.done
 	return w.err
 }
@@ -373,6 +387,7 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 	panicked, fnErr := callJob(runCtx, fn, run)
 	d := time.Since(start)
 	lost := w.stop()
+	watched := lost != nil // the watcher reported the loss
 
 	out := outcomeOf(ctx, fnErr)
 	if panicked != nil {
@@ -385,6 +400,10 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 	if lost == nil {
 		unlocked, err := r.release(rctx, s, run, out, fnErr)
 		switch {
+		case err != nil && sessionEnded(s, err):
+			// The session ended while the job ran, or before the release
+			// (for a short job that was not watched): the lock went with it.
+			lost = err
 		case err != nil:
 			// Closing the connection frees the lock on the server.
 			s.close()
@@ -402,6 +421,9 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 	if lost != nil {
 		s.close()
 		lostErr = fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, lost)
+		if !watched {
+			g.opts.emit(Event{Kind: EventLost, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence, Err: lostErr})
+		}
 		text := lostErr
 		if fnErr != nil && !errors.Is(fnErr, ErrLockLost) && !errors.Is(fnErr, context.Canceled) {
 			text = fmt.Errorf("%v; job: %v", lostErr, fnErr)
@@ -426,6 +448,13 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 		return lostErr
 	}
 	return fnErr
+}
+
+// sessionEnded reports whether err, from a statement on s, means the
+// session has ended: the connection is closed and the failure was not a
+// timeout on this side (after which the server may still hold the session).
+func sessionEnded(s *session, err error) bool {
+	return s.conn.IsClosed() && !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 // callJob calls fn and recovers a panic, returned as panicked.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -545,5 +546,70 @@ func TestIdleSessionTerminated(t *testing.T) {
 	}
 	if pid2 == pid {
 		t.Errorf("the terminated backend %d still holds the lock", pid)
+	}
+}
+
+// TestLostFoundAtRelease: a run whose session ends before the connection
+// watch has started (here the watch is put off for the whole run, as it is
+// for any job shorter than a millisecond) learns of it from the release
+// statement: EventLost once, ErrLockLost, and "lost" in the ledger. It runs
+// alone, since it changes the watch delay every run reads.
+func TestLostFoundAtRelease(t *testing.T) {
+	defer gate.SetWatchAfter(time.Hour)()
+	srv := pgtest.Shared(t)
+	for _, kind := range []string{"exclusive", "once"} {
+		t.Run(kind, func(t *testing.T) {
+			db := pgtest.NewDatabase(t)
+			ctx := context.Background()
+			var lost, finished atomic.Int32
+			g := newGate(t, db.Pool, "short", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+				switch e.Kind {
+				case gate.EventLost:
+					lost.Add(1)
+				case gate.EventFinished:
+					if e.Outcome == gate.OutcomeLost && errors.Is(e.Err, gate.ErrLockLost) {
+						finished.Add(1)
+					}
+				}
+			})}})
+			at := dbNow(t, db.Pool).Truncate(time.Second)
+			fn := func(ctx context.Context, run gate.Run) error {
+				pid := holderPID(t, db.Pool, "job")
+				if err := srv.Terminate(ctx, pid); err != nil {
+					return err
+				}
+				// Wait until the server has ended the session.
+				for held := true; held; {
+					if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&held); err != nil {
+						return err
+					}
+				}
+				if ctx.Err() != nil {
+					return fmt.Errorf("the job's context ended (%v) although nothing watched the session", context.Cause(ctx))
+				}
+				return nil
+			}
+			var err error
+			if kind == "once" {
+				err = g.Once(ctx, "job", at, fn)
+			} else {
+				err = g.Exclusive(ctx, "job", fn)
+			}
+			if !errors.Is(err, gate.ErrLockLost) {
+				t.Fatalf("run returned %v, want ErrLockLost", err)
+			}
+			if lost.Load() != 1 || finished.Load() != 1 {
+				t.Errorf("%d lost events and %d lost outcomes, want 1 each", lost.Load(), finished.Load())
+			}
+			if kind == "once" {
+				if r := ledger(t, db.Pool, "job")[at.UTC()]; r.outcome != "lost" || r.errText == nil {
+					t.Errorf("ledger %+v, want lost with a reason", r)
+				}
+			}
+			// The gate goes on with a fresh session.
+			if err := g.Exclusive(ctx, "job", noop); err != nil {
+				t.Errorf("next run: %v", err)
+			}
+		})
 	}
 }

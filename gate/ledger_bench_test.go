@@ -172,13 +172,19 @@ func BenchmarkBaselineAdvisory(b *testing.B) {
 // to now.
 func BenchmarkBaselineShedLock(b *testing.B) {
 	db := pgtest.NewDatabase(b)
+	cycles(b, shedLockCycle(b, db.Pool))
+}
+
+// shedLockCycle creates ShedLock's table in pool's database and returns one
+// lock + unlock cycle on it.
+func shedLockCycle(b *testing.B, pool *pgxpool.Pool) func(int) error {
 	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE shedlock (name text PRIMARY KEY, lock_until timestamptz NOT NULL,
+	if _, err := pool.Exec(ctx, `CREATE TABLE shedlock (name text PRIMARY KEY, lock_until timestamptz NOT NULL,
 		locked_at timestamptz NOT NULL, locked_by text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	cycles(b, func(int) error {
-		tag, err := db.Pool.Exec(ctx, `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
+	return func(int) error {
+		tag, err := pool.Exec(ctx, `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
 			VALUES ('job', now() + interval '1 minute', now(), 'bench')
 			ON CONFLICT (name) DO UPDATE SET lock_until = EXCLUDED.lock_until, locked_at = EXCLUDED.locked_at,
 			    locked_by = EXCLUDED.locked_by
@@ -186,9 +192,63 @@ func BenchmarkBaselineShedLock(b *testing.B) {
 		if err != nil || tag.RowsAffected() != 1 {
 			return fmt.Errorf("lock: %v %v", tag, err)
 		}
-		_, err = db.Pool.Exec(ctx, `UPDATE shedlock SET lock_until = now() WHERE name = 'job' AND locked_by = 'bench'`)
+		_, err = pool.Exec(ctx, `UPDATE shedlock SET lock_until = now() WHERE name = 'job' AND locked_by = 'bench'`)
 		return err
-	})
+	}
+}
+
+// BenchmarkOnceVsShedLock measures DESIGN.md's target side by side: each
+// iteration runs one full Once cycle (ledger + advisory exclusion, empty
+// job) and one ShedLock-style cycle on the same database.
+func BenchmarkOnceVsShedLock(b *testing.B) {
+	db := ledgerDB(b)
+	g := newGate(b, db.Pool, "bench", gate.Config{})
+	shed := shedLockCycle(b, db.Pool)
+	base := dbNow(b, db.Pool)
+	ctx := context.Background()
+	sideBySide(b, "once", func(i int) error {
+		return g.Once(ctx, "job", base.Add(time.Duration(i)*time.Microsecond), noop)
+	}, "shedlock", shed)
+}
+
+// sideBySide runs cycles a and base alternately, b.N each, switching which
+// goes first every iteration, so load on the machine falls on both alike.
+// It reports the p50 of each, their ratio, and the median of the
+// per-iteration differences.
+func sideBySide(b *testing.B, nameA string, a func(int) error, nameBase string, base func(int) error) {
+	b.Helper()
+	latA := make([]time.Duration, 0, b.N)
+	latB := make([]time.Duration, 0, b.N)
+	timed := func(f func(int) error, i int, lat *[]time.Duration) {
+		t0 := time.Now()
+		if err := f(i); err != nil {
+			b.Fatal(err)
+		}
+		*lat = append(*lat, time.Since(t0))
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			timed(a, i, &latA)
+			timed(base, i, &latB)
+		} else {
+			timed(base, i, &latB)
+			timed(a, i, &latA)
+		}
+	}
+	b.StopTimer()
+	diff := make([]time.Duration, b.N)
+	for i := range diff {
+		diff[i] = latA[i] - latB[i]
+	}
+	slices.Sort(latA)
+	slices.Sort(latB)
+	slices.Sort(diff)
+	p50A, p50B := latA[b.N/2], latB[b.N/2]
+	b.ReportMetric(float64(p50A.Microseconds()), nameA+"-p50-µs")
+	b.ReportMetric(float64(p50B.Microseconds()), nameBase+"-p50-µs")
+	b.ReportMetric(float64(p50A)/float64(p50B), nameA+"/"+nameBase)
+	b.ReportMetric(float64(diff[b.N/2].Microseconds()), "diff-p50-µs")
 }
 
 // dedicated takes a connection out of pool for the benchmark's length.
