@@ -103,6 +103,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 // Holder returns the identity this gate records runs under.
 func (g *Gate) Holder() string { return g.opts.Holder }
 
+// SkewTolerance returns how far from database time a fireAt given to Once
+// may be: Config.SkewTolerance, or DefaultSkewTolerance when that was zero.
+// The cronx adapters default their MaxDelay to it, since a run that starts
+// later than that after its instant would be refused anyway.
+func (g *Gate) SkewTolerance() time.Duration { return g.tolerance }
+
 // Close closes the connections kept for reuse. Runs in progress finish
 // normally; calls after Close return ErrClosed. The pool is not closed.
 func (g *Gate) Close() {

@@ -565,3 +565,16 @@ func TestOnceLockWaitSkipsClaimedTick(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSkewToleranceGetter: SkewTolerance reports the configured tolerance,
+// or the default for zero.
+func TestSkewToleranceGetter(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	for cfg, want := range map[time.Duration]time.Duration{0: gate.DefaultSkewTolerance, 5 * time.Minute: 5 * time.Minute} {
+		g := newGate(t, pool, "h", gate.Config{SkewTolerance: cfg})
+		if got := g.SkewTolerance(); got != want {
+			t.Errorf("SkewTolerance with Config.SkewTolerance %s = %s, want %s", cfg, got, want)
+		}
+	}
+}

@@ -48,10 +48,6 @@ var ErrNotLeader = errors.New("gocron: not the leader")
 // gocron runs it on a schedule other than the one given to NewTask.
 var ErrNoInstant = tick.ErrNoInstant
 
-// DefaultMaxDelay is the TaskOptions.MaxDelay used when none is set: one
-// minute, like gate.DefaultSkewTolerance.
-const DefaultMaxDelay = tick.DefaultMaxDelay
-
 // Locker is a gocron.Locker whose locks are gate lease locks named after the
 // job (the key gocron passes), with database-time expiry, keep-alive while
 // the job runs, and a fencing token per acquisition.
@@ -196,7 +192,10 @@ func (e *Elector) Run(ctx context.Context) error {
 // TaskOptions configure NewTask. The zero value is ready to use.
 type TaskOptions struct {
 	// MaxDelay is how late after its scheduled instant a run may start and
-	// still count for it. Default: DefaultMaxDelay. Negative is an error.
+	// still count for it. Default: the gate's skew tolerance
+	// (gate.Gate.SkewTolerance), since a run that starts later than that
+	// after its instant is refused by the gate anyway. Negative is an
+	// error.
 	MaxDelay time.Duration
 
 	// now reads the instance's clock; tests set it to simulate skew.
@@ -222,6 +221,15 @@ type TaskOptions struct {
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
 func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
+	f, err := taskFunc(g, name, sched, fn, opts)
+	if err != nil {
+		return nil, err
+	}
+	return gocronv2.NewTask(f), nil
+}
+
+// taskFunc returns the function NewTask hands to gocron.
+func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
 	if g == nil {
 		return nil, tick.Invalid("gocron", "g", "must not be nil")
 	}
@@ -232,11 +240,11 @@ func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts 
 	if now == nil {
 		now = time.Now
 	}
-	maxDelay, err := tick.Check("gocron", name, sched, opts.MaxDelay, now())
+	maxDelay, err := tick.Check("gocron", name, sched, opts.MaxDelay, g.SkewTolerance(), now())
 	if err != nil {
 		return nil, err
 	}
-	return gocronv2.NewTask(func(ctx context.Context) error {
+	return func(ctx context.Context) error {
 		at, err := tick.Latest(sched, now(), maxDelay)
 		if err != nil {
 			return err
@@ -245,7 +253,7 @@ func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts 
 			return err
 		}
 		return nil
-	}), nil
+	}, nil
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)

@@ -36,10 +36,6 @@ import (
 	"github.com/pgclaim/pgclaim/gate"
 )
 
-// DefaultMaxDelay is the Options.MaxDelay used when none is set: one
-// minute, like gate.DefaultSkewTolerance.
-const DefaultMaxDelay = tick.DefaultMaxDelay
-
 // ErrNoInstant means a job was started with no instant of its schedule
 // within Options.MaxDelay before the instance's clock: it started too late,
 // or the cron runs it on a schedule other than the one given to NewJob or
@@ -54,7 +50,10 @@ type Options struct {
 	Context context.Context
 
 	// MaxDelay is how late after its scheduled instant a run may start and
-	// still count for it. Default: DefaultMaxDelay. Negative is an error.
+	// still count for it. Default: the gate's skew tolerance
+	// (gate.Gate.SkewTolerance), since a run that starts later than that
+	// after its instant is refused by the gate anyway. Negative is an
+	// error.
 	MaxDelay time.Duration
 
 	// Logger receives the errors Run cannot return: a failed job, a lost
@@ -97,7 +96,7 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 	if now == nil {
 		now = time.Now
 	}
-	maxDelay, err := tick.Check("robfig", name, sched, opts.MaxDelay, now())
+	maxDelay, err := tick.Check("robfig", name, sched, opts.MaxDelay, g.SkewTolerance(), now())
 	if err != nil {
 		return nil, err
 	}

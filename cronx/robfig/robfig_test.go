@@ -389,3 +389,60 @@ func TestBadInput(t *testing.T) {
 
 // Compile-time check: a Job is a cron.Job.
 var _ cron.Job = (*Job)(nil)
+
+// daily fires once a day at the time of day of at (UTC).
+type daily struct{ at time.Time }
+
+func (d daily) Next(t time.Time) time.Time {
+	n := d.at.Add(t.Sub(d.at).Truncate(24 * time.Hour))
+	for !n.After(t) {
+		n = n.Add(24 * time.Hour)
+	}
+	for n.Add(-24 * time.Hour).After(t) {
+		n = n.Add(-24 * time.Hour)
+	}
+	return n
+}
+
+// TestMaxDelayFollowsSkewTolerance: without Options.MaxDelay a job may start
+// as late as its gate's skew tolerance allows: a run 5 minutes late counts
+// for its instant under a 10-minute tolerance, and is refused with
+// ErrNoInstant under the default minute or an explicit MaxDelay.
+func TestMaxDelayFollowsSkewTolerance(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	instant := time.Now().Add(-5 * time.Minute).Truncate(time.Second).UTC()
+	sched := daily{instant}
+	for _, c := range []struct {
+		name      string
+		tolerance time.Duration
+		maxDelay  time.Duration
+		runs      bool
+	}{
+		{"tolerance 10m", 10 * time.Minute, 0, true},
+		{"default tolerance", 0, 0, false},
+		{"explicit MaxDelay", 10 * time.Minute, time.Minute, false},
+	} {
+		g, err := gate.New(pool, gate.Config{SkewTolerance: c.tolerance})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Close)
+		var ranFor time.Time
+		job, err := NewJob(g, "late-"+strings.ReplaceAll(c.name, " ", "-"), sched, func(_ context.Context, run gate.Run) error {
+			ranFor = run.FireAt
+			return nil
+		}, Options{MaxDelay: c.maxDelay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = job.fire(context.Background())
+		if c.runs {
+			if err != nil || !ranFor.Equal(instant) {
+				t.Errorf("%s: got %v, ran for %v; want a run for %v", c.name, err, ranFor, instant)
+			}
+		} else if !errors.Is(err, ErrNoInstant) || !ranFor.IsZero() {
+			t.Errorf("%s: got %v (ran for %v), want ErrNoInstant", c.name, err, ranFor)
+		}
+	}
+}

@@ -12,11 +12,6 @@ import (
 	"github.com/pgclaim/pgclaim/gate"
 )
 
-// DefaultMaxDelay is the MaxDelay used when an adapter's options leave it
-// zero. It matches gate.DefaultSkewTolerance: a run that starts later than
-// that after its instant would be refused by the gate's skew check anyway.
-const DefaultMaxDelay = time.Minute
-
 // ErrNoInstant means a job started with no instant of its schedule within
 // MaxDelay before the instance's clock: it was started late, or by a
 // schedule other than the one given to the adapter.
@@ -49,15 +44,17 @@ func (e *fieldError) Unwrap() []error {
 }
 
 // Check validates a job's name, schedule and maximum delay for package pkg
-// and returns the delay to use (DefaultMaxDelay for zero). now is the
-// instance's clock.
+// and returns the delay to use: maxDelay, or fallback when maxDelay is zero.
+// Adapters pass the gate's skew tolerance as fallback: a run that starts
+// later than that after its instant would be refused by the gate's skew
+// check anyway. now is the instance's clock.
 //
 // The schedule must be a calendar: its instants fixed in time, not counted
 // from when something started. That is what lets every instance name the
 // same instant. It is probed once: with a = Next(now), Next(a-1ns) must be a
 // again. A schedule like robfig/cron's "@every 90s" (each instant 90s after
 // the previous fire, counted from each instance's start) fails the probe.
-func Check(pkg, name string, sched gate.Schedule, maxDelay time.Duration, now time.Time) (time.Duration, error) {
+func Check(pkg, name string, sched gate.Schedule, maxDelay, fallback time.Duration, now time.Time) (time.Duration, error) {
 	if name == "" {
 		return 0, Invalid(pkg, "name", "must not be empty")
 	}
@@ -68,7 +65,7 @@ func Check(pkg, name string, sched gate.Schedule, maxDelay time.Duration, now ti
 		return 0, Invalid(pkg, "MaxDelay", "must not be negative")
 	}
 	if maxDelay == 0 {
-		maxDelay = DefaultMaxDelay
+		maxDelay = fallback
 	}
 	a := sched.Next(now)
 	if a.IsZero() {

@@ -89,10 +89,10 @@ func TestLatestSkew(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	now := time.Date(2026, 11, 30, 9, 0, 0, 123, time.UTC)
-	if d, err := Check("x", "job", every(time.Second), 0, now); err != nil || d != DefaultMaxDelay {
-		t.Fatalf("defaults: got %v, %v; want %v", d, err, DefaultMaxDelay)
+	if d, err := Check("x", "job", every(time.Second), 0, 3*time.Minute, now); err != nil || d != 3*time.Minute {
+		t.Fatalf("defaults: got %v, %v; want the fallback, %v", d, err, 3*time.Minute)
 	}
-	if d, err := Check("x", "job", every(time.Second), 5*time.Second, now); err != nil || d != 5*time.Second {
+	if d, err := Check("x", "job", every(time.Second), 5*time.Second, 3*time.Minute, now); err != nil || d != 5*time.Second {
 		t.Fatalf("MaxDelay: got %v, %v", d, err)
 	}
 	bad := []struct {
@@ -110,7 +110,7 @@ func TestCheck(t *testing.T) {
 		{"going back", "job", stuck{now.Add(-time.Hour)}, 0, "x: sched: Next(now) is not after now"},
 	}
 	for _, c := range bad {
-		_, err := Check("x", c.job, c.sched, c.maxDelay, now)
+		_, err := Check("x", c.job, c.sched, c.maxDelay, time.Minute, now)
 		if !errors.Is(err, gate.ErrInvalid) || len(err.Error()) < len(c.msg) || err.Error()[:len(c.msg)] != c.msg {
 			t.Errorf("%s: got %v, want gate.ErrInvalid starting %q", c.name, err, c.msg)
 		}
