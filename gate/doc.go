@@ -19,6 +19,7 @@
 //     while every instance was down, once. Gate.Prune keeps the ledger short.
 //   - Lease locks (Lease) and leader election (Elector) cover places where
 //     session locks cannot live, and Active/Standby deployments.
+//     Elector.Prune keeps the record of election terms short.
 //
 // # Cost
 //

@@ -97,7 +97,7 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 // ended_at in database time), and the term number is a fencing token from
 // pgclaim_fence_seq. At most one term of an election is open at a time, and
 // terms never overlap: a new leader starts its term only after the previous
-// one was closed.
+// one was closed. Prune deletes terms that ended long ago.
 //
 // Leadership changes are reported to Options.Hooks and the Logger:
 // EventAcquired when this instance starts leading, EventLost when it lost
@@ -136,6 +136,22 @@ func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector,
 
 // Name returns the election's name.
 func (e *Elector) Name() string { return e.name }
+
+// Prune deletes the election's terms that ended more than olderThan ago (by
+// database time) and returns how many it deleted; pgclaim_terms otherwise
+// keeps one row per term for good. The open term is never deleted, nor are
+// the terms of other elections. Any instance may call it, leading or not,
+// for example next to Gate.Prune.
+func (e *Elector) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, invalid("olderThan", "must be positive")
+	}
+	n, err := e.q.PruneTerms(ctx, store.PruneTermsParams{Election: e.name, OlderThanUs: olderThan.Microseconds()})
+	if err != nil {
+		return 0, fmt.Errorf("gate: prune terms of %q: %w", e.name, err)
+	}
+	return n, nil
+}
 
 // IsLeader reports whether this instance leads now. It turns false before
 // the leadership context is cancelled.

@@ -754,3 +754,57 @@ func poolerProxy(t *testing.T, network, target string) string {
 	}()
 	return ln.Addr().String()
 }
+
+// TestElectorPrune: Prune deletes the election's terms that ended before
+// the limit, and keeps recent ones, the open term (leadership goes on) and
+// other elections' terms.
+func TestElectorPrune(t *testing.T) {
+	electorVariants(t, func(t *testing.T, lease bool) {
+		db := pgtest.NewDatabase(t)
+		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, RetryInterval: 20 * time.Millisecond}
+		ctx := context.Background()
+		e := newElector(t, db.Pool, "scheduler", "a", o)
+		other := newElector(t, db.Pool, "other", "a", o)
+		for _, el := range []*gate.Elector{e, e, e, other} {
+			if _, err := el.Campaign(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := el.Resign(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := e.Campaign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = e.Resign(ctx) }()
+		// The first two terms of "scheduler" and the one of "other" ended
+		// two hours ago.
+		if _, err := db.Pool.Exec(ctx, `
+			UPDATE pgclaim_terms SET started_at = started_at - interval '2 hours', ended_at = ended_at - interval '2 hours'
+			WHERE (election = 'scheduler' AND term IN (SELECT term FROM pgclaim_terms WHERE election = 'scheduler' ORDER BY term LIMIT 2))
+			   OR election = 'other'`); err != nil {
+			t.Fatal(err)
+		}
+
+		n, err := e.Prune(ctx, time.Hour)
+		if err != nil || n != 2 {
+			t.Fatalf("Prune = %d, %v; want 2 terms deleted", n, err)
+		}
+		terms := checkTerms(t, db.Pool, "scheduler")
+		if len(terms) != 2 || terms[0].EndedAt == nil || terms[1].EndedAt != nil || terms[1].Term != e.Term() {
+			t.Errorf("terms left %v; want the recent ended one and the open one", terms)
+		}
+		if left := checkTerms(t, db.Pool, "other"); len(left) != 1 {
+			t.Errorf("other election's terms %v; want its one term kept", left)
+		}
+		if !e.IsLeader() {
+			t.Error("Prune ended the leadership")
+		}
+		if n, err := e.Prune(ctx, time.Hour); err != nil || n != 0 {
+			t.Errorf("second Prune = %d, %v; want 0", n, err)
+		}
+		if _, err := e.Prune(ctx, 0); !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), "olderThan") {
+			t.Errorf("Prune(0) = %v; want ErrInvalid naming olderThan", err)
+		}
+	})
+}

@@ -94,6 +94,9 @@ type Querier interface {
 	NextFence(ctx context.Context) (int64, error)
 	// The open term of an election, if any.
 	OpenTerm(ctx context.Context, election string) (OpenTermRow, error)
+	// Retention: delete the election's terms that ended before the limit. The
+	// open term, and terms that ended since, stay.
+	PruneTerms(ctx context.Context, arg PruneTermsParams) (int64, error)
 	// Retention: delete finished ticks whose instant and start are both older
 	// than the limit. Running ticks stay (they are live, or stuck and worth
 	// seeing).

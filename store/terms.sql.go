@@ -103,6 +103,28 @@ func (q *Queries) OpenTerm(ctx context.Context, election string) (OpenTermRow, e
 	return i, err
 }
 
+const pruneTerms = `-- name: PruneTerms :execrows
+DELETE FROM pgclaim_terms
+WHERE election = $1::text
+  AND ended_at IS NOT NULL
+  AND ended_at < now() - $2::bigint * interval '1 microsecond'
+`
+
+type PruneTermsParams struct {
+	Election    string
+	OlderThanUs int64
+}
+
+// Retention: delete the election's terms that ended before the limit. The
+// open term, and terms that ended since, stay.
+func (q *Queries) PruneTerms(ctx context.Context, arg PruneTermsParams) (int64, error) {
+	result, err := q.db.Exec(ctx, pruneTerms, arg.Election, arg.OlderThanUs)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const renewTerm = `-- name: RenewTerm :one
 UPDATE pgclaim_terms
 SET lease_until = now() + $1::bigint * interval '1 microsecond'

@@ -101,3 +101,11 @@ SET ended_at   = least(clock_timestamp(), lease_until),
 WHERE election = sqlc.arg(election)::text
   AND term = sqlc.arg(term)::bigint
   AND ended_at IS NULL;
+
+-- name: PruneTerms :execrows
+-- Retention: delete the election's terms that ended before the limit. The
+-- open term, and terms that ended since, stay.
+DELETE FROM pgclaim_terms
+WHERE election = sqlc.arg(election)::text
+  AND ended_at IS NOT NULL
+  AND ended_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond';
