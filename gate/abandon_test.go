@@ -2,9 +2,11 @@ package gate_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -136,7 +138,10 @@ func TestOnceAbandonedWhenHolderKilled(t *testing.T) {
 	_ = cmd.Wait()
 
 	rec := &abandonedEvents{}
-	heir := newGate(t, db.Pool, "heir", gate.Config{Options: gate.Options{Hooks: rec}})
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	heir := newGate(t, db.Pool, "heir", gate.Config{Options: gate.Options{Hooks: rec, Logger: logger}})
 	next := at.Add(time.Second)
 	var ran atomic.Int32
 	if err := onceUntilNotHeld(t, heir, "job", next, func(context.Context, gate.Run) error {
@@ -166,6 +171,12 @@ func TestOnceAbandonedWhenHolderKilled(t *testing.T) {
 	if e := evs[0]; e.Name != "job" || !e.FireAt.Equal(at) || e.Fence != childFence || e.Holder != "heir" ||
 		e.Outcome != gate.OutcomeAbandoned || e.Err == nil || !strings.Contains(e.Err.Error(), "doomed") {
 		t.Errorf("abandoned event %+v", e)
+	}
+	logMu.Lock()
+	logged := logs.String()
+	logMu.Unlock()
+	if want := `level=WARN msg="gate: abandoned" name=job holder=heir`; !strings.Contains(logged, want) || !strings.Contains(logged, "by doomed") {
+		t.Errorf("logs lack %q naming doomed:\n%s", want, logged)
 	}
 }
 
