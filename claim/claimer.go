@@ -216,8 +216,9 @@ func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
 // claimSet returns the SET list of a claim and its arguments, numbered
 // from $p. Every claimed row gets its own token: nextval is volatile, so it
-// is evaluated once per row. Statements over many claims (FinishBatch, the
-// heartbeat) rely on that: see claimsCond.
+// is evaluated once per row. That also lets statements over many claims
+// (FinishBatch, the heartbeat) handle a whole batch in one statement: see
+// matchClaims.
 func (c *core) claimSet(p int) (string, []any) {
 	t := c.t
 	var b strings.Builder
@@ -313,17 +314,17 @@ RETURNING pgclaim_t.%[2]s, %[10]s`,
 	if t.fence == "" {
 		return
 	}
-	held := func(state string) string {
+	fenced := func(state string) string {
 		return recheck(fmt.Sprintf("%s = %s AND %s = $4", t.state, state, t.fence))
 	}
 	c.sqlFinish = fmt.Sprintf("UPDATE %s SET %s = $1 WHERE %s = $2 AND %s",
-		t.qname, t.state, t.key, held("$3"))
+		t.qname, t.state, t.key, fenced("$3"))
 	release := fmt.Sprintf("%s = $1", t.state)
 	if t.attempts != "" {
 		release += fmt.Sprintf(", %[1]s = GREATEST(COALESCE(%[1]s, 1) - 1, 0)", t.attempts)
 	}
 	c.sqlRelease = fmt.Sprintf("UPDATE %s SET %s WHERE %s = $2 AND %s",
-		t.qname, release, t.key, held("$3"))
+		t.qname, release, t.key, fenced("$3"))
 
 	byKeys, isClaim, pos := c.claimsCond()
 	c.sqlFinishBatch = fmt.Sprintf(`UPDATE %[1]s AS pgclaim_t SET %[2]s = $3
@@ -334,7 +335,7 @@ RETURNING %[5]s`, t.qname, t.state, byKeys, recheck("pgclaim_t."+t.state+" = $4 
 	}
 	c.sqlExtend = fmt.Sprintf(
 		"UPDATE %s SET %s = statement_timestamp() + ($1::bigint * interval '1 microsecond') WHERE %s = $2 AND %s RETURNING %s",
-		t.qname, t.leaseUntil, t.key, held("$3"), t.leaseUntil)
+		t.qname, t.leaseUntil, t.key, fenced("$3"), t.leaseUntil)
 	// Heartbeat: extend many claims at once, skipping rows locked by
 	// another transaction (typically the worker's own work transaction
 	// touching the row) instead of waiting for it.
