@@ -252,6 +252,10 @@ func TestCatchUp(t *testing.T) {
 		ran = append(ran, run.FireAt)
 		return nil
 	}
+	// Hourly from 30 s ago: both calls see the same latest instant however
+	// long the test takes (an every-second schedule would offer the second
+	// call a new, unrun instant whenever a second boundary passes between them).
+	sched := hourlyFrom{at: time.Now().Add(-30 * time.Second).Truncate(time.Second)}
 	var errs []error
 	for _, h := range []string{"a", "b"} {
 		g, err := gate.New(db.NewPool(t), gate.Config{Options: gate.Options{Holder: h}})
@@ -259,11 +263,11 @@ func TestCatchUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.Close)
-		job, err := NewJob(g, "report", everySecond(t), fn, Options{})
+		job, err := NewJob(g, "report", sched, fn, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		errs = append(errs, job.CatchUp(context.Background(), 10*time.Second))
+		errs = append(errs, job.CatchUp(context.Background(), time.Minute))
 	}
 	if errs[0] != nil {
 		t.Fatalf("first CatchUp: %v", errs[0])
@@ -271,9 +275,19 @@ func TestCatchUp(t *testing.T) {
 	if !errors.Is(errs[1], gate.ErrSkipped) {
 		t.Fatalf("second CatchUp: got %v, want gate.ErrSkipped", errs[1])
 	}
-	if len(ran) != 1 {
-		t.Fatalf("catch-up ran %d times, want once", len(ran))
+	if len(ran) != 1 || !ran[0].Equal(sched.at) {
+		t.Fatalf("catch-up ran for %v, want once for %v", ran, sched.at)
 	}
+}
+
+// hourlyFrom is a cron.Schedule firing every hour from at.
+type hourlyFrom struct{ at time.Time }
+
+func (h hourlyFrom) Next(t time.Time) time.Time {
+	if t.Before(h.at) {
+		return h.at
+	}
+	return h.at.Add((t.Sub(h.at)/time.Hour + 1) * time.Hour)
 }
 
 func TestClockOutsideTolerance(t *testing.T) {
