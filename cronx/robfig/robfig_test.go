@@ -135,17 +135,18 @@ func runSchedulers(t *testing.T, insts ...instance) {
 		opts := Options{now: func() time.Time { return time.Now().Add(in.skew) }}
 		c := cron.New(cron.WithSeconds())
 		if in.wrap {
-			// The wrapped job does not know its tick: it records the
-			// second its clock reads, which is the tick while the run
-			// starts less than a second late.
+			// The wrapped job does not know its tick: it reads it from
+			// the ledger row its gate holds open while it runs, so a run
+			// that starts late is still counted for its own tick.
 			w, err := Wrap(g, "report", sched, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
-			holder, skew := in.holder, in.skew
+			holder := in.holder
 			c.Schedule(shifted{sched, in.skew}, w(cron.FuncJob(func() {
-				at := time.Now().Add(skew).Truncate(time.Second)
-				if _, err := pool.Exec(ctx, `INSERT INTO runs VALUES ($1, $2)`, at, holder); err != nil {
+				if _, err := pool.Exec(ctx, `INSERT INTO runs
+					SELECT fire_at, holder FROM pgclaim_ticks
+					 WHERE job = 'report' AND holder = $1 AND finished_at IS NULL`, holder); err != nil {
 					t.Error(err)
 				}
 			})))
