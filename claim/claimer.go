@@ -89,7 +89,8 @@ type core struct {
 	sqlClaim, sqlBatch                               string
 	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
 	sqlHeartbeat, sqlHeld                            string
-	claimArgs                                        []any // SET arguments shared by Claim and ClaimBatch
+	sqlFinishReason                                  string // "" without Table.Reason
+	claimArgs                                        []any  // SET arguments shared by Claim and ClaimBatch
 }
 
 // DefaultHolder returns the default instance identity, "hostname:pid".
@@ -319,6 +320,10 @@ RETURNING pgclaim_t.%[2]s, %[10]s`,
 	}
 	c.sqlFinish = fmt.Sprintf("UPDATE %s SET %s = $1 WHERE %s = $2 AND %s",
 		t.qname, t.state, t.key, fenced("$3"))
+	if t.reason != "" {
+		c.sqlFinishReason = fmt.Sprintf("UPDATE %s SET %s = $1, %s = $5 WHERE %s = $2 AND %s",
+			t.qname, t.state, t.reason, t.key, fenced("$3"))
+	}
 	release := fmt.Sprintf("%s = $1", t.state)
 	if t.attempts != "" {
 		release += fmt.Sprintf(", %[1]s = GREATEST(COALESCE(%[1]s, 1) - 1, 0)", t.attempts)
@@ -505,12 +510,39 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	tag, err := c.db.Exec(ctx, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
+	return c.finish(ctx, "Finish", cl, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
+}
+
+// maxReason is the most bytes of an error's text a worker records in
+// Table.Reason.
+const maxReason = 2000
+
+// finishReason is Finish that also sets Table.Reason to reason, or clears
+// it when reason is nil; without Table.Reason it is Finish. A reason longer
+// than maxReason bytes is cut at a character boundary.
+func (c *Claimer[K]) finishReason(ctx context.Context, cl Claim[K], state string, reason *string) error {
+	if c.c.sqlFinishReason == "" {
+		return c.Finish(ctx, cl, state)
+	}
+	if err := c.checkState("Finish", state); err != nil {
+		return err
+	}
+	if reason != nil && len(*reason) > maxReason {
+		r := strings.ToValidUTF8((*reason)[:maxReason], "")
+		reason = &r
+	}
+	return c.finish(ctx, "Finish", cl, c.c.sqlFinishReason, state, cl.Key, c.c.to, cl.Token, reason)
+}
+
+// finish runs q, a fenced update of cl's row, and returns ErrLost when it
+// touched no row.
+func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], q string, args ...any) error {
+	tag, err := c.db.Exec(ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("claim: Finish: %w", err)
+		return fmt.Errorf("claim: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		c.lost(ctx, "Finish", cl)
+		c.lost(ctx, op, cl)
 		return ErrLost
 	}
 	return nil
@@ -637,13 +669,8 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
 		return err
 	}
-	tag, err := c.db.Exec(ctx, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token)
-	if err != nil {
-		return fmt.Errorf("claim: Release: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		c.lost(ctx, "Release", cl)
-		return ErrLost
+	if err := c.finish(ctx, "Release", cl, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token); err != nil {
+		return err
 	}
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
 		slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("token", cl.Token))

@@ -55,12 +55,16 @@
 //	    claimed_by  text,                      -- ClaimedBy (optional)
 //	    fence       bigint,                    -- Fence (optional; needed to finish)
 //	    lease_until timestamptz,               -- LeaseUntil (optional; leases)
-//	    attempts    int NOT NULL DEFAULT 0     -- Attempts (optional; retries)
+//	    attempts    int NOT NULL DEFAULT 0,    -- Attempts (optional; retries)
+//	    reason      text                       -- Reason (optional; why a row failed)
 //	);
 //
 // Features that need an optional column report which one when it is missing:
 // Finish, FinishBatch, Release and the Worker need Fence; Extend and leases
-// need LeaseUntil; retries need Attempts. Without Fence, Claim and ClaimBatch
+// need LeaseUntil; retries need Attempts. With Reason, the Worker records the
+// error of a failed attempt and the Sweeper why it moved a stale row (its
+// holder, token and attempt, and whether its lease expired), so a FAILED row
+// always says why. Without Fence, Claim and ClaimBatch
 // still work as plain compare-and-swap claims, and finishing is left to the
 // caller's own statements (see Each). Claimer.Verify checks the table against
 // the spec at start-up. Names are identifiers, quoted, never SQL; only

@@ -26,7 +26,8 @@ CREATE TABLE push_requests (
     claimed_by  text,
     fence       bigint,
     lease_until timestamptz,
-    attempts    int NOT NULL DEFAULT 0
+    attempts    int NOT NULL DEFAULT 0,
+    reason      text
 );
 -- batch claims pick PAUSED rows in key order
 CREATE INDEX push_requests_paused_idx ON push_requests (id) WHERE status = 'PAUSED';
@@ -45,6 +46,7 @@ var pushes = claim.Table{
 	Fence:      "fence",
 	LeaseUntil: "lease_until",
 	Attempts:   "attempts",
+	Reason:     "reason",
 }
 
 var (
@@ -197,8 +199,8 @@ func ExampleSweeper_Sweep() {
 	// An instance that died yesterday holding pushes 1 and 2; push 2 had
 	// already been tried three times.
 	_, err := pool.Exec(ctx, `UPDATE push_requests
-		SET status = 'PROCESSING', claimed_by = 'app-1:8101', claimed_at = now() - interval '1 day',
-		    fence = nextval('pgclaim_fence_seq'), attempts = id + 1
+		SET status = 'PROCESSING', claimed_by = 'app-1:8101', claimed_at = '2026-11-28 09:00:00Z',
+		    fence = 40 + id, attempts = id + 1
 		WHERE id IN (1, 2)`)
 	if err != nil {
 		log.Fatal(err)
@@ -228,9 +230,16 @@ func ExampleSweeper_Sweep() {
 	for _, r := range swept {
 		fmt.Printf("push %d of %s (attempts %d) -> %s\n", r.Key, r.ClaimedBy, r.Attempts, r.State)
 	}
+	// With Table.Reason, the row says why it failed.
+	var reason string
+	if err := pool.QueryRow(ctx, `SELECT reason FROM push_requests WHERE id = 2`).Scan(&reason); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(reason)
 	// Output:
 	// push 1 of app-1:8101 (attempts 2) -> PAUSED
 	// push 2 of app-1:8101 (attempts 3) -> FAILED
+	// claim: swept: claimed at 2026-11-28T09:00:00.000000Z, more than 12h0m0s ago (claim by app-1:8101, token 42, attempt 3)
 }
 
 // The field article's loop, with an sqlc-generated compare-and-swap: claim

@@ -59,6 +59,11 @@ type Swept[K any] struct {
 	ClaimedAt time.Time
 	// Attempts is the row's attempts count (0 without Table.Attempts).
 	Attempts int
+	// Reason says why the row was swept, as recorded in Table.Reason when
+	// the table has that column, for example "claim: swept: lease
+	// expired at 2026-11-29T09:00:05.123456Z (claim by app-1:8103, token
+	// 42, attempt 1)".
+	Reason string
 }
 
 // Sweeper moves rows stuck in the claimer's To state — their holder died or
@@ -167,6 +172,11 @@ func (s *Sweeper[K]) build(k int) {
 	if strings.TrimSpace(cfg.Where) != "" {
 		where = " AND (" + cfg.Where + ")"
 	}
+	why := s.reasonExpr(staleAfter, param)
+	set := t.state + " = " + newState
+	if t.reason != "" {
+		set += ", " + t.reason + " = " + why
+	}
 	ret := "pgclaim_t." + t.key + ", pgclaim_t." + t.state + "::text"
 	for _, col := range []struct{ name, zero string }{
 		{t.fence, "0::bigint"}, {t.claimedBy, "''::text"}, {t.claimedAt, ""}, {t.attempts, "0::bigint"},
@@ -188,6 +198,11 @@ func (s *Sweeper[K]) build(k int) {
 	// re-check is written with recheck, so that the planner cannot trade
 	// the key index for an index on the state or the times, whose
 	// statistics are typically stale by the time rows go stale.
+	if t.reason != "" {
+		ret += ", pgclaim_t." + t.reason
+	} else {
+		ret += ", " + why
+	}
 	s.sql = fmt.Sprintf(`%[1]spgclaim_c AS (
   SELECT %[3]s FROM %[2]s
   WHERE %[4]s = %[5]s AND %[6]s%[7]s
@@ -195,12 +210,49 @@ func (s *Sweeper[K]) build(k int) {
   LIMIT %[9]s
   FOR UPDATE SKIP LOCKED
 )
-UPDATE %[2]s AS pgclaim_t SET %[4]s = %[10]s
+UPDATE %[2]s AS pgclaim_t SET %[10]s
 WHERE pgclaim_t.%[3]s = ANY(ARRAY(SELECT %[3]s FROM pgclaim_c)) AND %[11]s
 RETURNING %[12]s`,
 		"WITH ", t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
-		newState, recheck(fmt.Sprintf("pgclaim_t.%s = %s AND %s", t.state, processing, stale("pgclaim_t."))), ret)
+		set, recheck(fmt.Sprintf("pgclaim_t.%s = %s AND %s", t.state, processing, stale("pgclaim_t."))), ret)
 	s.args = args
+}
+
+// reasonExpr returns the SQL text expression saying why a row of
+// pgclaim_t is swept, from its values before the sweep: staleAfter is the
+// placeholder of StaleAfter in microseconds ("" when not set), param adds
+// an argument.
+func (s *Sweeper[K]) reasonExpr(staleAfter string, param func(any) string) string {
+	t := s.c.c.t
+	ts := func(col string) string {
+		return fmt.Sprintf(`to_char(pgclaim_t.%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, col)
+	}
+	var claimedLong string
+	if staleAfter != "" {
+		claimedLong = fmt.Sprintf("'claimed at ' || %s || ', more than ' || %s || ' ago'", ts(t.claimedAt), param(s.cfg.StaleAfter.String()))
+	}
+	var what string
+	switch {
+	case t.leaseUntil == "":
+		what = claimedLong
+	case staleAfter == "":
+		what = "'lease expired at ' || " + ts(t.leaseUntil)
+	default:
+		what = fmt.Sprintf("CASE WHEN pgclaim_t.%s IS NOT NULL THEN 'lease expired at ' || %s ELSE %s END", t.leaseUntil, ts(t.leaseUntil), claimedLong)
+	}
+	var who []string
+	if t.claimedBy != "" {
+		who = append(who, fmt.Sprintf("COALESCE('claim by ' || pgclaim_t.%s, 'claim')", t.claimedBy))
+	} else {
+		who = append(who, "'claim'")
+	}
+	if t.fence != "" {
+		who = append(who, fmt.Sprintf("COALESCE(', token ' || pgclaim_t.%s, '')", t.fence))
+	}
+	if t.attempts != "" {
+		who = append(who, fmt.Sprintf("COALESCE(', attempt ' || pgclaim_t.%s, '')", t.attempts))
+	}
+	return fmt.Sprintf("('claim: swept: ' || %s || ' (' || %s || ')')", what, strings.Join(who, " || "))
 }
 
 // Sweep moves every stale row, batch by batch, until a batch comes back
@@ -232,7 +284,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		var attempts int64
 		var token *int64
 		var claimedAt *time.Time
-		if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts); err != nil {
+		if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts, &sw.Reason); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("claim: Sweep: %w", err)
 		}
@@ -252,7 +304,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
 			slog.Int64("token", sw.Token), slog.String("claimed_by", sw.ClaimedBy),
-			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts))
+			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)

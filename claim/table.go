@@ -41,6 +41,15 @@ type Table struct {
 	// Attempts is an optional integer column incremented at every claim;
 	// workers and sweepers use it to decide between retry and failure.
 	Attempts string
+	// Reason is an optional text column saying why a row last left the To
+	// state other than by success. A Worker writes the error of a failed
+	// attempt there (moving the row to Failed or Retry) and clears it when
+	// work succeeds; a Sweeper writes why it moved a stale row (the
+	// holder, token and attempt of the stale claim, and whether its lease
+	// expired or it was claimed too long ago). Claim, Finish, FinishBatch,
+	// Extend and Release leave it alone: a caller finishing rows to a
+	// failed state by hand writes its own reason in the same transaction.
+	Reason string
 }
 
 // maxIdentLen is NAMEDATALEN-1: PostgreSQL silently truncates longer names,
@@ -54,7 +63,7 @@ type table struct {
 	name   string
 	qname  string // quoted, possibly schema-qualified
 	// quoted column names; "" when the column is not configured
-	key, state, claimedAt, claimedBy, fence, leaseUntil, attempts string
+	key, state, claimedAt, claimedBy, fence, leaseUntil, attempts, reason string
 }
 
 func checkIdent(field, s string) error {
@@ -110,6 +119,7 @@ func (t Table) validate() (*table, error) {
 		{"Table.Fence", t.Fence, false, &v.fence},
 		{"Table.LeaseUntil", t.LeaseUntil, false, &v.leaseUntil},
 		{"Table.Attempts", t.Attempts, false, &v.attempts},
+		{"Table.Reason", t.Reason, false, &v.reason},
 	}
 	seen := map[string]string{}
 	for _, c := range cols {
@@ -150,6 +160,7 @@ const (
 	oidInt4        = 23
 	oidInt8        = 20
 	oidTimestamptz = 1184
+	oidText        = 25
 )
 
 // verify checks the table against the database and returns every problem
@@ -218,6 +229,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, *oid)
 	check("Table.Fence", s.Fence, func(ci columnInfo) bool { return ci.oid == oidInt8 }, "bigint")
 	check("Table.LeaseUntil", s.LeaseUntil, isTimestamptz, "timestamp with time zone")
 	check("Table.Attempts", s.Attempts, isInt, "smallint, integer or bigint")
+	check("Table.Reason", s.Reason, func(ci columnInfo) bool { return ci.oid == oidText }, "text")
 
 	if ki, ok := cols[s.Key]; ok {
 		var unique bool

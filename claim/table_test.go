@@ -31,6 +31,7 @@ func TestBadInput(t *testing.T) {
 		{"NUL in column", with(func(t *Table) { t.Fence = "fe\x00nce" }), pausedOpts, "Table.Fence"},
 		{"too long", with(func(t *Table) { t.Attempts = strings.Repeat("a", 64) }), pausedOpts, "Table.Attempts"},
 		{"column used twice", with(func(t *Table) { t.ClaimedBy = "state" }), pausedOpts, "Table.ClaimedBy"},
+		{"reason column used twice", with(func(t *Table) { t.Reason = "claimed_at" }), pausedOpts, "Table.Reason"},
 		{"empty from", ok, Options{To: "PROCESSING"}, "Options.From"},
 		{"empty to", ok, Options{From: "PAUSED"}, "Options.To"},
 		{"from == to", ok, Options{From: "X", To: "X"}, "Options.To"},
@@ -164,9 +165,10 @@ func TestVerify(t *testing.T) {
 	pool := newDB(t).Pool
 	mustExec(t, pool, `CREATE TABLE v (
 		id bigint PRIMARY KEY, nonuniq bigint, state text, status int, claimed_at timestamptz, claimed_local timestamp,
-		claimed_by text, fence bigint, fence4 int, lease_until timestamptz, attempts int, attempts_text text)`)
+		claimed_by text, fence bigint, fence4 int, lease_until timestamptz, attempts int, attempts_text text,
+		reason text, reason_short varchar(20))`)
 	good := Table{Name: "v", Key: "id", State: "state", ClaimedAt: "claimed_at", ClaimedBy: "claimed_by",
-		Fence: "fence", LeaseUntil: "lease_until", Attempts: "attempts"}
+		Fence: "fence", LeaseUntil: "lease_until", Attempts: "attempts", Reason: "reason"}
 	verify := func(tb Table) error {
 		c, err := New[int64](pool, tb, pausedOpts)
 		if err != nil {
@@ -188,11 +190,13 @@ func TestVerify(t *testing.T) {
 		{"missing schema", func(t *Table) { t.Name = "nope.v" }, []want{{"Table.Name", "does not exist"}}},
 		{"wrong types", func(t *Table) {
 			t.State, t.ClaimedAt, t.Fence, t.Attempts = "status", "claimed_local", "fence4", "attempts_text"
+			t.Reason = "reason_short"
 		}, []want{
 			{"Table.State", "has type integer"},
 			{"Table.ClaimedAt", "has type timestamp without time zone"},
 			{"Table.Fence", "has type integer; want bigint"},
 			{"Table.Attempts", "has type text"},
+			{"Table.Reason", "has type character varying; want text"},
 		}},
 		{"key not unique", func(t *Table) { t.Key = "nonuniq" }, []want{{"Table.Key", "no primary key or unique index"}}},
 	}
@@ -238,7 +242,8 @@ func TestHostileIdentifiers(t *testing.T) {
 		"By""Whom" text,
 		"FENCE" bigint,
 		"lease; until" timestamptz,
-		"attempts\" int NOT NULL DEFAULT 0)`)
+		"attempts\" int NOT NULL DEFAULT 0,
+		"why'); --" text)`)
 	mustExec(t, pool, `INSERT INTO "My ""Schema"""."""; DROP TABLE x; --" ("Key'); DROP TABLE x; --", "State")
 		SELECT 'k' || g, 'PAUSED' FROM generate_series(1, 20) g`)
 	tbl := Table{
@@ -250,6 +255,7 @@ func TestHostileIdentifiers(t *testing.T) {
 		Fence:      "FENCE",
 		LeaseUntil: "lease; until",
 		Attempts:   `attempts\`,
+		Reason:     `why'); --`,
 	}
 	c, err := New[string](pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute,
 		Where: `"Key'); DROP TABLE x; --" <> $1`})
@@ -284,12 +290,20 @@ func TestHostileIdentifiers(t *testing.T) {
 	if _, lost, err := c.FinishBatch(ctx, batch[1:], "FAILED"); err != nil || len(lost) != 0 {
 		t.Fatalf("finish batch: lost %v err %v", lost, err)
 	}
+	stale, err := c.ClaimBatch(ctx, 1, "k2")
+	if err != nil || len(stale) != 1 {
+		t.Fatalf("claim to go stale: %v %v", stale, err)
+	}
+	mustExec(t, pool, `UPDATE "My ""Schema"""."""; DROP TABLE x; --" SET "claimed at" = "claimed at" - interval '2 hours', "lease; until" = NULL`)
 	sw, err := NewSweeper(c, SweeperConfig[string]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sw.Sweep(ctx); err != nil {
-		t.Fatal(err)
+	if swept, err := sw.Sweep(ctx); err != nil || len(swept) != 1 || swept[0].Key != stale[0].Key {
+		t.Fatalf("sweep: %v %v, want the stale claim %v", swept, err, stale[0].Key)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM "My ""Schema"""."""; DROP TABLE x; --" WHERE "why'); --" LIKE 'claim: swept: claimed at %'`); n != 1 {
+		t.Fatalf("%d rows with the sweeper's reason, want 1", n)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM x`); n != 0 {
 		t.Fatalf("x has %d rows", n)

@@ -43,7 +43,8 @@ type WorkerConfig[K any] struct {
 	// Done is the state of a row whose work succeeded. Required.
 	Done string
 	// Failed is the state of a row whose work failed and has no attempts
-	// left. Required.
+	// left. Required. With Table.Reason, the work's error text (at most
+	// 2,000 bytes) is recorded with the move to Failed or Retry.
 	Failed string
 	// Retry, when set, is the state of a row whose work failed while
 	// Table.Attempts is below MaxAttempts; typically Options.From, so the
@@ -377,7 +378,7 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	werr := callWork(func() error { return w.cfg.Work(ctx, tx, e.cl) })
 	if werr == nil {
-		ferr := w.c.WithTx(tx).Finish(ctx, e.cl, w.cfg.Done)
+		ferr := w.c.WithTx(tx).finishReason(ctx, e.cl, w.cfg.Done, nil)
 		if ferr == nil {
 			ferr = tx.Commit(ctx)
 		}
@@ -410,7 +411,8 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
-	err = w.c.Finish(cctx, e.cl, state)
+	reason := werr.Error()
+	err = w.c.finishReason(cctx, e.cl, state, &reason)
 	switch {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })

@@ -26,19 +26,9 @@ CREATE TABLE chaos_rows (
 CREATE INDEX chaos_rows_paused_idx ON chaos_rows (id) WHERE state = 'PAUSED';
 CREATE INDEX chaos_rows_processing_idx ON chaos_rows (lease_until) WHERE state = 'PROCESSING';
 
--- A row moved to FAILED always carries a reason. The worker writes its own
--- reason with the finish; for rows the sweeper fails (their holder died or
--- hung on every attempt) the reason is recorded in the same statement.
-CREATE FUNCTION chaos_rows_reason() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.state = 'FAILED' AND NEW.reason IS NULL THEN
-        NEW.reason := format('stale claim swept after %s attempts (last holder %s, token %s)',
-                             NEW.attempts, OLD.claimed_by, OLD.fence);
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER chaos_rows_reason BEFORE UPDATE OF state ON chaos_rows
-    FOR EACH ROW EXECUTE FUNCTION chaos_rows_reason();
+-- A row moved to FAILED always carries a reason: the worker writes its own
+-- with the finish, and the sweeper (claim.Table.Reason) says why it failed a
+-- row whose holder died or hung on every attempt.
 
 -- One row per effect, written in the transaction that finishes the claim.
 CREATE TABLE chaos_effects (

@@ -143,6 +143,7 @@ var rowsTable = claim.Table{
 	Fence:      "fence",
 	LeaseUntil: "lease_until",
 	Attempts:   "attempts",
+	Reason:     "reason",
 }
 
 func (w *worker) say(msg string) {
