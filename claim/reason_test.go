@@ -13,7 +13,7 @@ import (
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
-// reasonTable is jobsTable with the reason column addReason creates.
+// reasonTable is jobsTable with the reason column of reasonJobs.
 var reasonTable = func() Table {
 	t := jobsTable
 	t.Reason = "reason"
