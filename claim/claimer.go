@@ -89,8 +89,11 @@ type core struct {
 	sqlClaim, sqlBatch                               string
 	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
 	sqlHeartbeat, sqlHeld                            string
-	sqlFinishReason                                  string // "" without Table.Reason
-	claimArgs                                        []any  // SET arguments shared by Claim and ClaimBatch
+	// sqlFinishWith[reason][retry] is Finish that also sets Table.Reason
+	// ($5) and Table.RetryAt ($6 microseconds from now): "" when the table
+	// lacks the column.
+	sqlFinishWith [2][2]string
+	claimArgs     []any // SET arguments shared by Claim and ClaimBatch
 }
 
 // DefaultHolder returns the default instance identity, "hostname:pid".
@@ -287,9 +290,17 @@ func (c *core) build(opts Options) {
 	t := c.t
 	set, args := c.claimSet(3)
 	c.claimArgs = args
+	// due is the condition that a row may be claimed now, on the row named
+	// by prefix.
+	due := func(prefix string) string {
+		if t.retryAt == "" {
+			return ""
+		}
+		return fmt.Sprintf(" AND (%[1]s%[2]s IS NULL OR %[1]s%[2]s <= statement_timestamp())", prefix, t.retryAt)
+	}
 	c.sqlClaim = fmt.Sprintf(
 		"UPDATE %s AS pgclaim_t SET %s WHERE pgclaim_t.%s = $1 AND %s RETURNING %s",
-		t.qname, set, t.key, recheck("pgclaim_t."+t.state+" = $2"), c.returning())
+		t.qname, set, t.key, recheck("pgclaim_t."+t.state+" = $2"+due("pgclaim_t.")), c.returning())
 
 	order := t.key
 	if strings.TrimSpace(opts.Order) != "" {
@@ -304,13 +315,13 @@ func (c *core) build(opts Options) {
 	// The selection locks the rows; the update finds them by key (see
 	// recheck). The state is re-checked on the locked row.
 	c.sqlBatch = fmt.Sprintf(`WITH pgclaim_c AS (
-  SELECT %[2]s FROM %[1]s WHERE %[3]s = $%[4]d%[5]s ORDER BY %[6]s LIMIT $%[7]d FOR UPDATE SKIP LOCKED
+  SELECT %[2]s FROM %[1]s WHERE %[3]s = $%[4]d%[11]s%[5]s ORDER BY %[6]s LIMIT $%[7]d FOR UPDATE SKIP LOCKED
 )
 UPDATE %[1]s AS pgclaim_t SET %[8]s
 WHERE pgclaim_t.%[2]s = ANY(ARRAY(SELECT %[2]s FROM pgclaim_c)) AND %[9]s
 RETURNING pgclaim_t.%[2]s, %[10]s`,
 		t.qname, t.key, t.state, k+1, where, order, k+2, set,
-		recheck(fmt.Sprintf("pgclaim_t.%s = $%d", t.state, k+1)), c.returning())
+		recheck(fmt.Sprintf("pgclaim_t.%s = $%d", t.state, k+1)), c.returning(), due(""))
 
 	if t.fence == "" {
 		return
@@ -320,9 +331,21 @@ RETURNING pgclaim_t.%[2]s, %[10]s`,
 	}
 	c.sqlFinish = fmt.Sprintf("UPDATE %s SET %s = $1 WHERE %s = $2 AND %s",
 		t.qname, t.state, t.key, fenced("$3"))
-	if t.reason != "" {
-		c.sqlFinishReason = fmt.Sprintf("UPDATE %s SET %s = $1, %s = $5 WHERE %s = $2 AND %s",
-			t.qname, t.state, t.reason, t.key, fenced("$3"))
+	for reason := range 2 {
+		for retry := range 2 {
+			if (reason == 1 && t.reason == "") || (retry == 1 && t.retryAt == "") {
+				continue
+			}
+			set := t.state + " = $1"
+			if reason == 1 {
+				set += ", " + t.reason + " = $5"
+			}
+			if retry == 1 {
+				set += fmt.Sprintf(", %s = statement_timestamp() + ($%d::bigint * interval '1 microsecond')", t.retryAt, 5+reason)
+			}
+			c.sqlFinishWith[reason][retry] = fmt.Sprintf("UPDATE %s SET %s WHERE %s = $2 AND %s",
+				t.qname, set, t.key, fenced("$3"))
+		}
 	}
 	release := fmt.Sprintf("%s = $1", t.state)
 	if t.attempts != "" {
@@ -517,21 +540,33 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 // Table.Reason.
 const maxReason = 2000
 
-// finishReason is Finish that also sets Table.Reason to reason, or clears
-// it when reason is nil; without Table.Reason it is Finish. A reason longer
-// than maxReason bytes is cut at a character boundary.
-func (c *Claimer[K]) finishReason(ctx context.Context, cl Claim[K], state string, reason *string) error {
-	if c.c.sqlFinishReason == "" {
-		return c.Finish(ctx, cl, state)
-	}
+// finishWith is Finish that also sets Table.Reason to reason (NULL when
+// nil) when the table has that column, and, when retryIn is positive,
+// Table.RetryAt to database time plus retryIn. A reason longer than
+// maxReason bytes is cut at a character boundary.
+func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, reason *string, retryIn time.Duration) error {
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	if reason != nil && len(*reason) > maxReason {
-		r := strings.ToValidUTF8((*reason)[:maxReason], "")
-		reason = &r
+	args := []any{state, cl.Key, c.c.to, cl.Token}
+	r, d := 0, 0
+	if c.c.t.reason != "" {
+		if reason != nil && len(*reason) > maxReason {
+			cut := strings.ToValidUTF8((*reason)[:maxReason], "")
+			reason = &cut
+		}
+		r = 1
+		args = append(args, reason)
 	}
-	return c.finish(ctx, "Finish", cl, c.c.sqlFinishReason, state, cl.Key, c.c.to, cl.Token, reason)
+	if retryIn > 0 && c.c.t.retryAt != "" {
+		d = 1
+		args = append(args, micros(retryIn))
+	}
+	q := c.c.sqlFinish
+	if r+d > 0 {
+		q = c.c.sqlFinishWith[r][d]
+	}
+	return c.finish(ctx, "Finish", cl, q, args...)
 }
 
 // finish runs q, a fenced update of cl's row, and returns ErrLost when it

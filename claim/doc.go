@@ -56,20 +56,22 @@
 //	    fence       bigint,                    -- Fence (optional; needed to finish)
 //	    lease_until timestamptz,               -- LeaseUntil (optional; leases)
 //	    attempts    int NOT NULL DEFAULT 0,    -- Attempts (optional; retries)
+//	    retry_at    timestamptz,               -- RetryAt (optional; delayed retries)
 //	    reason      text                       -- Reason (optional; why a row failed)
 //	);
 //
 // Features that need an optional column report which one when it is missing:
 // Finish, FinishBatch, Release and the Worker need Fence; Extend and leases
-// need LeaseUntil; retries need Attempts. With Reason, the Worker records the
-// error of a failed attempt and the Sweeper why it moved a stale row (its
-// holder, token and attempt, and whether its lease expired), so a FAILED row
-// always says why. Without Fence, Claim and ClaimBatch
-// still work as plain compare-and-swap claims, and finishing is left to the
-// caller's own statements (see Each). Claimer.Verify checks the table against
-// the spec at start-up. Names are identifiers, quoted, never SQL; only
-// Options.Order, Options.Where and SweeperConfig.Where are SQL, and they are
-// trusted input.
+// need LeaseUntil; retries need Attempts, and delayed retries
+// (WorkerConfig.RetryDelay) RetryAt: a row is not claimed before its RetryAt.
+// With Reason, the Worker records the error of a failed attempt and the
+// Sweeper why it moved a stale row (its holder, token and attempt, and
+// whether its lease expired), so a FAILED row always says why. Without
+// Fence, Claim and ClaimBatch still work as plain compare-and-swap claims,
+// and finishing is left to the caller's own statements (see Each).
+// Claimer.Verify checks the table against the spec at start-up. Names are
+// identifiers, quoted, never SQL; only Options.Order, Options.Where and
+// SweeperConfig.Where are SQL, and they are trusted input.
 //
 // Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a
 // fresh token from the sequence. A token is never reused, so it names one

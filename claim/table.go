@@ -41,6 +41,13 @@ type Table struct {
 	// Attempts is an optional integer column incremented at every claim;
 	// workers and sweepers use it to decide between retry and failure.
 	Attempts string
+	// RetryAt is an optional timestamptz column holding the earliest
+	// database time a row may be claimed again. A row whose RetryAt is in
+	// the future is passed over by ClaimBatch, and Claim returns
+	// ErrNotClaimed for it; NULL means at once. A Worker with
+	// WorkerConfig.RetryDelay sets it when it moves a failed row to Retry;
+	// nothing else writes it.
+	RetryAt string
 	// Reason is an optional text column saying why a row last left the To
 	// state other than by success. A Worker writes the error of a failed
 	// attempt there (moving the row to Failed or Retry) and clears it when
@@ -63,7 +70,7 @@ type table struct {
 	name   string
 	qname  string // quoted, possibly schema-qualified
 	// quoted column names; "" when the column is not configured
-	key, state, claimedAt, claimedBy, fence, leaseUntil, attempts, reason string
+	key, state, claimedAt, claimedBy, fence, leaseUntil, attempts, retryAt, reason string
 }
 
 func checkIdent(field, s string) error {
@@ -119,6 +126,7 @@ func (t Table) validate() (*table, error) {
 		{"Table.Fence", t.Fence, false, &v.fence},
 		{"Table.LeaseUntil", t.LeaseUntil, false, &v.leaseUntil},
 		{"Table.Attempts", t.Attempts, false, &v.attempts},
+		{"Table.RetryAt", t.RetryAt, false, &v.retryAt},
 		{"Table.Reason", t.Reason, false, &v.reason},
 	}
 	seen := map[string]string{}
@@ -229,6 +237,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, *oid)
 	check("Table.Fence", s.Fence, func(ci columnInfo) bool { return ci.oid == oidInt8 }, "bigint")
 	check("Table.LeaseUntil", s.LeaseUntil, isTimestamptz, "timestamp with time zone")
 	check("Table.Attempts", s.Attempts, isInt, "smallint, integer or bigint")
+	check("Table.RetryAt", s.RetryAt, isTimestamptz, "timestamp with time zone")
 	check("Table.Reason", s.Reason, func(ci columnInfo) bool { return ci.oid == oidText }, "text")
 
 	if ki, ok := cols[s.Key]; ok {

@@ -53,6 +53,14 @@ type WorkerConfig[K any] struct {
 	// MaxAttempts is the number of claims a row gets before a failure is
 	// final. Required with Retry.
 	MaxAttempts int
+	// RetryDelay, when set, is how long a row moved to Retry waits before
+	// it may be claimed again, given the number of claims it has had (1
+	// after its first failure): the worker sets Table.RetryAt to database
+	// time plus that delay (zero or negative: at once). For example
+	// func(n int) time.Duration { return time.Second << min(n, 10) }.
+	// Drain does not wait for delayed rows: it returns once nothing is
+	// claimable. Needs Retry and Table.RetryAt.
+	RetryDelay func(attempts int) time.Duration
 	// BatchSize is the most rows claimed by one statement. Required.
 	BatchSize int
 	// Args bind the placeholders of the claimer's Options.Where.
@@ -138,6 +146,10 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		return nil, invalid("WorkerConfig.Retry", "must be set when MaxAttempts is")
 	case cfg.Retry != "" && t.attempts == "":
 		return nil, t.needs("Table.Attempts", t.attempts, "WorkerConfig.Retry")
+	case cfg.RetryDelay != nil && cfg.Retry == "":
+		return nil, invalid("WorkerConfig.Retry", "must be set when RetryDelay is")
+	case cfg.RetryDelay != nil && t.retryAt == "":
+		return nil, t.needs("Table.RetryAt", t.retryAt, "WorkerConfig.RetryDelay")
 	case cfg.PollInterval < 0:
 		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
 	case cfg.StopTimeout < 0:
@@ -378,7 +390,7 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	werr := callWork(func() error { return w.cfg.Work(ctx, tx, e.cl) })
 	if werr == nil {
-		ferr := w.c.WithTx(tx).finishReason(ctx, e.cl, w.cfg.Done, nil)
+		ferr := w.c.WithTx(tx).finishWith(ctx, e.cl, w.cfg.Done, nil, 0)
 		if ferr == nil {
 			ferr = tx.Commit(ctx)
 		}
@@ -406,13 +418,17 @@ func (r *run[K]) process(e *entry[K]) {
 		return
 	}
 	state, retry := w.cfg.Failed, false
+	var retryIn time.Duration
 	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts {
 		state, retry = w.cfg.Retry, true
+		if w.cfg.RetryDelay != nil {
+			retryIn = w.cfg.RetryDelay(e.cl.Attempts)
+		}
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
 	reason := werr.Error()
-	err = w.c.finishReason(cctx, e.cl, state, &reason)
+	err = w.c.finishWith(cctx, e.cl, state, &reason, retryIn)
 	switch {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })
