@@ -12,6 +12,7 @@ import (
 	gocronv2 "github.com/go-co-op/gocron/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/cronx/internal/crontest"
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
@@ -27,31 +28,6 @@ type shiftedCron struct {
 }
 
 func (s shiftedCron) Next(t time.Time) time.Time { return s.Cron.Next(t.Add(s.skew)).Add(-s.skew) }
-
-const runsTable = `CREATE TABLE runs (tick timestamptz NOT NULL, holder text NOT NULL)`
-
-// runsPerTick returns who ran each tick.
-func runsPerTick(t testing.TB, pool *pgxpool.Pool) map[time.Time][]string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT tick, holder FROM runs`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[time.Time][]string{}
-	for rows.Next() {
-		var at time.Time
-		var h string
-		if err := rows.Scan(&at, &h); err != nil {
-			t.Fatal(err)
-		}
-		out[at.UTC()] = append(out[at.UTC()], h)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // noDuplicates fails for every tick that ran more than once.
 func noDuplicates(t testing.TB, runs map[time.Time][]string) {
@@ -109,7 +85,7 @@ func recordRun(t testing.TB, pool *pgxpool.Pool, holder string, skew time.Durati
 // skew behind a's. It returns who ran each tick.
 func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string {
 	db := pgtest.NewDatabase(t)
-	if _, err := db.Pool.Exec(context.Background(), runsTable); err != nil {
+	if _, err := db.Pool.Exec(context.Background(), crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
 	var scheds []gocronv2.Scheduler
@@ -138,7 +114,7 @@ func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string
 			t.Fatal(err)
 		}
 	}
-	return runsPerTick(t, db.Pool)
+	return crontest.RunsPerTick(t, db.Pool)
 }
 
 // The Locker's at-least keeps a fast job from running again on an instance
@@ -261,77 +237,27 @@ func TestUnlockWithCancelledContext(t *testing.T) {
 	}
 }
 
-// seen records, per instance, the ticks its gate acquired or skipped, and
-// the events that should not happen: a skip that is not about the tick
-// being taken or locked (a clock outside the tolerance), a failed run.
-type seen struct {
-	mu       sync.Mutex
-	ticks    map[string]map[time.Time]bool
-	bad      []gate.Event
-	stopping bool // set before the schedulers shut down
-}
-
-// stop marks the start of shutdown: a run cut short by the scheduler's
-// shutdown is recorded as abandoned, which is expected from then on.
-func (s *seen) stop() {
-	s.mu.Lock()
-	s.stopping = true
-	s.mu.Unlock()
-}
-
-func (s *seen) hooks(holder string) gate.Hooks {
-	return gate.HooksFunc(func(e gate.Event) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		abandonedAtStop := s.stopping && e.Kind == gate.EventFinished && e.Outcome == gate.OutcomeAbandoned
-		if (e.Kind == gate.EventSkipped && !errors.Is(e.Err, gate.ErrSkipped)) ||
-			(e.Kind == gate.EventFinished && e.Outcome != gate.OutcomeSucceeded && !abandonedAtStop) || e.Kind == gate.EventLost {
-			s.bad = append(s.bad, e)
-		}
-		if (e.Kind != gate.EventAcquired && e.Kind != gate.EventSkipped) || e.FireAt.IsZero() {
-			return
-		}
-		if s.ticks[holder] == nil {
-			s.ticks[holder] = map[time.Time]bool{}
-		}
-		s.ticks[holder][e.FireAt.UTC()] = true
-	})
-}
-
-// both returns the ticks both a and b fired.
-func (s *seen) both(a, b string) []time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []time.Time
-	for at := range s.ticks[a] {
-		if s.ticks[b][at] {
-			out = append(out, at)
-		}
-	}
-	return out
-}
-
 // Tasks from NewTask go through the tick ledger: once per tick, even with
 // the two instances' clocks 800ms apart.
 func TestTaskOneRunPerTick(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, runsTable); err != nil {
+	if _, err := db.Pool.Exec(ctx, crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
 	sched, err := CronSchedule(everySecond, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs := &seen{ticks: map[string]map[time.Time]bool{}}
+	obs := &crontest.Seen{}
 	var scheds []gocronv2.Scheduler
 	for _, in := range []struct {
 		holder string
 		skew   time.Duration
 	}{{"b", 400 * time.Millisecond}, {"c", -400 * time.Millisecond}} {
 		pool := db.NewPool(t)
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.hooks(in.holder)}})
+		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.Hooks(in.holder)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,18 +283,16 @@ func TestTaskOneRunPerTick(t *testing.T) {
 		s.Start()
 	}
 	time.Sleep(4 * time.Second)
-	obs.stop()
+	obs.Stop()
 	for _, s := range scheds {
 		if err := s.Shutdown(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, e := range obs.bad {
-		t.Errorf("unexpected %s event for %s at %s: outcome %q, error %v", e.Kind, e.Holder, e.FireAt.Format(time.RFC3339Nano), e.Outcome, e.Err)
-	}
-	runs := runsPerTick(t, db.Pool)
+	obs.Unexpected(t)
+	runs := crontest.RunsPerTick(t, db.Pool)
 	noDuplicates(t, runs)
-	common := obs.both("b", "c")
+	common := obs.All("b", "c")
 	if len(common) < 2 {
 		t.Fatalf("only %d ticks were fired by both instances; want at least 2 (runs: %v)", len(common), runs)
 	}
@@ -387,7 +311,7 @@ func TestElectorOneRunPerTick(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := db.Pool.Exec(ctx, runsTable); err != nil {
+	if _, err := db.Pool.Exec(ctx, crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
 	electors := map[string]*gate.Elector{}
@@ -447,7 +371,7 @@ func TestElectorOneRunPerTick(t *testing.T) {
 	cancel()
 	wg.Wait()
 
-	runs := runsPerTick(t, db.Pool)
+	runs := crontest.RunsPerTick(t, db.Pool)
 	noDuplicates(t, runs)
 	contiguous(t, runs, 4)
 	by := map[string]int{}
@@ -543,59 +467,11 @@ type interval time.Duration
 
 func (i interval) Next(t time.Time) time.Time { return t.Add(time.Duration(i)) }
 
-// daily fires once a day at the time of day of at (UTC).
-type daily struct{ at time.Time }
-
-func (d daily) Next(t time.Time) time.Time {
-	n := d.at.Add(t.Sub(d.at).Truncate(24 * time.Hour))
-	for !n.After(t) {
-		n = n.Add(24 * time.Hour)
-	}
-	for n.Add(-24 * time.Hour).After(t) {
-		n = n.Add(-24 * time.Hour)
-	}
-	return n
-}
-
 // TestTaskMaxDelayFollowsSkewTolerance: without TaskOptions.MaxDelay a task
-// may start as late as its gate's skew tolerance allows: a run 5 minutes
-// late counts for its instant under a 10-minute tolerance, and is refused
-// with ErrNoInstant under the default minute or an explicit MaxDelay.
+// may start as late as its gate's skew tolerance allows (see crontest).
 func TestTaskMaxDelayFollowsSkewTolerance(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Pool(t)
-	instant := time.Now().Add(-5 * time.Minute).Truncate(time.Second).UTC()
-	sched := daily{instant}
-	for _, c := range []struct {
-		name      string
-		tolerance time.Duration
-		maxDelay  time.Duration
-		runs      bool
-	}{
-		{"tolerance 10m", 10 * time.Minute, 0, true},
-		{"default tolerance", 0, 0, false},
-		{"explicit MaxDelay", 10 * time.Minute, time.Minute, false},
-	} {
-		g, err := gate.New(pool, gate.Config{SkewTolerance: c.tolerance})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(g.Close)
-		var ranFor time.Time
-		f, err := taskFunc(g, "late-"+strings.ReplaceAll(c.name, " ", "-"), sched, func(_ context.Context, run gate.Run) error {
-			ranFor = run.FireAt
-			return nil
-		}, TaskOptions{MaxDelay: c.maxDelay})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = f(context.Background())
-		if c.runs {
-			if err != nil || !ranFor.Equal(instant) {
-				t.Errorf("%s: got %v, ran for %v; want a run for %v", c.name, err, ranFor, instant)
-			}
-		} else if !errors.Is(err, ErrNoInstant) || !ranFor.IsZero() {
-			t.Errorf("%s: got %v (ran for %v), want ErrNoInstant", c.name, err, ranFor)
-		}
-	}
+	crontest.MaxDelayFollowsSkewTolerance(t, func(g *gate.Gate, name string, sched crontest.Daily, fn gate.Func, maxDelay time.Duration) (func(context.Context) error, error) {
+		return taskFunc(g, name, sched, fn, TaskOptions{MaxDelay: maxDelay})
+	}, ErrNoInstant)
 }

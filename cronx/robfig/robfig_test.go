@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/robfig/cron/v3"
 
+	"github.com/pgclaim/pgclaim/cronx/internal/crontest"
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
@@ -35,75 +35,6 @@ type shifted struct {
 
 func (s shifted) Next(t time.Time) time.Time { return s.sched.Next(t.Add(s.skew)).Add(-s.skew) }
 
-// seen records, per instance, the ticks its gate acquired or skipped, and
-// the events that should not happen: a skip that is not about the tick
-// being taken or locked (a clock outside the tolerance), a failed run.
-type seen struct {
-	mu    sync.Mutex
-	ticks map[string]map[time.Time]bool
-	bad   []gate.Event
-}
-
-func (s *seen) hooks(holder string) gate.Hooks {
-	return gate.HooksFunc(func(e gate.Event) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if (e.Kind == gate.EventSkipped && !errors.Is(e.Err, gate.ErrSkipped)) ||
-			(e.Kind == gate.EventFinished && e.Outcome != gate.OutcomeSucceeded) || e.Kind == gate.EventLost {
-			s.bad = append(s.bad, e)
-		}
-		if (e.Kind != gate.EventAcquired && e.Kind != gate.EventSkipped) || e.FireAt.IsZero() {
-			return
-		}
-		if s.ticks[holder] == nil {
-			s.ticks[holder] = map[time.Time]bool{}
-		}
-		s.ticks[holder][e.FireAt.UTC()] = true
-	})
-}
-
-// both returns the ticks every one of holders saw.
-func (s *seen) both(holders ...string) []time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []time.Time
-	for at := range s.ticks[holders[0]] {
-		all := true
-		for _, h := range holders[1:] {
-			all = all && s.ticks[h][at]
-		}
-		if all {
-			out = append(out, at)
-		}
-	}
-	return out
-}
-
-const runsTable = `CREATE TABLE runs (tick timestamptz NOT NULL, holder text NOT NULL)`
-
-// runsPerTick counts the rows of runs by tick.
-func runsPerTick(t testing.TB, pool *pgxpool.Pool) map[time.Time][]string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT tick, holder FROM runs`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[time.Time][]string{}
-	for rows.Next() {
-		var at time.Time
-		var h string
-		if err := rows.Scan(&at, &h); err != nil {
-			t.Fatal(err)
-		}
-		out[at.UTC()] = append(out[at.UTC()], h)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // instance is one scheduler of a test: its name, its clock skew, and
 // whether it wraps a plain cron.Job instead of using NewJob.
 type instance struct {
@@ -119,15 +50,15 @@ type instance struct {
 func runSchedulers(t *testing.T, insts ...instance) {
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, runsTable); err != nil {
+	if _, err := db.Pool.Exec(ctx, crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
 	sched := everySecond(t)
-	obs := &seen{ticks: map[string]map[time.Time]bool{}}
+	obs := &crontest.Seen{}
 	var crons []*cron.Cron
 	for _, in := range insts {
 		pool := db.NewPool(t)
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.hooks(in.holder)}})
+		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.Hooks(in.holder)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,16 +107,14 @@ func runSchedulers(t *testing.T, insts ...instance) {
 	for i, in := range insts {
 		holders[i] = in.holder
 	}
-	for _, e := range obs.bad {
-		t.Errorf("unexpected %s event for %s at %s: outcome %q, error %v", e.Kind, e.Holder, e.FireAt.Format(time.RFC3339Nano), e.Outcome, e.Err)
-	}
-	runs := runsPerTick(t, db.Pool)
+	obs.Unexpected(t)
+	runs := crontest.RunsPerTick(t, db.Pool)
 	for at, hs := range runs {
 		if len(hs) != 1 {
 			t.Errorf("tick %s ran %d times (by %v), want once", at.Format(time.RFC3339Nano), len(hs), hs)
 		}
 	}
-	common := obs.both(holders...)
+	common := obs.All(holders...)
 	if len(common) < 2 {
 		t.Fatalf("only %d ticks were fired by all of %v; want at least 2 (runs: %v)", len(common), holders, runs)
 	}
@@ -405,59 +334,15 @@ func TestBadInput(t *testing.T) {
 // Compile-time check: a Job is a cron.Job.
 var _ cron.Job = (*Job)(nil)
 
-// daily fires once a day at the time of day of at (UTC).
-type daily struct{ at time.Time }
-
-func (d daily) Next(t time.Time) time.Time {
-	n := d.at.Add(t.Sub(d.at).Truncate(24 * time.Hour))
-	for !n.After(t) {
-		n = n.Add(24 * time.Hour)
-	}
-	for n.Add(-24 * time.Hour).After(t) {
-		n = n.Add(-24 * time.Hour)
-	}
-	return n
-}
-
 // TestMaxDelayFollowsSkewTolerance: without Options.MaxDelay a job may start
-// as late as its gate's skew tolerance allows: a run 5 minutes late counts
-// for its instant under a 10-minute tolerance, and is refused with
-// ErrNoInstant under the default minute or an explicit MaxDelay.
+// as late as its gate's skew tolerance allows (see crontest).
 func TestMaxDelayFollowsSkewTolerance(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Pool(t)
-	instant := time.Now().Add(-5 * time.Minute).Truncate(time.Second).UTC()
-	sched := daily{instant}
-	for _, c := range []struct {
-		name      string
-		tolerance time.Duration
-		maxDelay  time.Duration
-		runs      bool
-	}{
-		{"tolerance 10m", 10 * time.Minute, 0, true},
-		{"default tolerance", 0, 0, false},
-		{"explicit MaxDelay", 10 * time.Minute, time.Minute, false},
-	} {
-		g, err := gate.New(pool, gate.Config{SkewTolerance: c.tolerance})
+	crontest.MaxDelayFollowsSkewTolerance(t, func(g *gate.Gate, name string, sched crontest.Daily, fn gate.Func, maxDelay time.Duration) (func(context.Context) error, error) {
+		job, err := NewJob(g, name, sched, fn, Options{MaxDelay: maxDelay})
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		t.Cleanup(g.Close)
-		var ranFor time.Time
-		job, err := NewJob(g, "late-"+strings.ReplaceAll(c.name, " ", "-"), sched, func(_ context.Context, run gate.Run) error {
-			ranFor = run.FireAt
-			return nil
-		}, Options{MaxDelay: c.maxDelay})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = job.fire(context.Background())
-		if c.runs {
-			if err != nil || !ranFor.Equal(instant) {
-				t.Errorf("%s: got %v, ran for %v; want a run for %v", c.name, err, ranFor, instant)
-			}
-		} else if !errors.Is(err, ErrNoInstant) || !ranFor.IsZero() {
-			t.Errorf("%s: got %v (ran for %v), want ErrNoInstant", c.name, err, ranFor)
-		}
-	}
+		return job.fire, nil
+	}, ErrNoInstant)
 }
