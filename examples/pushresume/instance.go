@@ -41,6 +41,7 @@ var pushTable = claim.Table{
 	Fence:      "fence",
 	LeaseUntil: "lease_until",
 	Attempts:   "attempts",
+	Reason:     "fail_reason",
 }
 
 // dueRows narrows a resume to rows paused before the job's latest scheduled
@@ -278,7 +279,6 @@ func (in *instance) build() error {
 		BatchSize:  500,
 		Where:      olderThan,
 		Args:       []any{cfg.StaleAfter.Seconds()},
-		OnSwept:    in.noteFailures("in PROCESSING for over " + durationText(cfg.StaleAfter)),
 	})
 	if err != nil {
 		return err
@@ -291,7 +291,6 @@ func (in *instance) build() error {
 		BatchSize:   500,
 		Where:       youngerThan,
 		Args:        []any{cfg.StaleAfter.Seconds()},
-		OnSwept:     in.noteFailures(fmt.Sprintf("lease ran out on each of %d attempts", cfg.MaxAttempts)),
 	})
 	if err != nil {
 		return err
@@ -310,24 +309,6 @@ func (in *instance) close() {
 		in.gate.Close()
 	}
 	in.pool.Close()
-}
-
-// noteFailures returns a sweeper callback writing why rows were failed.
-func (in *instance) noteFailures(reason string) func(context.Context, []claim.Swept[int64]) {
-	return func(ctx context.Context, swept []claim.Swept[int64]) {
-		var ids []int64
-		for _, s := range swept {
-			if s.State == "FAILED" {
-				ids = append(ids, s.Key)
-			}
-		}
-		if len(ids) == 0 {
-			return
-		}
-		if _, err := in.q.NoteFailReason(ctx, db.NoteFailReasonParams{Ids: ids, Reason: reason + "; swept by " + in.holder}); err != nil {
-			in.rep.emit(event{Ev: evError, Msg: "noting fail reasons: " + err.Error()})
-		}
-	}
 }
 
 // send "sends" one push: the provider call takes SendDelay, and the hand-over

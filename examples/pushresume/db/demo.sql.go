@@ -126,7 +126,7 @@ func (q *Queries) DemoTables(ctx context.Context) (DemoTablesRow, error) {
 }
 
 const failReasons = `-- name: FailReasons :many
-SELECT coalesce(fail_reason, '') AS reason, count(*) AS n
+SELECT regexp_replace(coalesce(fail_reason, ''), ', token [0-9]+', '')::text AS reason, count(*) AS n
 FROM push_requests WHERE status = 'FAILED' GROUP BY 1 ORDER BY 1
 `
 
@@ -135,6 +135,8 @@ type FailReasonsRow struct {
 	N      int64
 }
 
+// Why rows failed, as the sweeper or the worker recorded it, without the
+// fencing token that makes each sweeper reason unique.
 func (q *Queries) FailReasons(ctx context.Context) ([]FailReasonsRow, error) {
 	rows, err := q.db.Query(ctx, failReasons)
 	if err != nil {

@@ -26,25 +26,6 @@ func (q *Queries) CountDue(ctx context.Context, job string) (int64, error) {
 	return count, err
 }
 
-const noteFailReason = `-- name: NoteFailReason :execrows
-UPDATE push_requests SET fail_reason = $1::text
-WHERE id = ANY($2::bigint[]) AND status = 'FAILED' AND fail_reason IS NULL
-`
-
-type NoteFailReasonParams struct {
-	Reason string
-	Ids    []int64
-}
-
-// Records why swept rows failed; only rows still FAILED with no reason yet.
-func (q *Queries) NoteFailReason(ctx context.Context, arg NoteFailReasonParams) (int64, error) {
-	result, err := q.db.Exec(ctx, noteFailReason, arg.Reason, arg.Ids)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const recordSend = `-- name: RecordSend :exec
 
 INSERT INTO sent_pushes (push_id, fence, instance) VALUES ($1, $2, $3)

@@ -58,7 +58,9 @@ SELECT fire_at, holder, fence, outcome, started_at, finished_at, error
 FROM pgclaim_ticks WHERE job = $1 ORDER BY fire_at;
 
 -- name: FailReasons :many
-SELECT coalesce(fail_reason, '') AS reason, count(*) AS n
+-- Why rows failed, as the sweeper or the worker recorded it, without the
+-- fencing token that makes each sweeper reason unique.
+SELECT regexp_replace(coalesce(fail_reason, ''), ', token [0-9]+', '')::text AS reason, count(*) AS n
 FROM push_requests WHERE status = 'FAILED' GROUP BY 1 ORDER BY 1;
 
 -- name: DemoTables :one

@@ -13,11 +13,6 @@ SELECT count(*) FROM push_requests
 WHERE status = 'PAUSED'
   AND paused_at <= (SELECT max(fire_at) FROM pgclaim_ticks WHERE job = sqlc.arg(job)::text);
 
--- name: NoteFailReason :execrows
--- Records why swept rows failed; only rows still FAILED with no reason yet.
-UPDATE push_requests SET fail_reason = sqlc.arg(reason)::text
-WHERE id = ANY(sqlc.arg(ids)::bigint[]) AND status = 'FAILED' AND fail_reason IS NULL;
-
 -- name: TickAt :one
 -- The ledger row of one tick: who took it and how it ended.
 SELECT holder, fence, outcome FROM pgclaim_ticks WHERE job = $1 AND fire_at = $2;
