@@ -12,6 +12,10 @@ processing state (--processing) the oldest claim's age and how many are stale:
 claimed longer ago than --stale-after, or, with --lease-until, past their
 lease (the rule the sweeper applies). Ages use the database's clock.
 
+With --reason, it also lists the commonest reasons rows failed, per state, as
+the worker and the sweeper record them, with times and fencing tokens left out
+so that rows failed for the same cause count together.
+
 Counting reads the whole table; on a very large table it takes a while.`
 
 type stateCountJSON struct {
@@ -28,11 +32,21 @@ type claimsJSON struct {
 	OldestAgeSeconds  *float64         `json:"oldest_age_seconds"`
 	StaleAfterSeconds float64          `json:"stale_after_seconds"`
 	Stale             int64            `json:"stale"`
+	Reasons           []reasonJSON     `json:"reasons,omitempty"`
 }
+
+type reasonJSON struct {
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+	Rows   int64  `json:"rows"`
+}
+
+// maxReasons is how many reasons claims lists.
+const maxReasons = 10
 
 func runClaims(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "claims",
-		"claims --table T [--state status] [--claimed-at claimed_at] [--lease-until COL] [--processing PROCESSING] [--stale-after 24h] [--json]",
+		"claims --table T [--state status] [--claimed-at claimed_at] [--lease-until COL] [--reason COL] [--processing PROCESSING] [--stale-after 24h] [--json]",
 		claimsAbout)
 	tf := addTableFlags(f, false)
 	staleAfter := f.Duration("stale-after", 24*time.Hour, "a row claimed longer ago than `DURATION` is stale")
@@ -100,6 +114,12 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 		return dbFail("reading rows in "+tf.processing, err)
 	}
 
+	if ct.reason != "" {
+		if out.Reasons, err = commonReasons(ctx, pool, ct); err != nil {
+			return err
+		}
+	}
+
 	if f.json {
 		return writeJSON(e.stdout, out)
 	}
@@ -113,6 +133,16 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 	}
 	if err := t.flush(); err != nil {
 		return err
+	}
+	if len(out.Reasons) > 0 {
+		fmt.Fprintln(e.stdout)
+		t := newTable(e.stdout, "STATE", "ROWS", "REASON (commonest first; times and tokens left out)")
+		for _, r := range out.Reasons {
+			t.row(r.State, r.Rows, r.Reason)
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(e.stdout)
 	if out.ProcessingRows == 0 {
@@ -134,4 +164,33 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 		fmt.Fprintf(e.stdout, "see what a sweep would move: %s\n", tf.sweepCommand(*staleAfter, "FAILED"))
 	}
 	return nil
+}
+
+// commonReasons returns the commonest reasons of the table's rows, per
+// state, with timestamps and fencing tokens replaced so that rows failed
+// for the same cause group together.
+func commonReasons(ctx context.Context, db dbtx, ct *claimedTable) ([]reasonJSON, error) {
+	rows, err := db.Query(ctx, fmt.Sprintf(`
+SELECT coalesce(%[1]s::text, 'NULL'),
+       regexp_replace(regexp_replace(%[2]s, ', token [0-9]+', '', 'g'),
+                      '[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]+(Z|[+-][0-9:]+)?', '<time>', 'g') AS reason,
+       count(*)
+FROM %[3]s WHERE %[2]s IS NOT NULL
+GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT %[4]d`, ct.state, ct.reason, ct.qname, maxReasons))
+	if err != nil {
+		return nil, dbFail("reading reasons", err)
+	}
+	defer rows.Close()
+	out := []reasonJSON{}
+	for rows.Next() {
+		var r reasonJSON
+		if err := rows.Scan(&r.State, &r.Reason, &r.Rows); err != nil {
+			return nil, dbFail("reading reasons", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbFail("reading reasons", err)
+	}
+	return out, nil
 }

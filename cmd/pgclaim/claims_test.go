@@ -148,3 +148,54 @@ func TestClaimsErrors(t *testing.T) {
 	wantCode(t, r, exitUsage)
 	wantContains(t, "stderr", r.stderr, `pgclaim claims: --table: "a.b.c" has more than one '.'`)
 }
+
+// TestClaimsReasons: a sweep with --reason records why each row moved, and
+// claims --reason lists the reasons, grouping rows failed for the same
+// cause although their times and tokens differ.
+func TestClaimsReasons(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	createPushRequests(t, db)
+	exec1(t, db, `ALTER TABLE push_requests ADD COLUMN fence bigint, ADD COLUMN why text`)
+	exec1(t, db, `UPDATE push_requests SET why = 'upstream 503', fence = 7 WHERE id = 30`)
+	exec1(t, db, `INSERT INTO push_requests (id, status, claimed_at, claimed_by, attempts, fence) VALUES
+	 (13, 'PROCESSING', now() - interval '28 hours', 'host-a:101', 1, 40),
+	 (14, 'PROCESSING', now() - interval '27 hours', 'host-a:101', 1, 41)`)
+
+	r := cli(t, "", "sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED",
+		"--claimed-by", "claimed_by", "--attempts", "attempts", "--reason", "why", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	var n int
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM push_requests WHERE status = 'FAILED' AND why LIKE 'claim: swept: claimed at %, more than 24h0m0s ago (claim by host-a:101, attempt _)'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 {
+		t.Fatalf("%d swept rows with the sweeper's reason, want 4 (rows 10, 11, 13, 14)", n)
+	}
+	// Two rows a service's sweeper failed: their reasons differ only in
+	// time and token.
+	exec1(t, db, `INSERT INTO push_requests (id, status, why) VALUES
+	 (31, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:00:05.123456Z (claim by host-b:202, token 42, attempt 3)'),
+	 (32, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:01:17.5Z (claim by host-b:202, token 57, attempt 3)')`)
+
+	r = cli(t, "", "claims", "--table", "push_requests", "--reason", "why", "--json", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	out := decodeJSON[claimsJSON](t, r.stdout)
+	want := []reasonJSON{
+		{"FAILED", "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 1)", 3},
+		{"FAILED", "claim: swept: lease expired at <time> (claim by host-b:202, attempt 3)", 2},
+		{"FAILED", "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 3)", 1},
+		{"FAILED", "upstream 503", 1},
+	}
+	if fmt.Sprint(out.Reasons) != fmt.Sprint(want) {
+		t.Errorf("reasons:\n%v\nwant\n%v", out.Reasons, want)
+	}
+	r = cli(t, "", "claims", "--table", "push_requests", "--reason", "why", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	wantContains(t, "claims --reason", r.stdout, "REASON (commonest first", "FAILED  3     claim: swept: claimed at <time>", "upstream 503")
+
+	r = cli(t, "", "claims", "--table", "push_requests", "--reason", "nope", "--database-url", db.URL)
+	wantCode(t, r, exitError)
+	wantContains(t, "claims --reason nope", r.stderr, `no column "nope" (--reason)`)
+}

@@ -17,8 +17,8 @@ import (
 // tableFlags are the flags naming a claimed table and its columns, shared by
 // claims and sweep.
 type tableFlags struct {
-	table, key, state, claimedAt, claimedBy, leaseUntil, attempts string
-	processing                                                    string
+	table, key, state, claimedAt, claimedBy, leaseUntil, attempts, reason string
+	processing                                                            string
 }
 
 func addTableFlags(f *flags, withAttempts bool) *tableFlags {
@@ -32,6 +32,7 @@ func addTableFlags(f *flags, withAttempts bool) *tableFlags {
 	if withAttempts {
 		f.StringVar(&t.attempts, "attempts", "", "its attempts `COLUMN`, if any (needed by --retry)")
 	}
+	f.StringVar(&t.reason, "reason", "", "its text `COLUMN` saying why a row failed, if any (sweep writes it; claims lists the commonest)")
 	f.StringVar(&t.processing, "processing", "PROCESSING", "the `STATE` rows are in while claimed")
 	return t
 }
@@ -42,7 +43,7 @@ func (t *tableFlags) sweepCommand(olderThan time.Duration, to string) string {
 	args := []string{"pgclaim", "sweep", "--table", shellQuote(t.table)}
 	for _, c := range []struct{ flag, val, def string }{
 		{"--key", t.key, "id"}, {"--state", t.state, "status"}, {"--claimed-at", t.claimedAt, "claimed_at"},
-		{"--lease-until", t.leaseUntil, ""}, {"--processing", t.processing, "PROCESSING"},
+		{"--lease-until", t.leaseUntil, ""}, {"--reason", t.reason, ""}, {"--processing", t.processing, "PROCESSING"},
 	} {
 		if c.val != c.def {
 			args = append(args, c.flag, shellQuote(c.val))
@@ -64,7 +65,7 @@ func shellQuote(s string) string {
 func (t *tableFlags) spec() claim.Table {
 	return claim.Table{
 		Name: t.table, Key: t.key, State: t.state, ClaimedAt: t.claimedAt,
-		ClaimedBy: t.claimedBy, LeaseUntil: t.leaseUntil, Attempts: t.attempts,
+		ClaimedBy: t.claimedBy, LeaseUntil: t.leaseUntil, Attempts: t.attempts, Reason: t.reason,
 	}
 }
 
@@ -78,6 +79,7 @@ var flagNames = strings.NewReplacer(
 	"Table.ClaimedBy", "--claimed-by",
 	"Table.LeaseUntil", "--lease-until",
 	"Table.Attempts", "--attempts",
+	"Table.Reason", "--reason",
 	"Options.To", "--processing",
 	"SweeperConfig.Failed", "--to",
 	"SweeperConfig.Retry", "--retry",
@@ -115,7 +117,7 @@ type claimedTable struct {
 	flags *tableFlags
 	qname string // quoted, possibly schema-qualified
 	// quoted columns; "" when not configured
-	key, state, claimedAt, claimedBy, leaseUntil, attempts string
+	key, state, claimedAt, claimedBy, leaseUntil, attempts, reason string
 }
 
 // quoteTable quotes "table" or "schema.table" (claim.Table's rules: at most
@@ -140,6 +142,7 @@ func checkTable(ctx context.Context, db dbtx, t *tableFlags, needKey bool) (*cla
 		flags: t, qname: quoteTable(t.table),
 		key: quoteCol(t.key), state: quoteCol(t.state), claimedAt: quoteCol(t.claimedAt),
 		claimedBy: quoteCol(t.claimedBy), leaseUntil: quoteCol(t.leaseUntil), attempts: quoteCol(t.attempts),
+		reason: quoteCol(t.reason),
 	}
 	var database string
 	var oid *uint32
@@ -171,6 +174,7 @@ WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, *oid).Scan(&cols); err
 	for _, c := range []struct{ flag, col string }{
 		{"--key", t.key}, {"--state", t.state}, {"--claimed-at", t.claimedAt},
 		{"--claimed-by", t.claimedBy}, {"--lease-until", t.leaseUntil}, {"--attempts", t.attempts},
+		{"--reason", t.reason},
 	} {
 		if c.flag == "--key" && !needKey {
 			continue
