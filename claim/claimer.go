@@ -52,6 +52,10 @@ type Options struct {
 	Where string
 	// Logger receives claim transitions and lost claims. Default: discard.
 	Logger *slog.Logger
+	// Hooks, when set, receives an Event for every statement that moves
+	// rows or finds claims lost, for metrics and tracing; sweepers and
+	// workers built on the claimer report to it too.
+	Hooks Hooks
 }
 
 // Claim is one row held by a claimer.
@@ -85,6 +89,7 @@ type core struct {
 	lease       time.Duration
 	whereParams int
 	log         *slog.Logger
+	hooks       Hooks
 
 	sqlClaim, sqlBatch                               string
 	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
@@ -174,6 +179,7 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 		lease:       opts.Lease,
 		whereParams: n,
 		log:         opts.Logger,
+		hooks:       opts.Hooks,
 	}
 	if c.holder == "" {
 		c.holder = DefaultHolder()
@@ -450,13 +456,16 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 	args = append(args, c.c.claimArgs...)
 	cl := Claim[K]{Key: key}
 	var attempts int64
+	start := time.Now()
 	err := c.db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
+		c.c.emit(Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
 		return Claim[K]{}, ErrNotClaimed
 	}
 	if err != nil {
 		return Claim[K]{}, fmt.Errorf("claim: Claim: %w", err)
 	}
+	c.c.emit(Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)})
 	cl.Attempts = int(attempts)
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed",
 		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("token", cl.Token))
@@ -485,6 +494,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	args = append(args, where...)
 	args = append(args, c.c.from, n)
 	args = append(args, c.c.claimArgs...)
+	start := time.Now()
 	rows, err := c.db.Query(ctx, c.c.sqlBatch, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
@@ -503,6 +513,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
 	}
+	c.c.emit(Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
 	if len(out) > 0 {
 		c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed batch",
 			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("token", out[0].Token))
@@ -533,27 +544,32 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	return c.finish(ctx, "Finish", cl, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
 }
 
 // maxReason is the most bytes of an error's text a worker records in
 // Table.Reason.
 const maxReason = 2000
 
-// finishWith is Finish that also sets Table.Reason to reason (NULL when
-// nil) when the table has that column, and, when retryIn is positive,
-// Table.RetryAt to database time plus retryIn. A reason longer than
-// maxReason bytes is cut at a character boundary.
-func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, reason *string, retryIn time.Duration) error {
+// finishWith is Finish on behalf of a worker whose work ended with cause
+// (nil on success). It also sets Table.Reason, when the table has that
+// column, to the text of cause (NULL when nil), cut at maxReason bytes on a
+// character boundary; and, when retryIn is positive, Table.RetryAt to
+// database time plus retryIn.
+func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, cause error, retryIn time.Duration) error {
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
 	args := []any{state, cl.Key, c.c.to, cl.Token}
 	r, d := 0, 0
 	if c.c.t.reason != "" {
-		if reason != nil && len(*reason) > maxReason {
-			cut := strings.ToValidUTF8((*reason)[:maxReason], "")
-			reason = &cut
+		var reason *string
+		if cause != nil {
+			text := cause.Error()
+			if len(text) > maxReason {
+				text = strings.ToValidUTF8(text[:maxReason], "")
+			}
+			reason = &text
 		}
 		r = 1
 		args = append(args, reason)
@@ -566,20 +582,25 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 	if r+d > 0 {
 		q = c.c.sqlFinishWith[r][d]
 	}
-	return c.finish(ctx, "Finish", cl, q, args...)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, q, args...)
 }
 
-// finish runs q, a fenced update of cl's row, and returns ErrLost when it
-// touched no row.
-func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], q string, args ...any) error {
+// finish runs q, a fenced update of cl's row, reports ev (with its
+// duration) when it moved the row, and returns ErrLost when it touched no
+// row.
+func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, q string, args ...any) error {
+	start := time.Now()
 	tag, err := c.db.Exec(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("claim: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
+		c.c.emit(Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
 		c.lost(ctx, op, cl)
 		return ErrLost
 	}
+	ev.Rows, ev.Duration = 1, time.Since(start)
+	c.c.emit(ev)
 	return nil
 }
 
@@ -598,10 +619,16 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 	if len(cls) == 0 {
 		return nil, nil, nil
 	}
+	start := time.Now()
 	ok, err := c.matchClaims(ctx, c.c.sqlFinishBatch, cls, state, c.c.to)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim: FinishBatch: %w", err)
 	}
+	took := time.Since(start)
+	defer func() {
+		c.c.emit(Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
+		c.c.emit(Event{Kind: EventLost, Rows: len(lost), Duration: took})
+	}()
 	done = make([]Claim[K], 0, len(cls))
 	for i, cl := range cls {
 		if ok[i] {
@@ -685,8 +712,10 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 		return time.Time{}, invalid("Extend: d", "must be positive")
 	}
 	var until time.Time
+	start := time.Now()
 	err := c.db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
+		c.c.emit(Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
 		c.lost(ctx, "Extend", cl)
 		return time.Time{}, ErrLost
 	}
@@ -704,7 +733,7 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
 		return err
 	}
-	if err := c.finish(ctx, "Release", cl, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token); err != nil {
+	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token); err != nil {
 		return err
 	}
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
@@ -717,6 +746,7 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 // still held (a row locked by another transaction is skipped, not waited
 // for, and counts as held while its token is unchanged).
 func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration) ([]bool, error) {
+	start := time.Now()
 	ext, err := c.matchClaims(ctx, c.c.sqlHeartbeat, cls, c.c.to, micros(d))
 	if err != nil {
 		return nil, err
@@ -733,8 +763,13 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 	if err != nil {
 		return nil, err
 	}
+	n := 0
 	for i := range lost {
 		lost[i] = !ext[i] && !held[i]
+		if lost[i] {
+			n++
+		}
 	}
+	c.c.emit(Event{Kind: EventLost, Rows: n, Duration: time.Since(start)})
 	return lost, nil
 }

@@ -40,7 +40,9 @@
 //     attempts remain. The sweeper re-checks state and staleness on the
 //     locked row, so a row finished a moment ago is never overwritten, and
 //     two sweepers never move a row twice. Lost claims and swept rows are
-//     logged (log/slog) and returned to the caller.
+//     logged (log/slog) and returned to the caller, and every statement that
+//     moves rows or finds claims lost is reported to Options.Hooks (an Event
+//     with its kind, target state, row count and duration) for metrics.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
 //

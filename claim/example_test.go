@@ -271,3 +271,46 @@ func ExampleEach() {
 	// Output:
 	// claimed 2, skipped 1, succeeded 2, err <nil>
 }
+
+// Hooks feed metrics: here a map of rows by what happened to them; in a
+// service, a counter vector of your metrics library, with a histogram of
+// Event.Duration.
+func ExampleHooks() {
+	ctx := context.Background()
+	pool, done := exampleDB(ctx)
+	defer done()
+
+	var mu sync.Mutex
+	rows := map[string]int{}
+	hooks := claim.HooksFunc(func(e claim.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		rows[e.Kind.String()+" "+e.State] += e.Rows
+	})
+	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING", Hooks: hooks})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cls, err := c.ClaimBatch(ctx, 3)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, _, err := c.FinishBatch(ctx, cls[:2], "DONE"); err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Release(ctx, cls[2]); err != nil {
+		log.Fatal(err)
+	}
+	var lines []string
+	for k, n := range rows {
+		lines = append(lines, fmt.Sprintf("%s: %d", k, n))
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	// Output:
+	// claimed PROCESSING: 3
+	// finished DONE: 2
+	// released PAUSED: 1
+}

@@ -189,8 +189,7 @@ func TestReasonLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, db.Pool, `UPDATE jobs SET state = 'DONE', reason = 'by hand' WHERE id = 1`)
-	msg := "late failure"
-	if err := a.finishWith(ctx, cl, "FAILED", &msg, 0); !errors.Is(err, ErrLost) {
+	if err := a.finishWith(ctx, cl, "FAILED", errors.New("late failure"), 0); !errors.Is(err, ErrLost) {
 		t.Fatalf("finish of a lost claim: %v, want ErrLost", err)
 	}
 	if st, r := readReason(t, db.Pool, 1); st != "DONE" || r == nil || *r != "by hand" {

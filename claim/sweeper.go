@@ -274,6 +274,7 @@ func (s *Sweeper[K]) Sweep(ctx context.Context) ([]Swept[K], error) {
 }
 
 func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
+	start := time.Now()
 	rows, err := s.c.db.Query(ctx, s.sql, append(s.c.plan[:len(s.c.plan):len(s.c.plan)], s.args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
@@ -299,6 +300,14 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
+	}
+	took := time.Since(start)
+	byState := map[string]int{}
+	for _, sw := range out {
+		byState[sw.State]++
+	}
+	for state, n := range byState {
+		s.c.c.emit(Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
 	}
 	for _, sw := range out {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",

@@ -427,8 +427,7 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
-	reason := werr.Error()
-	err = w.c.finishWith(cctx, e.cl, state, &reason, retryIn)
+	err = w.c.finishWith(cctx, e.cl, state, werr, retryIn)
 	switch {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })

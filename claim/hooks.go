@@ -1,0 +1,87 @@
+package claim
+
+import (
+	"fmt"
+	"time"
+)
+
+// EventKind says what an Event reports.
+type EventKind int
+
+// The kinds of Event.
+const (
+	// EventClaimed: rows moved from From to To (Claim, ClaimBatch, and the
+	// Worker's batches). State is To.
+	EventClaimed EventKind = iota + 1
+	// EventNotClaimed: Claim found its row not in From (another holder
+	// won, or there is no such row).
+	EventNotClaimed
+	// EventFinished: claimed rows moved to State (Finish, FinishBatch, and
+	// the Worker's finishes: Done on success, Failed or Retry on failure,
+	// with the work's error in Err).
+	EventFinished
+	// EventReleased: claimed rows given back to From (Release, and the
+	// Worker's releases on shutdown). State is From.
+	EventReleased
+	// EventLost: claims found no longer held by a finish, extend or
+	// release, or by the Worker's heartbeat; nothing was changed. A claim
+	// the heartbeat found lost while its work was finishing may be
+	// reported again by the finish.
+	EventLost
+	// EventSwept: stale rows moved to State by a Sweeper.
+	EventSwept
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventClaimed:
+		return "claimed"
+	case EventNotClaimed:
+		return "not claimed"
+	case EventFinished:
+		return "finished"
+	case EventReleased:
+		return "released"
+	case EventLost:
+		return "lost"
+	case EventSwept:
+		return "swept"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is one observation reported to Hooks: one statement and the rows
+// it moved. Events report statements, not commits: rows finished inside a
+// transaction that then rolls back were reported all the same.
+type Event struct {
+	Kind     EventKind
+	Table    string        // the table, quoted as in SQL
+	Holder   string        // the claimer's Options.Holder
+	State    string        // the state the rows moved to ("" for EventNotClaimed and EventLost)
+	Rows     int           // how many rows (claims, for EventLost; 1 for EventNotClaimed)
+	Duration time.Duration // how long the statement took
+	Err      error         // EventFinished by a Worker after failed work: the work's error
+}
+
+// Hooks receives events for metrics and tracing. Observe is called from the
+// goroutine that ran the statement, possibly from several at once, and must
+// not block.
+type Hooks interface {
+	Observe(Event)
+}
+
+// HooksFunc adapts a function to Hooks.
+type HooksFunc func(Event)
+
+// Observe calls f(e).
+func (f HooksFunc) Observe(e Event) { f(e) }
+
+// emit reports e to the claimer's hooks, if any, filling in the table and
+// holder.
+func (c *core) emit(e Event) {
+	if c.hooks == nil || e.Rows == 0 {
+		return
+	}
+	e.Table, e.Holder = c.t.qname, c.holder
+	c.hooks.Observe(e)
+}

@@ -1,0 +1,136 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// recorder collects events.
+type recorder struct {
+	mu sync.Mutex
+	ev []Event
+}
+
+func (r *recorder) Observe(e Event) {
+	r.mu.Lock()
+	r.ev = append(r.ev, e)
+	r.mu.Unlock()
+}
+
+// take returns the events so far, as "kind state rows [error]" lines in
+// order, and forgets them; it fails t for an event without table, holder
+// or duration.
+func (r *recorder) take(t *testing.T) []string {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.ev {
+		if e.Table != `"jobs"` || e.Holder != "h" || e.Duration <= 0 {
+			t.Errorf("event %+v: want table \"jobs\", holder h and a duration", e)
+		}
+		s := fmt.Sprintf("%s %s %d", e.Kind, e.State, e.Rows)
+		if e.Err != nil {
+			s += " " + e.Err.Error()
+		}
+		out = append(out, s)
+	}
+	r.ev = nil
+	return out
+}
+
+// TestHooks: every statement that moves rows or finds claims lost reports
+// one event with the rows it moved, from the claimer, its sweeper and its
+// worker.
+func TestHooks(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 6)
+	rec := &recorder{}
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(step string, lines ...string) {
+		t.Helper()
+		if got := rec.take(t); strings.Join(got, "; ") != strings.Join(lines, "; ") {
+			t.Errorf("%s: events\n  %s\nwant\n  %s", step, strings.Join(got, "; "), strings.Join(lines, "; "))
+		}
+	}
+
+	c1, err := c.Claim(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Claim(ctx, 1); !errors.Is(err, ErrNotClaimed) {
+		t.Fatal(err)
+	}
+	want("Claim twice", "claimed PROCESSING 1", "not claimed  1")
+
+	batch, err := c.ClaimBatch(ctx, 2)
+	if err != nil || len(batch) != 2 {
+		t.Fatalf("ClaimBatch: %v %v", batch, err)
+	}
+	stale := c1
+	stale.Token = -1
+	if _, _, err := c.FinishBatch(ctx, append(batch, stale), "DONE"); err != nil {
+		t.Fatal(err)
+	}
+	want("ClaimBatch, FinishBatch with a stale claim", "claimed PROCESSING 2", "finished DONE 2", "lost  1")
+
+	if _, err := c.Extend(ctx, stale, time.Minute); !errors.Is(err, ErrLost) {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, c1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Finish(ctx, c1, "DONE"); !errors.Is(err, ErrLost) {
+		t.Fatal(err)
+	}
+	want("Extend lost, Release, Finish lost", "lost  1", "released PAUSED 1", "lost  1")
+
+	c4, err := c.Claim(ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, c4.Key)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sw.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want("Sweep", "claimed PROCESSING 1", "swept FAILED 1")
+
+	// The worker: rows 1, 5 and 6 are PAUSED; the work on 5 fails.
+	w, err := NewWorker(c, WorkerConfig[int64]{
+		Work: func(_ context.Context, _ pgx.Tx, cl Claim[int64]) error {
+			if cl.Key == 5 {
+				return errors.New("boom")
+			}
+			return nil
+		},
+		Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.take(t)
+	sort.Strings(got)
+	if s := strings.Join(got, "; "); s != "claimed PROCESSING 3; finished DONE 1; finished DONE 1; finished FAILED 1 boom" {
+		t.Errorf("worker: events %s", s)
+	}
+}
