@@ -437,9 +437,9 @@ func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
 }
 
 // Verify checks that the table exists with the configured columns, each of
-// a usable type (State text, varchar, char or an enum; ClaimedAt and
-// LeaseUntil timestamptz; Fence bigint; Attempts an integer; ClaimedBy
-// text), that Key has a unique index of its own, and that pgclaim's fencing
+// a usable type (State text, varchar, char or an enum; ClaimedAt,
+// LeaseUntil and RetryAt timestamptz; Fence bigint; Attempts an integer;
+// ClaimedBy text or varchar; Reason text), that Key has a unique index of its own, and that pgclaim's fencing
 // sequence exists when Fence is set. The error names every field that is
 // wrong and matches ErrInvalid.
 func (c *Claimer[K]) Verify(ctx context.Context) error {
