@@ -32,6 +32,8 @@ const (
 	EventSwept
 )
 
+// String returns the kind's name: "claimed", "not claimed", "finished",
+// "released", "lost" or "swept".
 func (k EventKind) String() string {
 	switch k {
 	case EventClaimed:
