@@ -153,7 +153,7 @@ func (o *orchestrator) summary(res *demoResult) {
 	fmt.Fprintf(tw, "sends out of step with states\t%d\t%s (must be 0)\n", odd, mark(odd == 0))
 	// FAILED is expected for the rows seeded as stuck since yesterday.
 	if r := res.FailReasons; len(r) == 1 {
-		fmt.Fprintf(tw, "rows FAILED\t%d\t%s (%d seeded as stuck since yesterday)\n", r[0].N, r[0].Reason, o.cfg.Stuck)
+		fmt.Fprintf(tw, "rows FAILED\t%d\t%d seeded as stuck since yesterday; reason: %s\n", r[0].N, o.cfg.Stuck, r[0].Reason)
 	} else {
 		fmt.Fprintf(tw, "rows FAILED\t%d\t(%d seeded as stuck since yesterday)\n", res.States["FAILED"], o.cfg.Stuck)
 		for _, r := range r {
