@@ -201,7 +201,8 @@ END $$`)
 			// Wait until the sweeper's statement is blocked in the gate:
 			// its snapshot is taken and it has seen the stale row.
 			for {
-				n := count(t, db.Pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted`)
+				n := count(t, db.Pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted
+					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 				if n == 1 {
 					break
 				}

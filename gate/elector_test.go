@@ -483,7 +483,8 @@ func TestElectorCampaignCancelled(t *testing.T) {
 			deadline := time.Now().Add(2 * time.Second)
 			for {
 				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-					WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid`,
+					WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid
+					  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 					class, key).Scan(&waiting); err != nil {
 					t.Fatal(err)
 				}

@@ -179,7 +179,8 @@ func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
 	for range 1000 {
 		var n int
 		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid`,
+			WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 			class, key).Scan(&n)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			b.Fatal(err)

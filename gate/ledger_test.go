@@ -363,7 +363,8 @@ func TestOnceLedgerOnly(t *testing.T) {
 	}
 	// No advisory lock is left behind.
 	var n int
-	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n); err != nil || n != 0 {
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("advisory locks held: %d (%v)", n, err)
 	}
 }

@@ -147,7 +147,8 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 	// Wait until the standby is queued on the election's lock.
 	waitFor(t, "the standby waiting on the election lock", func() bool {
 		var n int
-		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 		return err == nil && n == 1
 	})
 

@@ -355,7 +355,8 @@ func failoverRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, v
 		deadline := time.Now().Add(wait)
 		for time.Now().Before(deadline) {
 			n, err := scanInt64(ctx, admin, `SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2`,
+WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 				int64(uint32(class)), int64(uint32(key)))
 			if err != nil {
 				return err
@@ -396,7 +397,8 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND ob
 		case "terminate":
 			var pid int32
 			err := admin.QueryRow(ctx, `SELECT pid FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2`,
+WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 				int64(uint32(class)), int64(uint32(key))).Scan(&pid)
 			if err != nil {
 				return Result{}, fmt.Errorf("find the leader's session: %w", err)
