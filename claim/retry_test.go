@@ -160,3 +160,63 @@ func TestRetryDelayConfig(t *testing.T) {
 func containsField(err error, field string) bool {
 	return err != nil && strings.Contains(err.Error(), "claim: "+field+": ")
 }
+
+// TestSweeperRetryAfter: a sweeper with RetryAfter moves a stale row with
+// attempts left back to PAUSED with retry_at an hour on, so nobody claims
+// it at once; a row with no attempts left goes to FAILED, retry_at
+// untouched.
+func TestSweeperRetryAfter(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 2)
+	mustExec(t, db.Pool, `ALTER TABLE jobs ADD COLUMN retry_at timestamptz`)
+	c, err := New[int64](db.Pool, retryTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ClaimBatch(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours', attempts = CASE id WHEN 1 THEN 1 ELSE 3 END`)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3,
+		RetryAfter: time.Hour, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if swept, err := sw.Sweep(ctx); err != nil || len(swept) != 2 {
+		t.Fatalf("sweep: %v %v", swept, err)
+	}
+	var state string
+	var wait *time.Duration
+	if err := db.Pool.QueryRow(ctx, `SELECT state, retry_at - now() FROM jobs WHERE id = 1`).Scan(&state, &wait); err != nil {
+		t.Fatal(err)
+	}
+	if state != "PAUSED" || wait == nil || *wait < 59*time.Minute || *wait > time.Hour {
+		t.Fatalf("job 1: %s, retry in %v; want PAUSED, retry in about an hour", state, wait)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT state, retry_at - now() FROM jobs WHERE id = 2`).Scan(&state, &wait); err != nil {
+		t.Fatal(err)
+	}
+	if state != "FAILED" || wait != nil {
+		t.Fatalf("job 2: %s, retry in %v; want FAILED with retry_at NULL", state, wait)
+	}
+	if cls, err := c.ClaimBatch(ctx, 10); err != nil || len(cls) != 0 {
+		t.Fatalf("ClaimBatch right after the sweep: %v %v, want nothing", cls, err)
+	}
+
+	plain, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	for _, tc := range []struct {
+		c     *Claimer[int64]
+		cfg   SweeperConfig[int64]
+		field string
+	}{
+		{c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", RetryAfter: time.Hour, BatchSize: 1}, "SweeperConfig.Retry"},
+		{c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, RetryAfter: -time.Hour, BatchSize: 1}, "SweeperConfig.RetryAfter"},
+		{plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, RetryAfter: time.Hour, BatchSize: 1}, "Table.RetryAt"},
+	} {
+		if _, err := NewSweeper(tc.c, tc.cfg); !errors.Is(err, ErrInvalid) || !containsField(err, tc.field) {
+			t.Errorf("want an error naming %s, got %v", tc.field, err)
+		}
+	}
+}

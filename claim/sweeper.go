@@ -27,6 +27,12 @@ type SweeperConfig[K any] struct {
 	Retry string
 	// MaxAttempts is the number of claims a row gets; required with Retry.
 	MaxAttempts int
+	// RetryAfter, when positive, keeps a row moved to Retry from being
+	// claimed again before database time plus RetryAfter (it sets
+	// Table.RetryAt), so that a row whose work keeps killing its holder is
+	// not picked up again at once by every instance. Needs Retry and
+	// Table.RetryAt.
+	RetryAfter time.Duration
 	// BatchSize is the most rows one statement moves (and locks), for
 	// example 1000. Required.
 	BatchSize int
@@ -113,6 +119,12 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		return nil, invalid("SweeperConfig.Retry", "must be set when MaxAttempts is")
 	case cfg.Retry != "" && t.attempts == "":
 		return nil, t.needs("Table.Attempts", t.attempts, "SweeperConfig.Retry")
+	case cfg.RetryAfter < 0:
+		return nil, invalid("SweeperConfig.RetryAfter", "must not be negative")
+	case cfg.RetryAfter > 0 && cfg.Retry == "":
+		return nil, invalid("SweeperConfig.Retry", "must be set when RetryAfter is")
+	case cfg.RetryAfter > 0 && t.retryAt == "":
+		return nil, t.needs("Table.RetryAt", t.retryAt, "SweeperConfig.RetryAfter")
 	}
 	n, err := countParams(cfg.Where)
 	if err != nil {
@@ -158,10 +170,15 @@ func (s *Sweeper[K]) build(k int) {
 		}
 	}
 	newState := param(cfg.Failed)
+	retryAt := ""
 	if cfg.Retry != "" {
 		failed := newState
 		retry := param(cfg.Retry)
 		maxAttempts := param(cfg.MaxAttempts)
+		if cfg.RetryAfter > 0 {
+			retryAt = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN statement_timestamp() + (%s::bigint * interval '1 microsecond') ELSE pgclaim_t.%s END",
+				t.attempts, maxAttempts, param(micros(cfg.RetryAfter)), t.retryAt)
+		}
 		// The ELSE branch is never taken: it gives the CASE the state
 		// column's type (which may be an enum), so that the two states,
 		// parameters or literals, are read as values of that type.
@@ -174,6 +191,9 @@ func (s *Sweeper[K]) build(k int) {
 	}
 	why := s.reasonExpr(staleAfter, param)
 	set := t.state + " = " + newState
+	if retryAt != "" {
+		set += ", " + t.retryAt + " = " + retryAt
+	}
 	if t.reason != "" {
 		set += ", " + t.reason + " = " + why
 	}

@@ -45,8 +45,9 @@ type Table struct {
 	// database time a row may be claimed again. A row whose RetryAt is in
 	// the future is passed over by ClaimBatch, and Claim returns
 	// ErrNotClaimed for it; NULL means at once. A Worker with
-	// WorkerConfig.RetryDelay sets it when it moves a failed row to Retry;
-	// nothing else writes it.
+	// WorkerConfig.RetryDelay sets it when it moves a failed row to Retry,
+	// and a Sweeper with SweeperConfig.RetryAfter when it moves a stale row
+	// there; nothing else writes it.
 	RetryAt string
 	// Reason is an optional text column saying why a row last left the To
 	// state other than by success. A Worker writes the error of a failed
