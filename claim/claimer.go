@@ -625,10 +625,6 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 		return nil, nil, fmt.Errorf("claim: FinishBatch: %w", err)
 	}
 	took := time.Since(start)
-	defer func() {
-		c.c.emit(Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
-		c.c.emit(Event{Kind: EventLost, Rows: len(lost), Duration: took})
-	}()
 	done = make([]Claim[K], 0, len(cls))
 	for i, cl := range cls {
 		if ok[i] {
@@ -638,6 +634,8 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 			c.lost(ctx, "FinishBatch", cl)
 		}
 	}
+	c.c.emit(Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
+	c.c.emit(Event{Kind: EventLost, Rows: len(lost), Duration: took})
 	return done, lost, nil
 }
 

@@ -174,16 +174,17 @@ func (s *Sweeper[K]) build(k int) {
 	if cfg.Retry != "" {
 		failed := newState
 		retry := param(cfg.Retry)
-		maxAttempts := param(cfg.MaxAttempts)
+		// attemptsLeft holds for a row that goes to Retry.
+		attemptsLeft := fmt.Sprintf("COALESCE(pgclaim_t.%s, 0) < %s", t.attempts, param(cfg.MaxAttempts))
 		if cfg.RetryAfter > 0 {
-			retryAt = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN statement_timestamp() + (%s::bigint * interval '1 microsecond') ELSE pgclaim_t.%s END",
-				t.attempts, maxAttempts, param(micros(cfg.RetryAfter)), t.retryAt)
+			retryAt = fmt.Sprintf("CASE WHEN %s THEN statement_timestamp() + (%s::bigint * interval '1 microsecond') ELSE pgclaim_t.%s END",
+				attemptsLeft, param(micros(cfg.RetryAfter)), t.retryAt)
 		}
 		// The ELSE branch is never taken: it gives the CASE the state
 		// column's type (which may be an enum), so that the two states,
 		// parameters or literals, are read as values of that type.
-		newState = fmt.Sprintf("CASE WHEN COALESCE(pgclaim_t.%s, 0) < %s THEN %s WHEN true THEN %s ELSE pgclaim_t.%s END",
-			t.attempts, maxAttempts, retry, failed, t.state)
+		newState = fmt.Sprintf("CASE WHEN %s THEN %s WHEN true THEN %s ELSE pgclaim_t.%s END",
+			attemptsLeft, retry, failed, t.state)
 	}
 	where := ""
 	if strings.TrimSpace(cfg.Where) != "" {
@@ -212,17 +213,17 @@ func (s *Sweeper[K]) build(k int) {
 			ret += ", pgclaim_t." + col.name
 		}
 	}
+	if t.reason != "" {
+		ret += ", pgclaim_t." + t.reason
+	} else {
+		ret += ", " + why
+	}
 	// The selection locks at most a batch of stale rows; the update finds
 	// them by key and re-checks state and staleness on each locked row, so
 	// a row finished since the selection's snapshot is left alone. The
 	// re-check is written with recheck, so that the planner cannot trade
 	// the key index for an index on the state or the times, whose
 	// statistics are typically stale by the time rows go stale.
-	if t.reason != "" {
-		ret += ", pgclaim_t." + t.reason
-	} else {
-		ret += ", " + why
-	}
 	s.sql = fmt.Sprintf(`%[1]spgclaim_c AS (
   SELECT %[3]s FROM %[2]s
   WHERE %[4]s = %[5]s AND %[6]s%[7]s
@@ -325,15 +326,13 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 	byState := map[string]int{}
 	for _, sw := range out {
 		byState[sw.State]++
-	}
-	for state, n := range byState {
-		s.c.c.emit(Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
-	}
-	for _, sw := range out {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
 			slog.Int64("token", sw.Token), slog.String("claimed_by", sw.ClaimedBy),
 			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
+	}
+	for state, n := range byState {
+		s.c.c.emit(Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)
