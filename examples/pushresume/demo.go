@@ -404,10 +404,7 @@ func sweptText(e event) string {
 		}
 		to = append(to, fmt.Sprintf("%d → %s", e.To[s], what))
 	}
-	var by []string
-	for _, h := range slices.Sorted(maps.Keys(e.By)) {
-		by = append(by, h)
-	}
+	by := slices.Sorted(maps.Keys(e.By))
 	return fmt.Sprintf("%s sweep: %s stuck under %s: %s", e.Rule, plural(e.N, "row"), strings.Join(by, ", "), strings.Join(to, ", "))
 }
 

@@ -174,16 +174,6 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// execAll runs statements one by one.
-func execAll(ctx context.Context, db execer, stmts ...string) error {
-	for _, s := range stmts {
-		if _, err := db.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", firstLine(s), err)
-		}
-	}
-	return nil
-}
-
 func firstLine(s string) string {
 	s = strings.TrimSpace(s)
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
