@@ -114,7 +114,8 @@ DROP TABLE sent_pushes;`)},
 // A service embedding pgclaim: migrate and sweep at start-up on every
 // instance, resume paused pushes once per 09:00 tick across all instances,
 // and write each push's effect in the transaction that finishes its claim.
-// This is the README's quickstart.
+// The README's Quickstart is this as a complete program, with the service's
+// own migrations (see ExampleMigrateFS); TestReadmeQuickstart runs it.
 func Example_service() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
