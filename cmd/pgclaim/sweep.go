@@ -195,7 +195,7 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		preview.DryRun = true
+		preview.DryRun, preview.ByState = true, map[string]int{}
 		preview.Rows = rows
 		preview.Truncated = int64(len(rows)) < stale
 		for _, r := range rows {
