@@ -15,5 +15,9 @@
 //
 // This root package applies pgclaim's own schema. Call [Migrate] at start-up
 // in every instance (it is safe to call concurrently), before using gate or
-// claim.
+// claim. [MigrateFS] applies the application's own goose migrations the same
+// way, with a version table and lock key of the application's own, so the
+// two sets never mix. For an application's sqlc schema, 'pgclaim schema
+// --out DIR' (command github.com/pgclaim/pgclaim/cmd/pgclaim) writes
+// pgclaim's migration files.
 package pgclaim

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +31,17 @@ const MigrationLockID int64 = 0x7067636c61696d
 
 // ErrNilPool is returned when a nil pool is passed.
 var ErrNilPool = errors.New("pgclaim: pool is nil")
+
+// ErrInvalid is matched (with errors.Is) by every error about bad input to
+// this package, such as a MigrateOptions field; the error's text names the
+// field.
+var ErrInvalid = errors.New("pgclaim: invalid input")
+
+// fieldError is bad input about one named field; it matches ErrInvalid.
+type fieldError struct{ field, msg string }
+
+func (e *fieldError) Error() string        { return "pgclaim: " + e.field + ": " + e.msg }
+func (e *fieldError) Is(target error) bool { return target == ErrInvalid }
 
 // Migration is the state of one of pgclaim's migrations in a database.
 type Migration struct {
@@ -84,19 +98,124 @@ func MigrationStatus(ctx context.Context, pool *pgxpool.Pool) ([]Migration, erro
 	return out, nil
 }
 
+// MigrateOptions say where MigrateFS records an application's own
+// migrations and which lock serialises them. Both fields are required:
+// goose's defaults are shared by every goose user in the database.
+type MigrateOptions struct {
+	// Table is the table recording the versions applied from the
+	// application's migrations: a lower-case SQL identifier, optionally
+	// schema-qualified ("app.schema_version"). It is created on first use.
+	// It must not be VersionTable, pgclaim's own. An application whose
+	// migrations goose has so far recorded in goose's default table passes
+	// "goose_db_version" to keep its history.
+	Table string
+	// LockID is the session advisory lock key held while the migrations
+	// run, so that instances starting together apply each one once. It
+	// must not be zero, MigrationLockID, or goose's default key
+	// (lock.DefaultLockID, which every goose user shares): pick a constant
+	// of your own, for example your service's name's bytes read as an
+	// integer.
+	LockID int64
+}
+
+// identRE is what goose can be given as a table name: it writes the name
+// into its SQL unquoted, so only plain lower-case identifiers are safe.
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$`)
+
+func (o MigrateOptions) validate() error {
+	switch {
+	case o.Table == "":
+		return &fieldError{"MigrateOptions.Table", "must not be empty: name the table recording your migrations' versions"}
+	case !identRE.MatchString(o.Table):
+		return &fieldError{"MigrateOptions.Table", fmt.Sprintf("%q is not a lower-case SQL identifier (letters, digits, '_'; at most 63; optionally schema.table)", o.Table)}
+	case o.Table == VersionTable || strings.HasSuffix(o.Table, "."+VersionTable):
+		return &fieldError{"MigrateOptions.Table", fmt.Sprintf("must not be %s, pgclaim's own version table", VersionTable)}
+	case o.LockID == 0:
+		return &fieldError{"MigrateOptions.LockID", "must not be zero: pick a key of your own"}
+	case o.LockID == MigrationLockID:
+		return &fieldError{"MigrateOptions.LockID", "must differ from MigrationLockID, pgclaim's own key"}
+	case o.LockID == lock.DefaultLockID:
+		return &fieldError{"MigrateOptions.LockID", "must differ from goose's default key, which every goose user shares"}
+	}
+	return nil
+}
+
+// MigrateFS applies every pending goose migration in fsys (files at its
+// root, named like goose's NNNNN_name.sql; use fs.Sub for a directory) to
+// the database behind pool, recording versions in opts.Table. It is
+// pgclaim.Migrate for an application's own migrations: call it at start-up
+// in every instance, after Migrate. Concurrent calls are safe: they
+// serialise on the session advisory lock opts.LockID, waiting up to ten
+// minutes for another instance's migrations, and each migration is applied
+// once. When nothing is pending it returns without taking the lock.
+//
+// It returns the migrations this call applied, oldest first (none when the
+// schema was up to date or another instance applied them). A migration
+// that fails ends the call with an error naming it; those applied before
+// it stay applied.
+func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, opts MigrateOptions) ([]Migration, error) {
+	if fsys == nil {
+		return nil, &fieldError{"MigrateFS", "fsys must not be nil"}
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	p, closeDB, err := newProviderFS(pool, fsys, opts.Table, opts.LockID)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDB()
+	pending, err := p.HasPending(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgclaim: migrate %s: %w", opts.Table, err)
+	}
+	if !pending {
+		return []Migration{}, nil
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgclaim: migrate %s: %w", opts.Table, err)
+	}
+	out := make([]Migration, 0, len(res))
+	if len(res) == 0 {
+		return out, nil
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgclaim: migrate %s: %w", opts.Table, err)
+	}
+	at := make(map[int64]time.Time, len(st))
+	for _, s := range st {
+		at[s.Source.Version] = s.AppliedAt
+	}
+	for _, r := range res {
+		out = append(out, Migration{
+			Version:   r.Source.Version,
+			Name:      path.Base(r.Source.Path),
+			Applied:   true,
+			AppliedAt: at[r.Source.Version],
+		})
+	}
+	return out, nil
+}
+
 func newProvider(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
+	return newProviderFS(pool, migrations.FS, VersionTable, MigrationLockID)
+}
+
+func newProviderFS(pool *pgxpool.Pool, fsys fs.FS, table string, lockID int64) (*goose.Provider, func(), error) {
 	if pool == nil {
 		return nil, nil, ErrNilPool
 	}
 	// Retry the lock every second for up to ten minutes: a long migration in
 	// another instance is waited for, not failed.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(MigrationLockID), lock.WithLockTimeout(1, 600))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 600))
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgclaim: migration locker: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(VersionTable),
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithTableName(table),
 		goose.WithSessionLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 	)

@@ -162,7 +162,7 @@ func TestClaimsReasons(t *testing.T) {
 	 (13, 'PROCESSING', now() - interval '28 hours', 'host-a:101', 1, 40),
 	 (14, 'PROCESSING', now() - interval '27 hours', 'host-a:101', 1, 41)`)
 
-	r := cli(t, "", "sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED",
+	r := cli(t, "", "sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED", "--ignore-lease", "--yes",
 		"--claimed-by", "claimed_by", "--attempts", "attempts", "--reason", "why", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	var n int

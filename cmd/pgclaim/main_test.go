@@ -112,6 +112,9 @@ var subcommands = []struct {
 	{"release", []string{"release", "--lock", "report", "--yes"}},
 }
 
+// Subcommands that never connect.
+var offline = []string{"schema"}
+
 func TestBadURL(t *testing.T) {
 	t.Parallel()
 	refused := refusedURL(t)
@@ -201,7 +204,12 @@ func TestUsage(t *testing.T) {
 	r = cli(t, "", "help", "frobnicate")
 	wantCode(t, r, exitUsage)
 
+	names := offline
 	for _, sc := range subcommands {
+		names = append(names, sc.name)
+	}
+	for _, name := range names {
+		sc := struct{ name string }{name}
 		for _, args := range [][]string{{sc.name, "-h"}, {sc.name, "--help"}, {"help", sc.name}} {
 			r = cli(t, "", args...)
 			wantCode(t, r, exitOK)
@@ -281,6 +289,16 @@ func TestBinary(t *testing.T) {
 	wantCode(t, r, exitOK)
 	if strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("stdout = %q", r.stdout)
+	}
+
+	// An answer piped in is not an operator's: a sweep needs --yes.
+	sweep := exec.Command(bin, "sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED")
+	sweep.Env = append(os.Environ(), "DATABASE_URL="+db.URL)
+	sweep.Stdin = strings.NewReader("y\n")
+	out, err := sweep.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitError ||
+		!strings.Contains(string(out), "refusing to sweep without confirmation: stdin is not a terminal") {
+		t.Errorf("sweep with stdin a pipe: %v\n%s", err, out)
 	}
 
 	r = runBin([]string{"DATABASE_URL=" + refusedURL(t)}, "locks")

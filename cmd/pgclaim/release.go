@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +21,8 @@ its holder and expiry, asks for confirmation (unless --yes), and then releases
 the lease only if it still carries that token. If the lease changed hands in
 between (it expired and another instance took it), nothing is released and
 pgclaim says so. With --fence, the release happens only if the token is the
-one given (for example as read from 'pgclaim locks').
+one given (for example as read from 'pgclaim locks'). When stdin is not a
+terminal (a script), there is nobody to ask: pass --yes.
 
 A holder that is still running finds its lease gone at its next extension and
 stops (its run context is cancelled).
@@ -69,6 +68,11 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	if *wantFence < 0 {
 		return usagef("--fence must be positive, got %d", *wantFence)
 	}
+	if !*yes {
+		if err := canConfirm(e, "release a lease", ""); err != nil {
+			return err
+		}
+	}
 	pool, err := f.connect(ctx)
 	if err != nil {
 		return err
@@ -109,7 +113,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 		case "released", "not_held":
 			return nil
 		case "declined":
-			return &failure{msg: "not released: no confirmation", hint: "answer y, or pass --yes"}
+			return declined("not released")
 		}
 		return &failure{msg: fmt.Sprintf("lease %q not released: it changed hands", *name)}
 	}
@@ -127,14 +131,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	if !*yes {
 		fmt.Fprintf(e.stderr, "lease %q is held by %s with fence %d since %s, until %s (%s left).\n",
 			*name, out.Holder, out.Fence, fmtTime(out.LockedAt), fmtTime(out.LockUntil), fmtDur(left))
-		fmt.Fprintf(e.stderr, "If that holder is still running, it stops at its next extension. Release it? [y/N] ")
-		answer, _ := bufio.NewReader(e.stdin).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(answer)) {
-		case "y", "yes":
-		default:
-			if answer == "" {
-				fmt.Fprintln(e.stderr)
-			}
+		if !confirm(e, "If that holder is still running, it stops at its next extension. Release it?") {
 			return done("declined", nil, fmt.Sprintf("lease %q not released", *name))
 		}
 	}

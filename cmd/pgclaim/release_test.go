@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,23 @@ func TestRelease(t *testing.T) {
 		if l := lease(t, db, "report"); !l.Held || l.Fence != a.Token() {
 			t.Fatalf("stdin %q: lease changed: %+v", stdin, l)
 		}
+	}
+
+	// Nobody to ask (stdin a pipe): refused, as a sweep is.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	pw.WriteString("y\n")
+	pw.Close()
+	r0 := cliEnv(t, pr, map[string]string{}, "release", "--lock", "report", "--database-url", db.URL)
+	wantCode(t, r0, exitError)
+	if want := "pgclaim release: refusing to release a lease without confirmation: stdin is not a terminal\nhint: pass --yes to release a lease without asking\n"; r0.stderr != want {
+		t.Errorf("stdin a pipe: stderr = %q, want %q", r0.stderr, want)
+	}
+	if l := lease(t, db, "report"); !l.Held || l.Fence != a.Token() {
+		t.Fatalf("stdin a pipe: lease changed: %+v", l)
 	}
 
 	// Confirmed: released, and the holder finds out at its next extension.

@@ -29,7 +29,16 @@ overwritten and sweepers running in the service at the same time never move a
 row twice. Progress goes to stderr when there is more than one batch.
 
 --dry-run changes nothing: it counts the rows that would move and lists the
-oldest (--show).`
+oldest (--show). Without --dry-run the sweep shows the same and asks before
+moving anything, unless --yes; when stdin is not a terminal (a script),
+there is nobody to ask: pass --yes. Rows that become stale between the
+question and the answer are moved too.
+
+A table with a timestamptz column named lease_until (the name the claim
+package's docs use for Table.LeaseUntil) has leases: a row claimed long ago
+whose holder still renews its lease is not stale. Such a sweep must name the
+column with --lease-until, or say --ignore-lease to sweep by claim age alone
+and take rows from holders still at work; otherwise it is refused.`
 
 type sweptRowJSON struct {
 	Key        string     `json:"key"`
@@ -54,7 +63,7 @@ type sweepJSON struct {
 
 func runSweep(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "sweep",
-		"sweep --table T --older-than 24h --to FAILED [--retry PAUSED --max-attempts N --attempts COL] [--dry-run] [--batch N] [--show N] [column flags] [--json]",
+		"sweep --table T --older-than 24h --to FAILED [--retry PAUSED --max-attempts N --attempts COL] [--dry-run | --yes] [--ignore-lease] [--batch N] [--show N] [column flags] [--json]",
 		sweepAbout)
 	tf := addTableFlags(f, true)
 	olderThan := f.Duration("older-than", 0, "a row claimed longer ago than `DURATION` (e.g. 24h) is stale (required unless --lease-until is set)")
@@ -62,6 +71,8 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	retry := f.String("retry", "", "move stale rows whose attempts remain to this `STATE` instead, e.g. PAUSED")
 	maxAttempts := f.Int("max-attempts", 0, "with --retry: a row claimed `N` times moves to --to instead")
 	dryRun := f.Bool("dry-run", false, "change nothing: show what would move")
+	yes := f.Bool("yes", false, "do not ask for confirmation")
+	ignoreLease := f.Bool("ignore-lease", false, "sweep by --older-than alone although the table has a lease column (lease_until): rows under a live lease move too")
 	batch := f.Int("batch", 1000, "move at most `N` rows per statement")
 	show := f.Int("show", 20, "list `N` of the rows (the oldest first in a dry run)")
 	pos, err := f.parse(args)
@@ -90,6 +101,14 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	if *show < 0 {
 		return usagef("--show must not be negative, got %d", *show)
 	}
+	if *ignoreLease && tf.leaseUntil != "" {
+		return usagef("--ignore-lease and --lease-until exclude each other")
+	}
+	if !*dryRun && !*yes {
+		if err := canConfirm(e, "sweep", "--dry-run to see what would move"); err != nil {
+			return err
+		}
+	}
 
 	pool, err := f.connect(ctx)
 	if err != nil {
@@ -108,6 +127,11 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	}
 	if err := checkStates(ctx, pool, ct, map[string]string{"--processing": tf.processing, "--to": *to, "--retry": *retry}); err != nil {
 		return err
+	}
+	if tf.leaseUntil == "" && !*ignoreLease {
+		if err := refuseIgnoredLease(ctx, pool, ct); err != nil {
+			return err
+		}
 	}
 
 	var moved int64
@@ -165,20 +189,39 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 		Table: ct.qname, Processing: tf.processing, To: *to, Retry: *retry, DryRun: *dryRun,
 		Stale: stale, ByState: map[string]int{}, Rows: []sweptRowJSON{},
 	}
-	if *dryRun {
+	if *dryRun || (!*yes && stale > 0) {
+		preview := out
 		rows, err := previewStale(ctx, pool, ct, where, qargs, *to, *retry, *maxAttempts, *show)
 		if err != nil {
 			return err
 		}
-		out.Rows = rows
-		out.Truncated = int64(len(rows)) < stale
+		preview.DryRun, preview.ByState = true, map[string]int{}
+		preview.Rows = rows
+		preview.Truncated = int64(len(rows)) < stale
 		for _, r := range rows {
-			out.ByState[r.To]++
+			preview.ByState[r.To]++
 		}
+		if *dryRun {
+			if f.json {
+				return writeJSON(e.stdout, preview)
+			}
+			return printSweep(e.stdout, preview, tf, "dry run: ")
+		}
+		if err := printSweep(e.stderr, preview, tf, ""); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stderr)
+		if !confirm(e, "A holder still working on one of these rows loses it (its finish fails). Move them?") {
+			return declined("not swept")
+		}
+	}
+	if !*yes && stale == 0 {
+		// Nothing to confirm, so nothing is moved: a row that became stale
+		// since the count waits for the next sweep.
 		if f.json {
 			return writeJSON(e.stdout, out)
 		}
-		return printSweep(e.stdout, out, tf)
+		return printSweep(e.stdout, out, tf, "")
 	}
 
 	_, err = sw.Sweep(ctx)
@@ -197,7 +240,7 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	if f.json {
 		return writeJSON(e.stdout, out)
 	}
-	return printSweep(e.stdout, out, tf)
+	return printSweep(e.stdout, out, tf, "")
 }
 
 // previewStale lists the oldest stale rows and the state each would move to.
@@ -240,16 +283,18 @@ LIMIT $%[7]d`, ct.key, ct.claimedAt, claimedBy, target, ct.qname, where, len(qar
 	return out, nil
 }
 
-func printSweep(w io.Writer, out sweepJSON, tf *tableFlags) error {
+// printSweep prints a sweep's result, or with out.DryRun what it would
+// move, the first line led by lead.
+func printSweep(w io.Writer, out sweepJSON, tf *tableFlags, lead string) error {
 	dest := out.To
 	if out.Retry != "" {
 		dest = out.Retry + " or " + out.To
 	}
 	if out.DryRun {
-		fmt.Fprintf(w, "dry run: would move %s of %s from %s to %s\n",
+		fmt.Fprintf(w, "%swould move %s of %s from %s to %s\n", lead,
 			plural(out.Stale, "stale row", "stale rows"), out.Table, out.Processing, dest)
 	} else {
-		fmt.Fprintf(w, "moved %s of %s from %s to %s\n",
+		fmt.Fprintf(w, "%smoved %s of %s from %s to %s\n", lead,
 			plural(out.Moved, "row", "rows"), out.Table, out.Processing, dest)
 	}
 	if len(out.ByState) > 1 {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
@@ -55,7 +56,8 @@ func states(t *testing.T, db *pgtest.Database) map[int64]string {
 	return out
 }
 
-var sweepArgs = []string{"sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED"}
+// sweepArgs sweep push_requests by claim age, without asking.
+var sweepArgs = []string{"sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED", "--ignore-lease", "--yes"}
 
 func TestSweepDryRun(t *testing.T) {
 	t.Parallel()
@@ -139,7 +141,7 @@ $`)
 	}
 
 	// Leases: with --lease-until alone, only the row whose lease passed.
-	r = cli(t, "", "sweep", "--table", "push_requests", "--lease-until", "lease_until", "--to", "FAILED", "--json", "--database-url", db.URL)
+	r = cli(t, "", "sweep", "--table", "push_requests", "--lease-until", "lease_until", "--to", "FAILED", "--yes", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	if out := decodeJSON[sweepJSON](t, r.stdout); out.Moved != 1 || len(out.Rows) != 1 || out.Rows[0].Key != "12" {
 		t.Errorf("lease sweep = %+v", out)
@@ -270,7 +272,7 @@ INSERT INTO jobs VALUES
 	wantCode(t, r, exitOK)
 	wantContains(t, "dry run", r.stdout, "would move 1 stale row of \"jobs\" from running to dead", "\n00000000-0000-0000-0000-00000000000a  ")
 
-	r = cli(t, "", append([]string{"sweep", "--older-than", "1h", "--to", "dead"}, args...)...)
+	r = cli(t, "", append([]string{"sweep", "--older-than", "1h", "--to", "dead", "--yes"}, args...)...)
 	wantCode(t, r, exitOK)
 	wantContains(t, "sweep", r.stdout, "moved 1 row of \"jobs\" from running to dead", "\n00000000-0000-0000-0000-00000000000a  ")
 	var state string
@@ -286,4 +288,131 @@ INSERT INTO jobs VALUES
 	r = cli(t, "", append([]string{"claims", "--stale-after", "1h"}, append(args, "--processing", "Running")...)...)
 	wantCode(t, r, exitError)
 	wantContains(t, "stderr", r.stderr, `pgclaim claims: --processing: "Running" is not a value of the state column's type job_state`)
+}
+
+// createLeasedPushRequests is createPushRequests with row 13 claimed 30
+// hours ago by a holder that still renews its lease.
+func createLeasedPushRequests(t *testing.T, db *pgtest.Database) {
+	t.Helper()
+	createPushRequests(t, db)
+	exec1(t, db, `INSERT INTO push_requests (id, status, claimed_at, claimed_by, attempts, lease_until) VALUES
+	 (13, 'PROCESSING', now() - interval '30 hours', 'host-c:303', 1, now() + interval '10 minutes')`)
+}
+
+// TestSweepLiveLease: a sweep of a table with a lease column that does not
+// name it (--lease-until) would move rows under a live lease; it is
+// refused, dry run or not, and names the flags that say what is meant.
+func TestSweepLiveLease(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	createLeasedPushRequests(t, db)
+	before := snapshot(t, db)
+	bare := []string{"sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED", "--database-url", db.URL}
+
+	for _, extra := range [][]string{{}, {"--dry-run"}, {"--yes"}, {"--yes", "--json"}} {
+		r := cli(t, "y\n", append(append([]string{}, bare...), extra...)...)
+		wantCode(t, r, exitError)
+		wantContains(t, "stderr", r.stderr,
+			`pgclaim sweep: table "push_requests" has a lease column "lease_until" (timestamptz) that the sweep would ignore`,
+			"hint: pass --lease-until lease_until", "--ignore-lease")
+		if r.stdout != "" {
+			t.Errorf("%v: stdout = %q", extra, r.stdout)
+		}
+	}
+	if after := snapshot(t, db); !reflect.DeepEqual(before, after) {
+		t.Fatalf("a refused sweep changed the table:\nbefore %v\nafter  %v", before, after)
+	}
+
+	r := cli(t, "", append(append([]string{}, bare...), "--ignore-lease", "--lease-until", "lease_until", "--yes")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "pgclaim sweep: --ignore-lease and --lease-until exclude each other")
+
+	// With the lease column named, the row under a live lease stays.
+	r = cli(t, "", append(append([]string{}, bare...), "--lease-until", "lease_until", "--yes", "--json")...)
+	wantCode(t, r, exitOK)
+	if out := decodeJSON[sweepJSON](t, r.stdout); out.Moved != 3 {
+		t.Errorf("sweep with --lease-until = %+v", out)
+	}
+	st := states(t, db)
+	if st[10] != "FAILED" || st[11] != "FAILED" || st[12] != "FAILED" || st[13] != "PROCESSING" {
+		t.Errorf("after a sweep with --lease-until: 10=%s 11=%s 12=%s 13=%s (want 13 left PROCESSING)", st[10], st[11], st[12], st[13])
+	}
+
+	// --ignore-lease: the operator means it; the old claim goes.
+	r = cli(t, "", append(append([]string{}, bare...), "--ignore-lease", "--yes", "--json")...)
+	wantCode(t, r, exitOK)
+	if out := decodeJSON[sweepJSON](t, r.stdout); out.Moved != 1 || len(out.Rows) != 1 || out.Rows[0].Key != "13" {
+		t.Errorf("sweep with --ignore-lease = %+v", out)
+	}
+}
+
+// TestSweepConfirms: without --yes a sweep shows what it would move and
+// asks first, like release; nothing moves unless the answer is yes, and
+// a sweep nobody can confirm (stdin not a terminal) is refused before it
+// looks at the table.
+func TestSweepConfirms(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	createLeasedPushRequests(t, db)
+	before := snapshot(t, db)
+	args := []string{"sweep", "--table", "push_requests", "--older-than", "24h", "--to", "FAILED",
+		"--lease-until", "lease_until", "--claimed-by", "claimed_by", "--database-url", db.URL}
+
+	for _, stdin := range []string{"n\n", "", "maybe\n"} {
+		r := cli(t, stdin, args...)
+		wantCode(t, r, exitError)
+		re := regexp.MustCompile(`^would move 3 stale rows of "push_requests" from PROCESSING to FAILED
+
+KEY  CLAIMED AT +AGE  CLAIMED BY  TO
+10   \S+ \S+ +30h  host-a:101  FAILED
+11   \S+ \S+ +25h  host-a:101  FAILED
+12   \S+ \S+ +1h   host-b:202  FAILED
+
+A holder still working on one of these rows loses it \(its finish fails\)\. Move them\? \[y/N\] \n?pgclaim sweep: not swept: no confirmation
+hint: answer y, or pass --yes
+$`)
+		if !re.MatchString(r.stderr) {
+			t.Errorf("stdin %q: stderr:\n%s", stdin, r.stderr)
+		}
+		if r.stdout != "" {
+			t.Errorf("stdin %q: stdout = %q", stdin, r.stdout)
+		}
+	}
+
+	// Not a terminal: refused without asking.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	if _, err := pw.WriteString("y\n"); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	r := cliEnv(t, pr, map[string]string{}, args...)
+	wantCode(t, r, exitError)
+	if want := "pgclaim sweep: refusing to sweep without confirmation: stdin is not a terminal\n" +
+		"hint: pass --yes to sweep without asking, or --dry-run to see what would move\n"; r.stderr != want {
+		t.Errorf("stdin a pipe: stderr = %q, want %q", r.stderr, want)
+	}
+	if after := snapshot(t, db); !reflect.DeepEqual(before, after) {
+		t.Fatalf("an unconfirmed sweep changed the table:\nbefore %v\nafter  %v", before, after)
+	}
+
+	r = cli(t, "yes\n", append(args, "--json")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stderr", r.stderr, "would move 3 stale rows", "Move them? [y/N] ")
+	if out := decodeJSON[sweepJSON](t, r.stdout); out.Moved != 3 || out.Stale != 3 {
+		t.Errorf("confirmed sweep = %+v", out)
+	}
+	if st := states(t, db); st[10] != "FAILED" || st[11] != "FAILED" || st[12] != "FAILED" || st[13] != "PROCESSING" {
+		t.Errorf("after the confirmed sweep: %v", st)
+	}
+
+	// Nothing stale: nothing to ask.
+	r = cli(t, "", args...)
+	wantCode(t, r, exitOK)
+	if r.stdout != "moved 0 rows of \"push_requests\" from PROCESSING to FAILED\n" || r.stderr != "" {
+		t.Errorf("sweep with nothing stale: %s", r)
+	}
 }

@@ -219,6 +219,29 @@ WHERE a.attrelid = to_regclass($1) AND a.attname = $2`, ct.qname, ct.flags.state
 	return nil
 }
 
+// leaseColumn is the name the claim package's docs give Table.LeaseUntil's
+// column; a table with a timestamptz column of this name has leases.
+const leaseColumn = "lease_until"
+
+// refuseIgnoredLease returns an error when the table has a timestamptz
+// column named leaseColumn: a sweep by claim age alone would take rows from
+// holders that still renew their lease.
+func refuseIgnoredLease(ctx context.Context, db dbtx, ct *claimedTable) error {
+	var has bool
+	if err := db.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = $2 AND atttypid = 'timestamptz'::regtype
+  AND attnum > 0 AND NOT attisdropped)`, ct.qname, leaseColumn).Scan(&has); err != nil {
+		return dbFail("reading the catalog", err)
+	}
+	if !has {
+		return nil
+	}
+	return failf(fmt.Sprintf("pass --lease-until %s: a row is then stale when its lease has passed (or, without a lease, when claimed longer ago than --older-than); "+
+		"or --ignore-lease to sweep by claim age alone, taking rows from holders that still renew their lease", leaseColumn),
+		"table %s has a lease column %q (timestamptz) that the sweep would ignore: it would move rows under a live lease", ct.qname, leaseColumn)
+}
+
 // stale returns the condition a stale claimed row meets, the same the
 // claim package's sweeper applies: its lease has passed, or (without a
 // lease) it was claimed more than staleAfterParam microseconds ago.
