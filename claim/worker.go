@@ -101,6 +101,13 @@ type beginner interface {
 // NewWorker returns a worker for c's rows. c must run on a pool (or another
 // DBTX with a Begin method) and its table must have a Fence column. It
 // validates cfg and returns an error naming the first bad field.
+//
+// The worker begins every work transaction READ COMMITTED (on a DBTX with a
+// BeginTx method, such as *pgxpool.Pool), whatever default_transaction_isolation
+// the database, role or pool sets: the heartbeat extends the leases of rows
+// whose work is under way, and only at read committed can the work's
+// transaction then finish them. Its other statements behave as described at
+// Claimer.WithTx.
 func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if c == nil {
 		return nil, invalid("NewWorker: claimer", "must not be nil")
@@ -164,6 +171,9 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		cfg.PollInterval = time.Second
 	}
 	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
+	if tb, ok := c.db.(txBeginner); ok {
+		w.begin = func(ctx context.Context) (pgx.Tx, error) { return tb.BeginTx(ctx, readCommitted) }
+	}
 	if w.log == nil {
 		w.log = c.c.log
 	}
