@@ -836,8 +836,12 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 // heartbeat extends the leases of many claims in one statement. It returns,
 // per claim, whether the claim is known to be lost: neither extended nor
 // still held (a row locked by another transaction is skipped, not waited
-// for, and counts as held while its token is unchanged).
-func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration) ([]bool, error) {
+// for, and counts as held while its token is unchanged). finishing(i), asked
+// after the statements, reports that claim i's holder has begun finishing
+// it: a finish that commits meanwhile also leaves the row neither extended
+// nor held, and the finish itself reports a claim it finds lost; such a
+// claim is not lost here. Without finishing, no claim is finishing.
+func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration, finishing ...func(i int) bool) ([]bool, error) {
 	start := time.Now()
 	ext, err := c.matchClaims(ctx, c.c.sqlHeartbeat, cls, c.c.to, micros(d))
 	if err != nil {
@@ -857,7 +861,7 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 	}
 	n := 0
 	for i := range lost {
-		lost[i] = !ext[i] && !held[i]
+		lost[i] = !ext[i] && !held[i] && (len(finishing) == 0 || !finishing[0](i))
 		if lost[i] {
 			n++
 		}

@@ -203,9 +203,13 @@ func (w *Worker[K]) Drain(ctx context.Context) (Stats, error) {
 
 // entry is one claim held by a run.
 type entry[K any] struct {
-	cl     Claim[K]
-	lost   atomic.Bool
-	cancel context.CancelFunc
+	cl   Claim[K]
+	lost atomic.Bool
+	// finishing is set before the first statement that finishes, fails or
+	// releases the claim: from then on that statement, not the heartbeat,
+	// reports the claim if it is lost.
+	finishing atomic.Bool
+	cancel    context.CancelFunc
 }
 
 type run[K any] struct {
@@ -359,6 +363,7 @@ func (r *run[K]) cleanupCtx() (context.Context, context.CancelFunc) {
 }
 
 func (r *run[K]) release(e *entry[K]) {
+	e.finishing.Store(true)
 	ctx, cancel := r.cleanupCtx()
 	defer cancel()
 	err := r.w.c.Release(ctx, e.cl)
@@ -399,6 +404,7 @@ func (r *run[K]) process(e *entry[K]) {
 		return
 	}
 	werr := callWork(func() error { return w.cfg.Work(ctx, tx, e.cl) })
+	e.finishing.Store(true)
 	if werr == nil {
 		ferr := w.c.WithTx(tx).finishWith(ctx, e.cl, w.cfg.Done, nil, 0)
 		if ferr == nil {
@@ -486,7 +492,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 		if len(es) == 0 {
 			continue
 		}
-		lost, err := r.w.c.heartbeat(ctx, cls, lease)
+		lost, err := r.w.c.heartbeat(ctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
 		if err != nil {
 			if ctx.Err() == nil {
 				r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err))
