@@ -50,7 +50,9 @@ type Options struct {
 	// trusted SQL: never build it from user input; pass values as
 	// parameters $1, $2, ... bound by ClaimBatch's args.
 	Where string
-	// Logger receives claim transitions and lost claims. Default: discard.
+	// Logger receives claim transitions (at Debug) and lost claims (at
+	// Warn). Default: slog.Default() as of New; pass a logger with
+	// slog.DiscardHandler to silence it.
 	Logger *slog.Logger
 	// Hooks, when set, receives an Event for every statement that moves
 	// rows or finds claims lost, for metrics and tracing; sweepers and
@@ -137,7 +139,14 @@ func planArgs(db DBTX) []any {
 	return []any{pgx.QueryExecModeCacheDescribe}
 }
 
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+// logger returns l, or when l is nil slog.Default(): the default for every
+// Logger field of the package's configurations.
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.Default()
+	}
+	return l
+}
 
 // readCommitted is how pgclaim begins every transaction of its own.
 var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
@@ -242,9 +251,7 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 	if c.holder == "" {
 		c.holder = DefaultHolder()
 	}
-	if c.log == nil {
-		c.log = discard()
-	}
+	c.log = logger(c.log)
 	c.build(opts)
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }

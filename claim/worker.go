@@ -78,7 +78,7 @@ type WorkerConfig[K any] struct {
 	// released, not failed.
 	StopTimeout time.Duration
 	// Logger receives failures, lost claims and releases. Default: the
-	// claimer's logger.
+	// claimer's logger (Options.Logger, itself slog.Default() when nil).
 	Logger *slog.Logger
 }
 
