@@ -364,3 +364,53 @@ func TestIsolationWithTx(t *testing.T) {
 		})
 	}
 }
+
+// TestIsolationClaimContended: four pools at repeatable read or
+// serializable claim the same keys, in the same order, at once: each key is
+// won once, and every other attempt gets ErrNotClaimed, never 40001.
+func TestIsolationClaimContended(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(strings.ReplaceAll(level, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			const rows = 200
+			db := isolationDB(t, level, rows)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			wins := map[int64]int{}
+			var errs []error
+			for i := range 4 {
+				pool := levelPool(t, db, level, 2)
+				c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprint("c", i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := int64(1); k <= rows; k++ {
+						_, err := c.Claim(ctx, k)
+						mu.Lock()
+						switch {
+						case err == nil:
+							wins[k]++
+						case !errors.Is(err, ErrNotClaimed):
+							errs = append(errs, err)
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			if len(errs) > 0 {
+				t.Errorf("%d errors, first: %v", len(errs), errs[0])
+			}
+			for k := int64(1); k <= rows; k++ {
+				if wins[k] != 1 {
+					t.Errorf("key %d won %d times", k, wins[k])
+				}
+			}
+		})
+	}
+}
