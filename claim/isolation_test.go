@@ -361,6 +361,30 @@ func TestIsolationWithTx(t *testing.T) {
 					}
 				}
 			}
+			// Claim, in the caller's transaction, of a row another holder
+			// claimed after its snapshot.
+			for _, opts := range []pgx.TxOptions{{}, {IsoLevel: pgx.ReadCommitted}} {
+				key++
+				tx, err := pool.BeginTx(ctx, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				count(t, tx, `SELECT count(*) FROM jobs`)
+				if _, err := c.Claim(ctx, key); err != nil {
+					t.Fatal(err)
+				}
+				_, err = c.WithTx(tx).Claim(ctx, key)
+				_ = tx.Rollback(ctx)
+				if opts.IsoLevel == pgx.ReadCommitted {
+					if !errors.Is(err, ErrNotClaimed) {
+						t.Errorf("Claim in a read committed transaction of a row claimed meanwhile: %v, want ErrNotClaimed", err)
+					}
+					continue
+				}
+				if !errors.Is(err, ErrInvalid) || !strings.Contains(fmt.Sprint(err), "transaction_isolation") {
+					t.Errorf("Claim in a %s transaction of a row claimed after its snapshot: %v, want ErrInvalid naming transaction_isolation", level, err)
+				}
+			}
 		})
 	}
 }
