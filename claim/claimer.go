@@ -50,7 +50,9 @@ type Options struct {
 	// trusted SQL: never build it from user input; pass values as
 	// parameters $1, $2, ... bound by ClaimBatch's args.
 	Where string
-	// Logger receives claim transitions and lost claims. Default: discard.
+	// Logger receives claim transitions (at Debug) and lost claims (at
+	// Warn). Default: slog.Default() as of New; pass a logger with
+	// slog.DiscardHandler to silence it.
 	Logger *slog.Logger
 	// Hooks, when set, receives an Event for every statement that moves
 	// rows or finds claims lost, for metrics and tracing; sweepers and
@@ -137,7 +139,72 @@ func planArgs(db DBTX) []any {
 	return []any{pgx.QueryExecModeCacheDescribe}
 }
 
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+// logger returns l, or when l is nil slog.Default(): the default for every
+// Logger field of the package's configurations.
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.Default()
+	}
+	return l
+}
+
+// readCommitted is how pgclaim begins every transaction of its own.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// txBeginner is a DBTX that can begin a transaction of its own (a pool or a
+// connection); a pgx.Tx cannot.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// serializationFailure reports whether err is SQLSTATE 40001.
+func serializationFailure(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40001"
+}
+
+// stmt runs one statement through f, which reads all of its results, on the
+// claimer's db.
+//
+// Every statement here acts on rows that others change concurrently, and
+// relies on read committed semantics for that: an UPDATE or a SELECT FOR
+// UPDATE that meets a row changed by a transaction that committed after the
+// statement began re-checks its condition on the new version of the row.
+// Above read committed (default_transaction_isolation set by the database,
+// the role, or the pool's RuntimeParams) the same statement fails with
+// SQLSTATE 40001 instead; and when it does not fail, it saw no such change to
+// the rows it touched and its answer is the one read committed gives. So
+// stmt runs f once as it is, one round trip at whatever level the session
+// defaults to, and only when that fails with 40001 (so only above read
+// committed, under contention) runs it again in a transaction begun READ
+// COMMITTED, where it re-checks instead of failing. The failed attempt
+// changed nothing: it ran in a transaction of its own, rolled back.
+//
+// On a DBTX that cannot begin a transaction, typically the caller's pgx.Tx
+// (see WithTx), the 40001 has aborted the caller's transaction and nothing
+// can be re-run in it: stmt returns an error that matches ErrInvalid and
+// names transaction_isolation, wrapping the server's error.
+func (c *Claimer[K]) stmt(ctx context.Context, f func(DBTX) error) error {
+	err := f(c.db)
+	if !serializationFailure(err) {
+		return err
+	}
+	b, ok := c.db.(txBeginner)
+	if !ok {
+		return fmt.Errorf("%w: transaction_isolation: the transaction runs above read committed and a row changed after its snapshot, "+
+			"so the statement could not re-check it; the transaction is aborted: roll it back, and begin it READ COMMITTED "+
+			"(pgx.TxOptions{IsoLevel: pgx.ReadCommitted}): %w", ErrInvalid, err)
+	}
+	tx, err := b.BeginTx(ctx, readCommitted)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := f(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
 
 // New returns a claimer for rows of tbl moving from opts.From to opts.To,
 // running on db. It validates tbl and opts and returns an error naming the
@@ -184,9 +251,7 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 	if c.holder == "" {
 		c.holder = DefaultHolder()
 	}
-	if c.log == nil {
-		c.log = discard()
-	}
+	c.log = logger(c.log)
 	c.build(opts)
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }
@@ -432,6 +497,22 @@ func (c *core) claimsCond() (byKeys, isClaim, pos string) {
 // WithTx returns a copy of the claimer that runs on db, typically the
 // caller's pgx.Tx, so that a claim or finish commits or rolls back with the
 // caller's own writes.
+//
+// Isolation. On a pool or a connection, every method holds whatever
+// default_transaction_isolation the database, role or pool sets: a statement
+// that meets a row another transaction changed meanwhile, and fails with
+// SQLSTATE 40001 above read committed, is run again in a transaction begun
+// READ COMMITTED, which re-checks the row instead (a Claim that lost the row
+// returns ErrNotClaimed, a Finish or Extend of a row whose lease a heartbeat
+// just extended succeeds). The caller's transaction is the caller's: at READ
+// COMMITTED every method behaves as on a pool. Above it, a statement that
+// meets a row changed after the transaction's snapshot (a claim by another
+// holder, a lease extended by a heartbeat or by Extend on the pool, a sweep)
+// cannot re-check it, and the server has aborted the transaction; the method
+// then returns an error that matches ErrInvalid and names
+// transaction_isolation, wrapping the server's 40001. Begin a transaction
+// that claims, finishes, extends or releases rows others may touch with
+// pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, as the Worker does.
 func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c.c}
 }
@@ -457,7 +538,9 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 	cl := Claim[K]{Key: key}
 	var attempts int64
 	start := time.Now()
-	err := c.db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
+	err := c.stmt(ctx, func(db DBTX) error {
+		return db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		c.c.emit(Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
 		return Claim[K]{}, ErrNotClaimed
@@ -495,22 +578,26 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	args = append(args, c.c.from, n)
 	args = append(args, c.c.claimArgs...)
 	start := time.Now()
-	rows, err := c.db.Query(ctx, c.c.sqlBatch, args...)
-	if err != nil {
-		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
-	}
 	out := make([]Claim[K], 0, n)
-	for rows.Next() {
-		var cl Claim[K]
-		var attempts int64
-		if err := rows.Scan(&cl.Key, &cl.ClaimedAt, &cl.Token, &attempts); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
+	err := c.stmt(ctx, func(db DBTX) error {
+		out = out[:0]
+		rows, err := db.Query(ctx, c.c.sqlBatch, args...)
+		if err != nil {
+			return err
 		}
-		cl.Attempts = int(attempts)
-		out = append(out, cl)
-	}
-	if err := rows.Err(); err != nil {
+		for rows.Next() {
+			var cl Claim[K]
+			var attempts int64
+			if err := rows.Scan(&cl.Key, &cl.ClaimedAt, &cl.Token, &attempts); err != nil {
+				rows.Close()
+				return err
+			}
+			cl.Attempts = int(attempts)
+			out = append(out, cl)
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
 	}
 	c.c.emit(Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
@@ -590,7 +677,11 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 // row.
 func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, q string, args ...any) error {
 	start := time.Now()
-	tag, err := c.db.Exec(ctx, q, args...)
+	var tag pgconn.CommandTag
+	err := c.stmt(ctx, func(db DBTX) (err error) {
+		tag, err = db.Exec(ctx, q, args...)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("claim: %s: %w", op, err)
 	}
@@ -675,22 +766,30 @@ func (c *Claimer[K]) matchClaims(ctx context.Context, q string, cls []Claim[K], 
 		for i, at := range round {
 			keys[i], toks[i] = cls[at].Key, cls[at].Token
 		}
-		rows, err := c.db.Query(ctx, q, append([]any{keys, toks}, args...)...)
+		var matched []int
+		err := c.stmt(ctx, func(db DBTX) error {
+			matched = matched[:0]
+			rows, err := db.Query(ctx, q, append([]any{keys, toks}, args...)...)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var p int64
+				if err := rows.Scan(&p); err != nil {
+					rows.Close()
+					return err
+				}
+				if p >= 1 && int(p) <= len(round) {
+					matched = append(matched, round[p-1])
+				}
+			}
+			return rows.Err()
+		})
 		if err != nil {
 			return nil, err
 		}
-		for rows.Next() {
-			var p int64
-			if err := rows.Scan(&p); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			if p >= 1 && int(p) <= len(round) {
-				ok[round[p-1]] = true
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return nil, err
+		for _, i := range matched {
+			ok[i] = true
 		}
 	}
 	return ok, nil
@@ -711,7 +810,9 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 	}
 	var until time.Time
 	start := time.Now()
-	err := c.db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
+	err := c.stmt(ctx, func(db DBTX) error {
+		return db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		c.c.emit(Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
 		c.lost(ctx, "Extend", cl)
@@ -742,8 +843,12 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 // heartbeat extends the leases of many claims in one statement. It returns,
 // per claim, whether the claim is known to be lost: neither extended nor
 // still held (a row locked by another transaction is skipped, not waited
-// for, and counts as held while its token is unchanged).
-func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration) ([]bool, error) {
+// for, and counts as held while its token is unchanged). finishing(i), asked
+// after the statements, reports that claim i's holder has begun finishing
+// it: a finish that commits meanwhile also leaves the row neither extended
+// nor held, and the finish itself reports a claim it finds lost; such a
+// claim is not lost here. Without finishing, no claim is finishing.
+func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration, finishing ...func(i int) bool) ([]bool, error) {
 	start := time.Now()
 	ext, err := c.matchClaims(ctx, c.c.sqlHeartbeat, cls, c.c.to, micros(d))
 	if err != nil {
@@ -763,7 +868,7 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 	}
 	n := 0
 	for i := range lost {
-		lost[i] = !ext[i] && !held[i]
+		lost[i] = !ext[i] && !held[i] && (len(finishing) == 0 || !finishing[0](i))
 		if lost[i] {
 			n++
 		}

@@ -45,6 +45,13 @@
 //     with its kind, target state, row count and duration) for metrics.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
+//   - Any isolation level. The guarantees hold whatever
+//     default_transaction_isolation the database, role or pool sets: the
+//     Worker begins its transactions READ COMMITTED, and a statement on a
+//     pool that fails with 40001 above read committed is run again at read
+//     committed. In a transaction of the caller's that runs above read
+//     committed, a row changed after its snapshot gives an error naming
+//     transaction_isolation instead (see Claimer.WithTx).
 //
 // # Tables
 //

@@ -28,6 +28,12 @@ type Stats struct {
 	Lost int
 	// Released is the number of claims given back unfinished on shutdown.
 	Released int
+	// Unrecorded is the number of claims (Worker only) whose outcome could
+	// not be written: recording a failure (the move to Failed or Retry) or
+	// a release failed. Each such row stays in To under its claim until a
+	// Sweeper moves it, and each is logged; when the cause cannot go away,
+	// Run and Drain also return an error (see Worker.Run).
+	Unrecorded int
 }
 
 // Each is the compare-and-swap loop for callers whose claim statement is

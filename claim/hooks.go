@@ -24,9 +24,9 @@ const (
 	// Worker's releases on shutdown). State is From.
 	EventReleased
 	// EventLost: claims found no longer held by a finish, extend or
-	// release, or by the Worker's heartbeat; nothing was changed. A claim
-	// the heartbeat found lost while its work was finishing may be
-	// reported again by the finish.
+	// release, or by the Worker's heartbeat; nothing was changed. The
+	// heartbeat leaves a claim whose finish is under way to that finish,
+	// so a claim is reported once.
 	EventLost
 	// EventSwept: stale rows moved to State by a Sweeper.
 	EventSwept

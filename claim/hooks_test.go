@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,5 +133,46 @@ func TestHooks(t *testing.T) {
 	sort.Strings(got)
 	if s := strings.Join(got, "; "); s != "claimed PROCESSING 3; finished DONE 1; finished DONE 1; finished FAILED 1 boom" {
 		t.Errorf("worker: events %s", s)
+	}
+}
+
+// TestHeartbeatFinishedNotLost: a heartbeat that runs while a claim's work
+// is finishing, or just after, must not report the claim lost: no sweeper
+// runs, so no claim is ever lost.
+func TestHeartbeatFinishedNotLost(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	const rows = 400
+	createJobs(t, db.Pool, "bigint", rows)
+	var lostEvents, finished atomic.Int64
+	hooks := HooksFunc(func(e Event) {
+		switch e.Kind {
+		case EventLost:
+			lostEvents.Add(int64(e.Rows))
+		case EventFinished:
+			finished.Add(int64(e.Rows))
+		}
+	})
+	// The lease is long enough never to expire between heartbeats, and the
+	// heartbeat (every lease/3) races the finish of short works.
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: 30 * time.Millisecond, Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: effectWork("h"), Done: "DONE", Failed: "FAILED",
+		BatchSize: 8, Concurrency: 4, PollInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := w.Drain(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Succeeded != rows || st.Lost != 0 {
+		t.Errorf("stats %+v, want %d succeeded, none lost", st, rows)
+	}
+	if n := lostEvents.Load(); n != 0 {
+		t.Errorf("EventLost reported %d claims lost, want 0 (%d finished)", n, finished.Load())
 	}
 }

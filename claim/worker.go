@@ -78,7 +78,7 @@ type WorkerConfig[K any] struct {
 	// released, not failed.
 	StopTimeout time.Duration
 	// Logger receives failures, lost claims and releases. Default: the
-	// claimer's logger.
+	// claimer's logger (Options.Logger, itself slog.Default() when nil).
 	Logger *slog.Logger
 }
 
@@ -101,6 +101,13 @@ type beginner interface {
 // NewWorker returns a worker for c's rows. c must run on a pool (or another
 // DBTX with a Begin method) and its table must have a Fence column. It
 // validates cfg and returns an error naming the first bad field.
+//
+// The worker begins every work transaction READ COMMITTED (on a DBTX with a
+// BeginTx method, such as *pgxpool.Pool), whatever default_transaction_isolation
+// the database, role or pool sets: the heartbeat extends the leases of rows
+// whose work is under way, and only at read committed can the work's
+// transaction then finish them. Its other statements behave as described at
+// Claimer.WithTx.
 func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if c == nil {
 		return nil, invalid("NewWorker: claimer", "must not be nil")
@@ -164,6 +171,9 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		cfg.PollInterval = time.Second
 	}
 	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
+	if tb, ok := c.db.(txBeginner); ok {
+		w.begin = func(ctx context.Context) (pgx.Tx, error) { return tb.BeginTx(ctx, readCommitted) }
+	}
 	if w.log == nil {
 		w.log = c.c.log
 	}
@@ -175,6 +185,18 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 // releases claims whose work has not started, lets in-flight work finish
 // (see StopTimeout), and returns nil: a clean shutdown leaves no row of
 // its own in To. It returns the counts of this run.
+//
+// A failure that retrying cannot cure ends the run the same way, and Run
+// returns an error matching ErrInvalid that names the state or the option
+// at fault and wraps the server's error: a claim statement the table
+// refuses (a column Options.Where, Order or the Table names that does not
+// exist, a From or To state the column's enum or CHECK constraint
+// rejects), or a finish to Done, Failed or Retry that the table refuses. A
+// claim whose work succeeded but whose move to Done was refused is not
+// counted as succeeded: its transaction rolls back and the row is moved to
+// Failed (not Retry: the same finish would be refused again). Other
+// failures of a claim statement (a lost connection, a timeout) are logged
+// and retried after PollInterval.
 func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
 	return w.run(ctx, false)
 }
@@ -182,7 +204,8 @@ func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
 // Drain works on claims until nothing is left to claim and no work is in
 // flight (rows moved to a Retry state equal to From are claimed again), then
 // returns. Cancelling ctx stops it like Run, and Drain then returns
-// ctx.Err(). It suits a scheduled job: "at 09:00, resume every paused row".
+// ctx.Err(); a failure that cannot go away ends it with an error as it
+// ends Run. It suits a scheduled job: "at 09:00, resume every paused row".
 func (w *Worker[K]) Drain(ctx context.Context) (Stats, error) {
 	st, err := w.run(ctx, true)
 	if err == nil && ctx.Err() != nil {
@@ -193,9 +216,13 @@ func (w *Worker[K]) Drain(ctx context.Context) (Stats, error) {
 
 // entry is one claim held by a run.
 type entry[K any] struct {
-	cl     Claim[K]
-	lost   atomic.Bool
-	cancel context.CancelFunc
+	cl   Claim[K]
+	lost atomic.Bool
+	// finishing is set before the first statement that finishes, fails or
+	// releases the claim: from then on that statement, not the heartbeat,
+	// reports the claim if it is lost.
+	finishing atomic.Bool
+	cancel    context.CancelFunc
 }
 
 type run[K any] struct {
@@ -205,8 +232,31 @@ type run[K any] struct {
 
 	mu    sync.Mutex
 	st    Stats
+	err   error // the first failure that cannot go away: ends the run
+	stop  context.CancelFunc
 	held  map[*entry[K]]struct{}
 	freed chan struct{} // a slot was freed (for Drain's polling)
+}
+
+// fail records err, a failure that cannot go away, as the run's result (the
+// first one wins) and stops the run as a cancellation would.
+func (r *run[K]) fail(err error) {
+	r.mu.Lock()
+	first := r.err == nil
+	if first {
+		r.err = err
+	}
+	r.mu.Unlock()
+	if first {
+		r.w.log.LogAttrs(r.workCtx, slog.LevelError, "claim: worker: stopping on a failure that cannot go away", slog.Any("error", err))
+	}
+	r.stop()
+}
+
+// refused returns the error of a run that ends because the table refused to
+// move a row to state, the value of field.
+func refused(field, state string, err error) error {
+	return fmt.Errorf("claim: worker: moving a row to %s %q: %w: the table refuses it: %w", field, state, ErrInvalid, err)
 }
 
 func (r *run[K]) count(f func(*Stats)) {
@@ -216,6 +266,9 @@ func (r *run[K]) count(f func(*Stats)) {
 }
 
 func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
+	// ctx, from here on, also ends when the run fails for good (run.fail).
+	ctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	if w.cfg.StopTimeout > 0 {
@@ -229,6 +282,7 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 		w:        w,
 		stopping: ctx,
 		workCtx:  workCtx,
+		stop:     stopRun,
 		held:     map[*entry[K]]struct{}{},
 		freed:    make(chan struct{}, 1),
 	}
@@ -283,6 +337,11 @@ loop:
 			if workCtx.Err() != nil {
 				break
 			}
+			if permanent(err) {
+				r.fail(fmt.Errorf("claim: worker: claiming rows from Options.From %q to Options.To %q: %w: the table refuses the statement: %w",
+					w.c.c.from, w.c.c.to, ErrInvalid, err))
+				break
+			}
 			w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err))
 			wait(w.cfg.PollInterval, false)
 			continue
@@ -333,7 +392,7 @@ loop:
 	wg.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.st, nil
+	return r.st, r.err
 }
 
 func (r *run[K]) drop(e *entry[K]) {
@@ -349,6 +408,7 @@ func (r *run[K]) cleanupCtx() (context.Context, context.CancelFunc) {
 }
 
 func (r *run[K]) release(e *entry[K]) {
+	e.finishing.Store(true)
 	ctx, cancel := r.cleanupCtx()
 	defer cancel()
 	err := r.w.c.Release(ctx, e.cl)
@@ -356,6 +416,10 @@ func (r *run[K]) release(e *entry[K]) {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })
 	case err != nil:
+		r.count(func(s *Stats) { s.Unrecorded++ })
+		if permanent(err) {
+			r.fail(refused("Options.From", r.w.c.c.from, err))
+		}
 		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
 			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("error", err))
 	default:
@@ -389,8 +453,15 @@ func (r *run[K]) process(e *entry[K]) {
 		return
 	}
 	werr := callWork(func() error { return w.cfg.Work(ctx, tx, e.cl) })
+	e.finishing.Store(true)
+	final := false // a failure no retry can cure: straight to Failed
 	if werr == nil {
 		ferr := w.c.WithTx(tx).finishWith(ctx, e.cl, w.cfg.Done, nil, 0)
+		if ferr != nil && permanent(ferr) {
+			ferr = refused("WorkerConfig.Done", w.cfg.Done, ferr)
+			r.fail(ferr)
+			final = true
+		}
 		if ferr == nil {
 			ferr = tx.Commit(ctx)
 		}
@@ -419,7 +490,7 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	state, retry := w.cfg.Failed, false
 	var retryIn time.Duration
-	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts {
+	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts && !final {
 		state, retry = w.cfg.Retry, true
 		if w.cfg.RetryDelay != nil {
 			retryIn = w.cfg.RetryDelay(e.cl.Attempts)
@@ -432,6 +503,14 @@ func (r *run[K]) process(e *entry[K]) {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })
 	case err != nil:
+		r.count(func(s *Stats) { s.Unrecorded++ })
+		if permanent(err) {
+			field := "WorkerConfig.Failed"
+			if retry {
+				field = "WorkerConfig.Retry"
+			}
+			r.fail(refused(field, state, err))
+		}
 		w.log.LogAttrs(cctx, slog.LevelError, "claim: worker: recording failure failed",
 			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("work_error", werr), slog.Any("error", err))
 	default:
@@ -476,7 +555,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 		if len(es) == 0 {
 			continue
 		}
-		lost, err := r.w.c.heartbeat(ctx, cls, lease)
+		lost, err := r.w.c.heartbeat(ctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
 		if err != nil {
 			if ctx.Err() == nil {
 				r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err))
