@@ -203,8 +203,16 @@ SELECT (SELECT count(*) FROM push_requests WHERE status = 'SENT'),
 	}
 	stop()
 	for i, in := range instances {
-		if out := in.out.String(); strings.Contains(out, "ERROR") || strings.Contains(out, "WARN") {
-			t.Errorf("instance %d logged a warning or an error:\n%s", i, out)
+		for _, line := range strings.Split(in.out.String(), "\n") {
+			// The seeded stale row (key 100) is swept on purpose; the
+			// sweeper says so at warn level. Anything else is a fault.
+			if strings.Contains(line, "claim: swept stale row") && strings.Contains(line, "key=100 ") {
+				continue
+			}
+			if strings.Contains(line, "ERROR") || strings.Contains(line, "WARN") {
+				t.Errorf("instance %d logged a warning or an error:\n%s", i, in.out.String())
+				break
+			}
 		}
 	}
 	if effects != 50 || distinct != 50 || fenced != 50 {
