@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -191,6 +192,13 @@ func (e *Elector) Run(ctx context.Context) error {
 
 // TaskOptions configure NewTask. The zero value is ready to use.
 type TaskOptions struct {
+	// Location is the location sched.Next is given times in. A schedule
+	// from CronSchedule carries the scheduler's location and ignores it;
+	// set it for a schedule of your own whose Next depends on the location
+	// of its argument, to the scheduler's (gocron.WithLocation). Default:
+	// UTC, never the host's time.Local.
+	Location *time.Location
+
 	// MaxDelay is how late after its scheduled instant a run may start and
 	// still count for it. Default: the gate's skew tolerance
 	// (gate.Gate.SkewTolerance), since a run that starts later than that
@@ -210,7 +218,7 @@ type TaskOptions struct {
 //
 // sched must be the schedule gocron runs the job on: for
 // gocron.CronJob(crontab, withSeconds) use CronSchedule with the same
-// arguments and the scheduler's location. It must be a calendar (instants
+// arguments and the scheduler's location (gocron.WithLocation). It must be a calendar (instants
 // fixed in time); gocron.DurationJob intervals count from each instance's
 // start and have no instants instances agree on — use the Locker for them.
 //
@@ -244,6 +252,11 @@ func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts
 	if err != nil {
 		return nil, err
 	}
+	loc := opts.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	sched = tick.InLocation(sched, loc)
 	return func(ctx context.Context) error {
 		at, err := tick.Latest(sched, now(), maxDelay)
 		if err != nil {
@@ -257,9 +270,19 @@ func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)
-// follows in a scheduler whose location is loc (nil: time.Local, gocron's
-// default), parsed the way gocron parses it. A "TZ=" or "CRON_TZ=" prefix in
-// crontab overrides loc, as in gocron.
+// follows in a scheduler whose location is loc, parsed the way gocron
+// parses it. A "TZ=" or "CRON_TZ=" prefix in crontab overrides loc, as in
+// gocron.
+//
+// loc must be the scheduler's location: the one given to
+// gocron.WithLocation, or time.Local for a scheduler without it. gocron
+// reads a crontab without a prefix in that location, so the same crontab
+// names other instants in another one, and a task reading it elsewhere
+// finds no instant to run (ErrNoInstant). loc may be nil only when crontab
+// has the prefix; otherwise CronSchedule refuses it rather than guess the
+// host's zone. Pass time.Local only when every instance runs in the same
+// zone, or instances in different zones fire and claim different instants,
+// and the job runs once for each.
 //
 // gocron skips the repeated wall-clock instant of a daylight-saving
 // fall-back, which this schedule still yields; the task then never fires
@@ -271,7 +294,13 @@ func CronSchedule(crontab string, withSeconds bool, loc *time.Location) (gate.Sc
 		return nil, tick.Invalid("gocron", "crontab", "must not be empty")
 	}
 	if loc == nil {
-		loc = time.Local
+		if !strings.HasPrefix(crontab, "TZ=") && !strings.HasPrefix(crontab, "CRON_TZ=") {
+			return nil, tick.Invalid("gocron", "loc", "must not be nil for a crontab without CRON_TZ: "+
+				"gocron reads it in the scheduler's location, so pass that (the one given to gocron.WithLocation, "+
+				"or time.Local for a scheduler without it, when every instance runs in the same zone), "+
+				"or prefix the crontab with CRON_TZ=")
+		}
+		loc = time.UTC // unused: the prefix names the location
 	}
 	c := gocronv2.NewDefaultCron(withSeconds)
 	if err := c.IsValid(crontab, loc, time.Now()); err != nil {

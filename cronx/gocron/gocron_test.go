@@ -246,7 +246,7 @@ func TestTaskOneRunPerTick(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
-	sched, err := CronSchedule(everySecond, true, nil)
+	sched, err := CronSchedule(everySecond, true, time.Local) // the schedulers' location
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,12 @@ func TestBadInput(t *testing.T) {
 
 	_, err = CronSchedule("", true, nil)
 	check("CronSchedule empty", err, "gocron: crontab: must not be empty")
-	_, err = CronSchedule("61 * * * *", false, nil)
+	_, err = CronSchedule("0 9 * * *", false, nil)
+	check("CronSchedule nil loc", err, "gocron: loc: must not be nil for a crontab without CRON_TZ")
+	if _, err := CronSchedule("CRON_TZ=Asia/Seoul 0 9 * * *", false, nil); err != nil {
+		t.Errorf("CronSchedule with CRON_TZ and nil loc: %v", err)
+	}
+	_, err = CronSchedule("61 * * * *", false, time.UTC)
 	check("CronSchedule bad minute", err, "gocron: crontab:")
 	if !errors.Is(err, gocronv2.ErrCronJobParse) {
 		t.Errorf("CronSchedule bad minute: got %v, want it to wrap gocron.ErrCronJobParse", err)

@@ -12,6 +12,12 @@
 // the same instant, because the cron fires by the same clock the instant is
 // read from.
 //
+// robfig/cron reads a spec without CRON_TZ= in the cron's location
+// (cron.WithLocation), so the job must be told that location
+// (Options.Location, e.g. c.Location()): it then names the instants the
+// cron fires for whatever the host's time.Local, and every instance names
+// the same ones.
+//
 // The schedule must be a calendar (a cron spec such as "0 9 * * *" or
 // "*/10 * * * * *"): instants fixed in time. "@every" intervals count from
 // each instance's start, so no two instances agree on an instant; NewJob and
@@ -49,6 +55,25 @@ type Options struct {
 	// Default: context.Background().
 	Context context.Context
 
+	// Location is the location the cron reads the schedule in: the one
+	// given to cron.WithLocation, which c.Location() returns (time.Local for
+	// a cron made without it). robfig/cron reads a spec without a CRON_TZ=
+	// (or TZ=) prefix in the cron's location, so the same spec names other
+	// instants in another location; the job reads it the same way to find
+	// the instant it was fired for, and never the host's time.Local unless
+	// given it here.
+	//
+	// Required when the schedule is such a spec (a *cron.SpecSchedule
+	// without a location of its own): NewJob and Wrap refuse it without
+	// Location. A spec with CRON_TZ= names its instants itself and ignores
+	// Location. Another cron.Schedule is given times in Location (default
+	// UTC): set it when its Next depends on the location of its argument.
+	//
+	// time.Local is the host's zone: pass it only when every instance runs
+	// in the same zone, or instances in different zones fire and claim
+	// different instants, and the job runs once for each.
+	Location *time.Location
+
 	// MaxDelay is how late after its scheduled instant a run may start and
 	// still count for it. Default: the gate's skew tolerance
 	// (gate.Gate.SkewTolerance), since a run that starts later than that
@@ -68,13 +93,14 @@ type Options struct {
 }
 
 // Job is a cron.Job that runs a gate.Func once per scheduled instant across
-// all instances. Schedule it with the same schedule it was built with:
+// all instances. Schedule it with the same schedule it was built with, on
+// a cron whose location is Options.Location:
 //
 //	c.Schedule(sched, job)
 type Job struct {
 	g        *gate.Gate
 	name     string
-	sched    cron.Schedule
+	sched    cron.Schedule // read in Options.Location
 	fn       gate.Func
 	ctx      context.Context
 	maxDelay time.Duration
@@ -100,6 +126,17 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 	if err != nil {
 		return nil, err
 	}
+	loc := opts.Location
+	if loc == nil {
+		if s, ok := sched.(*cron.SpecSchedule); ok && s.Location == time.Local {
+			return nil, tick.Invalid("robfig", "Location", "must be set for a spec without CRON_TZ: "+
+				"robfig/cron reads it in the cron's location, so pass that (the one given to cron.WithLocation, "+
+				"or time.Local for a cron without it, when every instance runs in the same zone), "+
+				"or prefix the spec with CRON_TZ=")
+		}
+		loc = time.UTC
+	}
+	sched = tick.InLocation(sched, loc)
 	ctx := opts.Context
 	if ctx == nil {
 		ctx = context.Background()

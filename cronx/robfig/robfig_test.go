@@ -63,8 +63,8 @@ func runSchedulers(t *testing.T, insts ...instance) {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.Close)
-		opts := Options{now: func() time.Time { return time.Now().Add(in.skew) }}
 		c := cron.New(cron.WithSeconds())
+		opts := Options{Location: c.Location(), now: func() time.Time { return time.Now().Add(in.skew) }}
 		if in.wrap {
 			// The wrapped job does not know its tick: it reads it from
 			// the ledger row its gate holds open while it runs, so a run
@@ -231,7 +231,7 @@ func TestClockOutsideTolerance(t *testing.T) {
 	job, err := NewJob(g, "report", everySecond(t), func(context.Context, gate.Run) error {
 		ran = true
 		return nil
-	}, Options{now: func() time.Time { return time.Now().Add(time.Minute) }})
+	}, Options{Location: time.UTC, now: func() time.Time { return time.Now().Add(time.Minute) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,6 +302,7 @@ func TestBadInput(t *testing.T) {
 		{"negative MaxDelay", g, "report", sched, fn, Options{MaxDelay: -time.Second}, "robfig: MaxDelay: must not be negative"},
 		{"@every", g, "report", every90, fn, Options{}, "robfig: sched: instants are not fixed in time"},
 		{"no instant", g, "report", never, fn, Options{}, "robfig: sched: has no instant after now"},
+		{"spec without CRON_TZ, no Location", g, "report", sched, fn, Options{}, "robfig: Location: must be set for a spec without CRON_TZ"},
 	}
 	// "@every 1s" fires on every whole second on every instance: accepted.
 	if _, err := NewJob(g, "report", cron.Every(time.Second), fn, Options{}); err != nil {

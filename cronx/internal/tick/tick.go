@@ -85,6 +85,22 @@ func Check(pkg, name string, sched gate.Schedule, maxDelay, fallback time.Durati
 	return maxDelay, nil
 }
 
+// InLocation returns sched read in loc: its Next is given its argument in
+// loc, as a cron library whose location is loc gives it, and returns the
+// instant that yields. A schedule whose instants depend on the location of
+// Next's argument (robfig/cron's spec without CRON_TZ) then names the same
+// instants on every instance, whatever the host's time.Local.
+func InLocation(sched gate.Schedule, loc *time.Location) gate.Schedule {
+	return zoned{sched: sched, loc: loc}
+}
+
+type zoned struct {
+	sched gate.Schedule
+	loc   *time.Location
+}
+
+func (z zoned) Next(t time.Time) time.Time { return z.sched.Next(t.In(z.loc)) }
+
 // Latest returns the last instant of sched in (now-maxDelay, now]: the
 // instant a cron library fired the job for, if it started the job at most
 // maxDelay late. A cron library starts a job once its clock has reached the
