@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -192,6 +193,26 @@ func (e *Elector) Run(ctx context.Context) error {
 
 // TaskOptions configure NewTask. The zero value is ready to use.
 type TaskOptions struct {
+	// Context is the parent of every run's context, as in robfig.Options:
+	// its values reach the job, and cancelling it (at shutdown) cancels
+	// the runs in progress. A run's context is also cancelled when the one
+	// gocron hands the task is (the job removed, the scheduler shut down).
+	// Default: context.Background().
+	Context context.Context
+
+	// Logger receives what the task reports besides returning it to
+	// gocron (whose job listeners and logger are optional). At error
+	// level: a failed job, a lost lock, a clock outside the gate's skew
+	// tolerance, an unreachable database, and ErrNoInstant (the task fired
+	// with no instant to run for: it will not run until its schedule or
+	// clock is fixed). At warn level: a tick skipped because a run still
+	// holds the job's lock (gate.ErrHeld: an earlier tick's run lasting
+	// longer than the period, or an Exclusive run). A tick another
+	// instance ran is the normal outcome, logged at debug level. Default:
+	// slog.Default(); silence it with a discarding logger
+	// (slog.New(slog.DiscardHandler)).
+	Logger *slog.Logger
+
 	// Location is the location sched.Next is given times in. A schedule
 	// from CronSchedule carries the scheduler's location and ignores it;
 	// set it for a schedule of your own whose Next depends on the location
@@ -225,7 +246,7 @@ type TaskOptions struct {
 // The task returns nil when the tick was skipped, and otherwise what
 // gate.Gate.Once returns (fn's error, gate.ErrClockSkew, gate.ErrLockLost,
 // ErrNoInstant …), which gocron hands to the job's AfterJobRunsWithError
-// listener. Leave the job out of a scheduler-wide Locker
+// listener; it logs both to TaskOptions.Logger (see there). Leave the job out of a scheduler-wide Locker
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
 func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
@@ -257,16 +278,32 @@ func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts
 		loc = time.UTC
 	}
 	sched = tick.InLocation(sched, loc)
+	log := tick.Logger(opts.Logger)
+	parent := opts.Context
 	return func(ctx context.Context) error {
-		at, err := tick.Latest(sched, now(), maxDelay)
-		if err != nil {
-			return err
+		if parent != nil {
+			// Runs get parent's values and end with either context.
+			run, cancel := context.WithCancelCause(parent)
+			defer cancel(nil)
+			defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
+			ctx = run
 		}
-		if err := g.Once(ctx, name, at, fn); !errors.Is(err, gate.ErrSkipped) {
-			return err
+		err := fire(ctx, g, name, sched, now(), maxDelay, fn)
+		tick.Report(log, "gocron", name, err)
+		if errors.Is(err, gate.ErrSkipped) {
+			return nil
 		}
-		return nil
+		return err
 	}, nil
+}
+
+// fire runs fn through g for the last instant of sched at or before now.
+func fire(ctx context.Context, g *gate.Gate, name string, sched gate.Schedule, now time.Time, maxDelay time.Duration, fn gate.Func) error {
+	at, err := tick.Latest(sched, now, maxDelay)
+	if err != nil {
+		return err
+	}
+	return g.Once(ctx, name, at, fn)
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)

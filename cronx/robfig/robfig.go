@@ -32,7 +32,6 @@ package robfig
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -81,11 +80,17 @@ type Options struct {
 	// error.
 	MaxDelay time.Duration
 
-	// Logger receives the errors Run cannot return: a failed job, a lost
-	// lock, a clock outside the gate's skew tolerance, an unreachable
-	// database, ErrNoInstant. Skips are not errors and are not logged here
-	// (the gate reports them to its own Logger and Hooks). Default: a
-	// logger that discards everything.
+	// Logger receives what Run cannot return. At error level: a failed
+	// job, a lost lock, a clock outside the gate's skew tolerance, an
+	// unreachable database, and ErrNoInstant (the job fired with no
+	// instant to run for: it will not run until its schedule, Location or
+	// clock is fixed). At warn level: a tick skipped because a run still
+	// holds the job's lock (gate.ErrHeld: an earlier tick's run lasting
+	// longer than the period, or an Exclusive run). A tick another
+	// instance ran is the normal outcome, logged at debug level. The gate
+	// reports skips to its own Logger and Hooks as well. Default:
+	// slog.Default(); silence it with a discarding logger
+	// (slog.New(slog.DiscardHandler)).
 	Logger *slog.Logger
 
 	// now reads the instance's clock; tests set it to simulate skew.
@@ -141,11 +146,7 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: log, now: now}, nil
+	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
 }
 
 // Wrap returns a cron.JobWrapper running the job it wraps through g, as the
@@ -174,12 +175,10 @@ func Wrap(g *gate.Gate, name string, sched cron.Schedule, opts Options) (cron.Jo
 func (j *Job) Name() string { return j.name }
 
 // Run implements cron.Job: it runs the job for the instant the cron fired
-// for, unless another instance has claimed that instant. Errors other than
-// a skip go to Options.Logger.
+// for, unless another instance has claimed that instant. What it cannot
+// return goes to Options.Logger (see there).
 func (j *Job) Run() {
-	if err := j.fire(j.ctx); err != nil && !errors.Is(err, gate.ErrSkipped) {
-		j.log.Error("robfig: run failed", "name", j.name, "error", err.Error())
-	}
+	tick.Report(j.log, "robfig", j.name, j.fire(j.ctx))
 }
 
 // fire runs the job for the instant the clock says it was fired for.

@@ -6,6 +6,7 @@ package tick
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -140,4 +141,41 @@ func Latest(sched gate.Schedule, now time.Time, maxDelay time.Duration) (time.Ti
 			w *= 2
 		}
 	}
+}
+
+// Report logs, for package pkg, what a firing of the job called name that
+// ended with err means for the people running it:
+//
+//   - a skip because the job's lock is held by another run (gate.ErrHeld:
+//     a run of an earlier tick still running, an Exclusive run) at warn
+//     level: the tick is not run anywhere, and keeps not running while
+//     that run lasts;
+//   - any other skip (the tick ran on another instance: the normal
+//     outcome on every instance but one) at debug level;
+//   - every other error at error level: a failed or lost run, a clock
+//     outside the gate's tolerance, an unreachable database, and
+//     ErrNoInstant, which repeats at every firing until the schedule,
+//     location or clock is fixed.
+func Report(log *slog.Logger, pkg, name string, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, gate.ErrHeld):
+		log.Warn(pkg+": tick skipped: the job's lock is held by another run (an earlier tick's run still running?)",
+			"name", name, "error", err.Error())
+	case errors.Is(err, gate.ErrSkipped):
+		log.Debug(pkg+": tick skipped", "name", name, "error", err.Error())
+	case errors.Is(err, ErrNoInstant):
+		log.Error(pkg+": job not run: no scheduled instant to run it for (is the job fired on another schedule, "+
+			"or in another location than the one it was given?)", "name", name, "error", err.Error())
+	default:
+		log.Error(pkg+": run failed", "name", name, "error", err.Error())
+	}
+}
+
+// Logger returns log, or slog.Default() when log is nil.
+func Logger(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
 }
