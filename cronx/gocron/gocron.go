@@ -303,7 +303,7 @@ func fire(ctx context.Context, g *gate.Gate, name string, sched gate.Schedule, n
 	if err != nil {
 		return err
 	}
-	return g.Once(ctx, name, at, fn)
+	return tick.Once(ctx, g, name, at, fn)
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)

@@ -187,7 +187,7 @@ func (j *Job) fire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return j.g.Once(ctx, j.name, at, j.fn)
+	return tick.Once(ctx, j.g, j.name, at, j.fn)
 }
 
 // CatchUp runs the job for the latest instant within window before database

@@ -4,6 +4,7 @@
 package tick
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -178,4 +179,21 @@ func Logger(log *slog.Logger) *slog.Logger {
 		return slog.Default()
 	}
 	return log
+}
+
+// Once runs fn through g.Once for the tick (name, at), trying once more
+// when the job's lock was held elsewhere (gate.ErrHeld). Instances firing
+// the same tick within a moment of each other meet that way: the first
+// holds the lock for its run, and its claim of the tick may not be visible
+// yet when the second looks, so the second is told the lock is held rather
+// than that the tick is taken. The second attempt sees the claim and skips
+// as taken; an ErrHeld it returns means a run of another tick (or an
+// Exclusive run) holds the lock. When the lock was freed in between, the
+// tick runs now: it had not run anywhere.
+func Once(ctx context.Context, g *gate.Gate, name string, at time.Time, fn gate.Func) error {
+	err := g.Once(ctx, name, at, fn)
+	if errors.Is(err, gate.ErrHeld) {
+		err = g.Once(ctx, name, at, fn)
+	}
+	return err
 }
