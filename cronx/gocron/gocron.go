@@ -13,7 +13,8 @@
 //     (gate.Gate.Once): once per scheduled instant across all instances,
 //     whatever their clock offsets, with the job's advisory lock held while
 //     it runs. Use it for gocron.CronJob jobs, with the schedule from
-//     CronSchedule.
+//     CronSchedule. NewJob builds the same job as a Job, whose Task goes
+//     to gocron and whose RunAt fires it for a chosen instant (in a test).
 //   - Locker is a gocron.Locker holding a lease lock (gate.Lease) per job
 //     name while the job runs, and for at least LeaseOptions.AtLeast after
 //     it was taken. That is lease semantics, not tick semantics: see Locker.
@@ -191,7 +192,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	})
 }
 
-// TaskOptions configure NewTask. The zero value is ready to use.
+// TaskOptions configure NewTask and NewJob. The zero value is ready to use.
 type TaskOptions struct {
 	// Context is the parent of every run's context, as in robfig.Options:
 	// its values reach the job, and cancelling it (at shutdown) cancels
@@ -250,15 +251,30 @@ type TaskOptions struct {
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
 func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
-	f, err := taskFunc(g, name, sched, fn, opts)
+	j, err := NewJob(g, name, sched, fn, opts)
 	if err != nil {
 		return nil, err
 	}
-	return gocronv2.NewTask(f), nil
+	return j.Task(), nil
 }
 
-// taskFunc returns the function NewTask hands to gocron.
-func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
+// Job is a job run through the tick ledger: what NewTask builds, with the
+// methods a test or a start-up needs besides the gocron.Task.
+type Job struct {
+	g        *gate.Gate
+	name     string
+	sched    gate.Schedule // read in TaskOptions.Location
+	fn       gate.Func
+	parent   context.Context
+	maxDelay time.Duration
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// NewJob returns the Job NewTask makes a gocron.Task of (see NewTask for
+// the arguments): schedule Task with gocron, and fire it for a chosen
+// instant with RunAt.
+func NewJob(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (*Job, error) {
 	if g == nil {
 		return nil, tick.Invalid("gocron", "g", "must not be nil")
 	}
@@ -277,33 +293,75 @@ func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts
 	if loc == nil {
 		loc = time.UTC
 	}
-	sched = tick.InLocation(sched, loc)
-	log := tick.Logger(opts.Logger)
-	parent := opts.Context
-	return func(ctx context.Context) error {
-		if parent != nil {
-			// Runs get parent's values and end with either context.
-			run, cancel := context.WithCancelCause(parent)
-			defer cancel(nil)
-			defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
-			ctx = run
-		}
-		err := fire(ctx, g, name, sched, now(), maxDelay, fn)
-		tick.Report(log, "gocron", name, err)
-		if errors.Is(err, gate.ErrSkipped) {
-			return nil
-		}
-		return err
-	}, nil
+	return &Job{g: g, name: name, sched: tick.InLocation(sched, loc), fn: fn, parent: opts.Context,
+		maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
 }
 
-// fire runs fn through g for the last instant of sched at or before now.
-func fire(ctx context.Context, g *gate.Gate, name string, sched gate.Schedule, now time.Time, maxDelay time.Duration, fn gate.Func) error {
-	at, err := tick.Latest(sched, now, maxDelay)
+// Name returns the job's name, its key in the tick ledger.
+func (j *Job) Name() string { return j.name }
+
+// Task returns the gocron.Task that runs the job when gocron fires it (see
+// NewTask). Give it to the scheduler with the job's schedule:
+//
+//	s.NewJob(gocron.CronJob(crontab, withSeconds), job.Task())
+func (j *Job) Task() gocronv2.Task { return gocronv2.NewTask(j.run) }
+
+// run is the task's function: it runs the job for the instant gocron fired
+// it for, logs what it reports, and returns it but a skip.
+func (j *Job) run(ctx context.Context) error {
+	if j.parent != nil {
+		// Runs get parent's values and end with either context.
+		run, cancel := context.WithCancelCause(j.parent)
+		defer cancel(nil)
+		defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
+		ctx = run
+	}
+	err := j.fire(ctx)
+	tick.Report(j.log, "gocron", j.name, err)
+	if errors.Is(err, gate.ErrSkipped) {
+		return nil
+	}
+	return err
+}
+
+// fire runs the job for the last instant of its schedule at or before the
+// instance's clock.
+func (j *Job) fire(ctx context.Context) error {
+	at, err := tick.Latest(j.sched, j.now(), j.maxDelay)
 	if err != nil {
 		return err
 	}
-	return tick.Once(ctx, g, name, at, fn)
+	return tick.Once(ctx, j.g, j.name, at, j.fn)
+}
+
+// RunAt runs the job for instant as if gocron had fired it for that
+// instant, without waiting for the clock to reach it: a test fires the
+// 09:00 job for the instant it chooses. The run goes through the gate
+// exactly as a fired one (gate.Gate.Once): it runs unless some instance
+// has run that tick, holds the job's lock, is recorded in the tick ledger,
+// and its context is ctx. It logs nothing: the caller has the error.
+//
+// instant must be an instant of the schedule (read in its location), or
+// RunAt returns an error wrapping gate.ErrInvalid. The gate refuses an
+// instant further from database time than its skew tolerance
+// (gate.ErrClockSkew): a test firing an instant far from now builds its
+// gate with a gate.Config.SkewTolerance that covers it. RunAt returns what
+// gate.Gate.Once returns, an error wrapping gate.ErrSkipped when the tick
+// has run already.
+func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
+	if err := tick.IsInstant("gocron", j.sched, instant); err != nil {
+		return err
+	}
+	return tick.Once(ctx, j.g, j.name, instant, j.fn)
+}
+
+// taskFunc returns the function NewTask hands to gocron.
+func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
+	j, err := NewJob(g, name, sched, fn, opts)
+	if err != nil {
+		return nil, err
+	}
+	return j.run, nil
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)

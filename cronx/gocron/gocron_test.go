@@ -480,3 +480,19 @@ func TestTaskMaxDelayFollowsSkewTolerance(t *testing.T) {
 		return taskFunc(g, name, sched, fn, TaskOptions{MaxDelay: maxDelay})
 	}, ErrNoInstant)
 }
+
+// TestRunAt: RunAt fires the job for a chosen instant (see crontest.RunAt).
+func TestRunAt(t *testing.T) {
+	t.Parallel()
+	crontest.RunAt(t, "gocron", func(g *gate.Gate, name string, loc *time.Location, fn gate.Func) (func(context.Context, time.Time) error, error) {
+		sched, err := CronSchedule("0 9 * * *", false, loc)
+		if err != nil {
+			return nil, err
+		}
+		job, err := NewJob(g, name, sched, fn, TaskOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return job.RunAt, nil
+	})
+}

@@ -347,3 +347,19 @@ func TestMaxDelayFollowsSkewTolerance(t *testing.T) {
 		return job.fire, nil
 	}, ErrNoInstant)
 }
+
+// TestRunAt: RunAt fires the job for a chosen instant (see crontest.RunAt).
+func TestRunAt(t *testing.T) {
+	t.Parallel()
+	crontest.RunAt(t, "robfig", func(g *gate.Gate, name string, loc *time.Location, fn gate.Func) (func(context.Context, time.Time) error, error) {
+		sched, err := cron.ParseStandard("0 9 * * *")
+		if err != nil {
+			return nil, err
+		}
+		job, err := NewJob(g, name, sched, fn, Options{Location: loc})
+		if err != nil {
+			return nil, err
+		}
+		return job.RunAt, nil
+	})
+}

@@ -197,3 +197,17 @@ func Once(ctx context.Context, g *gate.Gate, name string, at time.Time, fn gate.
 	}
 	return err
 }
+
+// IsInstant returns nil when instant is an instant of sched, and otherwise
+// an error for package pkg naming the field "instant" and wrapping
+// gate.ErrInvalid.
+func IsInstant(pkg string, sched gate.Schedule, instant time.Time) error {
+	if instant.IsZero() {
+		return Invalid(pkg, "instant", "must not be zero")
+	}
+	if next := sched.Next(instant.Add(-time.Nanosecond)); !next.Equal(instant) {
+		return Invalid(pkg, "instant", fmt.Sprintf("%s is not an instant of the schedule (the first one at or after it is %s)",
+			instant.Format(time.RFC3339Nano), next.Format(time.RFC3339Nano)))
+	}
+	return nil
+}
