@@ -240,14 +240,16 @@ type TaskOptions struct {
 //
 // sched must be the schedule gocron runs the job on: for
 // gocron.CronJob(crontab, withSeconds) use CronSchedule with the same
-// arguments and the scheduler's location (gocron.WithLocation). It must be a calendar (instants
-// fixed in time); gocron.DurationJob intervals count from each instance's
-// start and have no instants instances agree on — use the Locker for them.
+// arguments and the scheduler's location (gocron.WithLocation). It must be
+// a calendar (instants fixed in time); gocron.DurationJob intervals count
+// from each instance's start and have no instants instances agree on — use
+// the Locker for them.
 //
 // The task returns nil when the tick was skipped, and otherwise what
 // gate.Gate.Once returns (fn's error, gate.ErrClockSkew, gate.ErrLockLost,
 // ErrNoInstant …), which gocron hands to the job's AfterJobRunsWithError
-// listener; it logs both to TaskOptions.Logger (see there). Leave the job out of a scheduler-wide Locker
+// listener; it also logs them to TaskOptions.Logger (see there). Leave the
+// job out of a scheduler-wide Locker
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
 func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
