@@ -141,7 +141,7 @@ func Example_service() {
 			return err // committed with the move to SENT, or not at all
 		}})
 	g, _ := gate.New(pool, gate.Config{})
-	sched, _ := cron.ParseStandard("0 9 * * *")
+	sched, _ := cron.ParseStandard("CRON_TZ=Asia/Seoul 0 9 * * *") // a spec without CRON_TZ needs robfig.Options.Location
 	job, err := robfig.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		_, err := worker.Drain(ctx) // once per 09:00 tick, across all instances
 		return err

@@ -13,7 +13,8 @@
 //     (gate.Gate.Once): once per scheduled instant across all instances,
 //     whatever their clock offsets, with the job's advisory lock held while
 //     it runs. Use it for gocron.CronJob jobs, with the schedule from
-//     CronSchedule.
+//     CronSchedule. NewJob builds the same job as a Job, whose Task goes
+//     to gocron and whose RunAt fires it for a chosen instant (in a test).
 //   - Locker is a gocron.Locker holding a lease lock (gate.Lease) per job
 //     name while the job runs, and for at least LeaseOptions.AtLeast after
 //     it was taken. That is lease semantics, not tick semantics: see Locker.
@@ -29,6 +30,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,8 +192,35 @@ func (e *Elector) Run(ctx context.Context) error {
 	})
 }
 
-// TaskOptions configure NewTask. The zero value is ready to use.
+// TaskOptions configure NewTask and NewJob. The zero value is ready to use.
 type TaskOptions struct {
+	// Context is the parent of every run's context, as in robfig.Options:
+	// its values reach the job, and cancelling it (at shutdown) cancels
+	// the runs in progress. A run's context is also cancelled when the one
+	// gocron hands the task is (the job removed, the scheduler shut down).
+	// Default: context.Background().
+	Context context.Context
+
+	// Logger receives what the task reports besides returning it to
+	// gocron (whose job listeners and logger are optional). At error
+	// level: a failed job, a lost lock, a clock outside the gate's skew
+	// tolerance, an unreachable database, and ErrNoInstant (the task fired
+	// with no instant to run for: it will not run until its schedule or
+	// clock is fixed). At warn level: a tick skipped because a run still
+	// holds the job's lock (gate.ErrHeld: an earlier tick's run lasting
+	// longer than the period, or an Exclusive run). A tick another
+	// instance ran is the normal outcome, logged at debug level. Default:
+	// slog.Default(); silence it with a discarding logger
+	// (slog.New(slog.DiscardHandler)).
+	Logger *slog.Logger
+
+	// Location is the location sched.Next is given times in. A schedule
+	// from CronSchedule carries the scheduler's location and ignores it;
+	// set it for a schedule of your own whose Next depends on the location
+	// of its argument, to the scheduler's (gocron.WithLocation). Default:
+	// UTC, never the host's time.Local.
+	Location *time.Location
+
 	// MaxDelay is how late after its scheduled instant a run may start and
 	// still count for it. Default: the gate's skew tolerance
 	// (gate.Gate.SkewTolerance), since a run that starts later than that
@@ -210,26 +240,43 @@ type TaskOptions struct {
 //
 // sched must be the schedule gocron runs the job on: for
 // gocron.CronJob(crontab, withSeconds) use CronSchedule with the same
-// arguments and the scheduler's location. It must be a calendar (instants
-// fixed in time); gocron.DurationJob intervals count from each instance's
-// start and have no instants instances agree on — use the Locker for them.
+// arguments and the scheduler's location (gocron.WithLocation). It must be
+// a calendar (instants fixed in time); gocron.DurationJob intervals count
+// from each instance's start and have no instants instances agree on — use
+// the Locker for them.
 //
 // The task returns nil when the tick was skipped, and otherwise what
 // gate.Gate.Once returns (fn's error, gate.ErrClockSkew, gate.ErrLockLost,
 // ErrNoInstant …), which gocron hands to the job's AfterJobRunsWithError
-// listener. Leave the job out of a scheduler-wide Locker
+// listener; it also logs them to TaskOptions.Logger (see there). Leave the
+// job out of a scheduler-wide Locker
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
 func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
-	f, err := taskFunc(g, name, sched, fn, opts)
+	j, err := NewJob(g, name, sched, fn, opts)
 	if err != nil {
 		return nil, err
 	}
-	return gocronv2.NewTask(f), nil
+	return j.Task(), nil
 }
 
-// taskFunc returns the function NewTask hands to gocron.
-func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
+// Job is a job run through the tick ledger: what NewTask builds, with the
+// methods a test or a start-up needs besides the gocron.Task.
+type Job struct {
+	g        *gate.Gate
+	name     string
+	sched    gate.Schedule // read in TaskOptions.Location
+	fn       gate.Func
+	parent   context.Context
+	maxDelay time.Duration
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// NewJob returns the Job NewTask makes a gocron.Task of (see NewTask for
+// the arguments): schedule Task with gocron, and fire it for a chosen
+// instant with RunAt.
+func NewJob(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (*Job, error) {
 	if g == nil {
 		return nil, tick.Invalid("gocron", "g", "must not be nil")
 	}
@@ -244,22 +291,95 @@ func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error {
-		at, err := tick.Latest(sched, now(), maxDelay)
-		if err != nil {
-			return err
-		}
-		if err := g.Once(ctx, name, at, fn); !errors.Is(err, gate.ErrSkipped) {
-			return err
-		}
+	loc := opts.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	return &Job{g: g, name: name, sched: tick.InLocation(sched, loc), fn: fn, parent: opts.Context,
+		maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
+}
+
+// Name returns the job's name, its key in the tick ledger.
+func (j *Job) Name() string { return j.name }
+
+// Task returns the gocron.Task that runs the job when gocron fires it (see
+// NewTask). Give it to the scheduler with the job's schedule:
+//
+//	s.NewJob(gocron.CronJob(crontab, withSeconds), job.Task())
+func (j *Job) Task() gocronv2.Task { return gocronv2.NewTask(j.run) }
+
+// run is the task's function: it runs the job for the instant gocron fired
+// it for, logs what it reports, and returns it but a skip.
+func (j *Job) run(ctx context.Context) error {
+	if j.parent != nil {
+		// Runs get parent's values and end with either context.
+		run, cancel := context.WithCancelCause(j.parent)
+		defer cancel(nil)
+		defer context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })()
+		ctx = run
+	}
+	err := j.fire(ctx)
+	tick.Report(j.log, "gocron", j.name, err)
+	if errors.Is(err, gate.ErrSkipped) {
 		return nil
-	}, nil
+	}
+	return err
+}
+
+// fire runs the job for the last instant of its schedule at or before the
+// instance's clock.
+func (j *Job) fire(ctx context.Context) error {
+	at, err := tick.Latest(j.sched, j.now(), j.maxDelay)
+	if err != nil {
+		return err
+	}
+	return tick.Once(ctx, j.g, j.name, at, j.fn)
+}
+
+// RunAt runs the job for instant as if gocron had fired it for that
+// instant, without waiting for the clock to reach it: a test fires the
+// 09:00 job for the instant it chooses. The run goes through the gate
+// exactly as a fired one (gate.Gate.Once): it runs unless some instance
+// has run that tick, holds the job's lock, is recorded in the tick ledger,
+// and its context is ctx. It logs nothing: the caller has the error.
+//
+// instant must be an instant of the schedule (read in its location), or
+// RunAt returns an error wrapping gate.ErrInvalid. The gate refuses an
+// instant further from database time than its skew tolerance
+// (gate.ErrClockSkew): a test firing an instant far from now builds its
+// gate with a gate.Config.SkewTolerance that covers it. RunAt returns what
+// gate.Gate.Once returns, an error wrapping gate.ErrSkipped when the tick
+// has run already.
+func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
+	if err := tick.IsInstant("gocron", j.sched, instant); err != nil {
+		return err
+	}
+	return tick.Once(ctx, j.g, j.name, instant, j.fn)
+}
+
+// taskFunc returns the function NewTask hands to gocron.
+func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
+	j, err := NewJob(g, name, sched, fn, opts)
+	if err != nil {
+		return nil, err
+	}
+	return j.run, nil
 }
 
 // CronSchedule returns the schedule gocron.CronJob(crontab, withSeconds)
-// follows in a scheduler whose location is loc (nil: time.Local, gocron's
-// default), parsed the way gocron parses it. A "TZ=" or "CRON_TZ=" prefix in
-// crontab overrides loc, as in gocron.
+// follows in a scheduler whose location is loc, parsed the way gocron
+// parses it. A "TZ=" or "CRON_TZ=" prefix in crontab overrides loc, as in
+// gocron.
+//
+// loc must be the scheduler's location: the one given to
+// gocron.WithLocation, or time.Local for a scheduler without it. gocron
+// reads a crontab without a prefix in that location, so the same crontab
+// names other instants in another one, and a task reading it elsewhere
+// finds no instant to run (ErrNoInstant). loc may be nil only when crontab
+// has the prefix; otherwise CronSchedule refuses it rather than guess the
+// host's zone. Pass time.Local only when every instance runs in the same
+// zone, or instances in different zones fire and claim different instants,
+// and the job runs once for each.
 //
 // gocron skips the repeated wall-clock instant of a daylight-saving
 // fall-back, which this schedule still yields; the task then never fires
@@ -271,7 +391,13 @@ func CronSchedule(crontab string, withSeconds bool, loc *time.Location) (gate.Sc
 		return nil, tick.Invalid("gocron", "crontab", "must not be empty")
 	}
 	if loc == nil {
-		loc = time.Local
+		if !strings.HasPrefix(crontab, "TZ=") && !strings.HasPrefix(crontab, "CRON_TZ=") {
+			return nil, tick.Invalid("gocron", "loc", "must not be nil for a crontab without CRON_TZ: "+
+				"gocron reads it in the scheduler's location, so pass that (the one given to gocron.WithLocation, "+
+				"or time.Local for a scheduler without it, when every instance runs in the same zone), "+
+				"or prefix the crontab with CRON_TZ=")
+		}
+		loc = time.UTC // unused: the prefix names the location
 	}
 	c := gocronv2.NewDefaultCron(withSeconds)
 	if err := c.IsValid(crontab, loc, time.Now()); err != nil {

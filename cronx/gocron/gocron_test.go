@@ -246,7 +246,7 @@ func TestTaskOneRunPerTick(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, crontest.RunsTable); err != nil {
 		t.Fatal(err)
 	}
-	sched, err := CronSchedule(everySecond, true, nil)
+	sched, err := CronSchedule(everySecond, true, time.Local) // the schedulers' location
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,12 @@ func TestBadInput(t *testing.T) {
 
 	_, err = CronSchedule("", true, nil)
 	check("CronSchedule empty", err, "gocron: crontab: must not be empty")
-	_, err = CronSchedule("61 * * * *", false, nil)
+	_, err = CronSchedule("0 9 * * *", false, nil)
+	check("CronSchedule nil loc", err, "gocron: loc: must not be nil for a crontab without CRON_TZ")
+	if _, err := CronSchedule("CRON_TZ=Asia/Seoul 0 9 * * *", false, nil); err != nil {
+		t.Errorf("CronSchedule with CRON_TZ and nil loc: %v", err)
+	}
+	_, err = CronSchedule("61 * * * *", false, time.UTC)
 	check("CronSchedule bad minute", err, "gocron: crontab:")
 	if !errors.Is(err, gocronv2.ErrCronJobParse) {
 		t.Errorf("CronSchedule bad minute: got %v, want it to wrap gocron.ErrCronJobParse", err)
@@ -474,4 +479,20 @@ func TestTaskMaxDelayFollowsSkewTolerance(t *testing.T) {
 	crontest.MaxDelayFollowsSkewTolerance(t, func(g *gate.Gate, name string, sched crontest.Daily, fn gate.Func, maxDelay time.Duration) (func(context.Context) error, error) {
 		return taskFunc(g, name, sched, fn, TaskOptions{MaxDelay: maxDelay})
 	}, ErrNoInstant)
+}
+
+// TestRunAt: RunAt fires the job for a chosen instant (see crontest.RunAt).
+func TestRunAt(t *testing.T) {
+	t.Parallel()
+	crontest.RunAt(t, "gocron", func(g *gate.Gate, name string, loc *time.Location, fn gate.Func) (func(context.Context, time.Time) error, error) {
+		sched, err := CronSchedule("0 9 * * *", false, loc)
+		if err != nil {
+			return nil, err
+		}
+		job, err := NewJob(g, name, sched, fn, TaskOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return job.RunAt, nil
+	})
 }

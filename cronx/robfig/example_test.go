@@ -62,15 +62,20 @@ func ExampleWrap() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sched, err := cron.ParseStandard("*/5 * * * *")
+	newYork, err := time.LoadLocation("America/New_York")
 	if err != nil {
 		log.Fatal(err)
 	}
-	once, err := robfig.Wrap(g, "report", sched, robfig.Options{})
+	c := cron.New(cron.WithLocation(newYork))
+	// No CRON_TZ: the cron reads the spec in its location; so does the job.
+	sched, err := cron.ParseStandard("30 8 * * 1-5")
 	if err != nil {
 		log.Fatal(err)
 	}
-	c := cron.New()
+	once, err := robfig.Wrap(g, "report", sched, robfig.Options{Location: c.Location()})
+	if err != nil {
+		log.Fatal(err)
+	}
 	c.Schedule(sched, cron.NewChain(cron.Recover(cron.DefaultLogger), once).Then(cron.FuncJob(func() {
 		fmt.Println("sending the report")
 	})))

@@ -12,10 +12,19 @@
 // the same instant, because the cron fires by the same clock the instant is
 // read from.
 //
+// robfig/cron reads a spec without CRON_TZ= in the cron's location
+// (cron.WithLocation), so the job must be told that location
+// (Options.Location, e.g. c.Location()): it then names the instants the
+// cron fires for whatever the host's time.Local, and every instance names
+// the same ones.
+//
 // The schedule must be a calendar (a cron spec such as "0 9 * * *" or
 // "*/10 * * * * *"): instants fixed in time. "@every" intervals count from
 // each instance's start, so no two instances agree on an instant; NewJob and
 // Wrap refuse them (all but "@every 1s", which fires on every whole second).
+//
+// Job.RunAt fires the job for a chosen instant through the same gate, without
+// waiting for the clock: that is how a test runs the 09:00 job.
 //
 // A job must start within Options.MaxDelay of its instant, and before the
 // next instant of its schedule; a job that starts later is counted for a
@@ -26,7 +35,6 @@ package robfig
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -49,6 +57,25 @@ type Options struct {
 	// Default: context.Background().
 	Context context.Context
 
+	// Location is the location the cron reads the schedule in: the one
+	// given to cron.WithLocation, which c.Location() returns (time.Local for
+	// a cron made without it). robfig/cron reads a spec without a CRON_TZ=
+	// (or TZ=) prefix in the cron's location, so the same spec names other
+	// instants in another location; the job reads it the same way to find
+	// the instant it was fired for, and never the host's time.Local unless
+	// given it here.
+	//
+	// Required when the schedule is such a spec (a *cron.SpecSchedule
+	// without a location of its own): NewJob and Wrap refuse it without
+	// Location. A spec with CRON_TZ= names its instants itself and ignores
+	// Location. Another cron.Schedule is given times in Location (default
+	// UTC): set it when its Next depends on the location of its argument.
+	//
+	// time.Local is the host's zone: pass it only when every instance runs
+	// in the same zone, or instances in different zones fire and claim
+	// different instants, and the job runs once for each.
+	Location *time.Location
+
 	// MaxDelay is how late after its scheduled instant a run may start and
 	// still count for it. Default: the gate's skew tolerance
 	// (gate.Gate.SkewTolerance), since a run that starts later than that
@@ -56,11 +83,17 @@ type Options struct {
 	// error.
 	MaxDelay time.Duration
 
-	// Logger receives the errors Run cannot return: a failed job, a lost
-	// lock, a clock outside the gate's skew tolerance, an unreachable
-	// database, ErrNoInstant. Skips are not errors and are not logged here
-	// (the gate reports them to its own Logger and Hooks). Default: a
-	// logger that discards everything.
+	// Logger receives what Run cannot return. At error level: a failed
+	// job, a lost lock, a clock outside the gate's skew tolerance, an
+	// unreachable database, and ErrNoInstant (the job fired with no
+	// instant to run for: it will not run until its schedule, Location or
+	// clock is fixed). At warn level: a tick skipped because a run still
+	// holds the job's lock (gate.ErrHeld: an earlier tick's run lasting
+	// longer than the period, or an Exclusive run). A tick another
+	// instance ran is the normal outcome, logged at debug level. The gate
+	// reports skips to its own Logger and Hooks as well. Default:
+	// slog.Default(); silence it with a discarding logger
+	// (slog.New(slog.DiscardHandler)).
 	Logger *slog.Logger
 
 	// now reads the instance's clock; tests set it to simulate skew.
@@ -68,13 +101,14 @@ type Options struct {
 }
 
 // Job is a cron.Job that runs a gate.Func once per scheduled instant across
-// all instances. Schedule it with the same schedule it was built with:
+// all instances. Schedule it with the same schedule it was built with, on
+// a cron whose location is Options.Location:
 //
 //	c.Schedule(sched, job)
 type Job struct {
 	g        *gate.Gate
 	name     string
-	sched    cron.Schedule
+	sched    cron.Schedule // read in Options.Location
 	fn       gate.Func
 	ctx      context.Context
 	maxDelay time.Duration
@@ -100,15 +134,22 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 	if err != nil {
 		return nil, err
 	}
+	loc := opts.Location
+	if loc == nil {
+		if s, ok := sched.(*cron.SpecSchedule); ok && s.Location == time.Local {
+			return nil, tick.Invalid("robfig", "Location", "must be set for a spec without CRON_TZ: "+
+				"robfig/cron reads it in the cron's location, so pass that (the one given to cron.WithLocation, "+
+				"or time.Local for a cron without it, when every instance runs in the same zone), "+
+				"or prefix the spec with CRON_TZ=")
+		}
+		loc = time.UTC
+	}
+	sched = tick.InLocation(sched, loc)
 	ctx := opts.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: log, now: now}, nil
+	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
 }
 
 // Wrap returns a cron.JobWrapper running the job it wraps through g, as the
@@ -137,12 +178,10 @@ func Wrap(g *gate.Gate, name string, sched cron.Schedule, opts Options) (cron.Jo
 func (j *Job) Name() string { return j.name }
 
 // Run implements cron.Job: it runs the job for the instant the cron fired
-// for, unless another instance has claimed that instant. Errors other than
-// a skip go to Options.Logger.
+// for, unless another instance has claimed that instant. What it cannot
+// return goes to Options.Logger (see there).
 func (j *Job) Run() {
-	if err := j.fire(j.ctx); err != nil && !errors.Is(err, gate.ErrSkipped) {
-		j.log.Error("robfig: run failed", "name", j.name, "error", err.Error())
-	}
+	tick.Report(j.log, "robfig", j.name, j.fire(j.ctx))
 }
 
 // fire runs the job for the instant the clock says it was fired for.
@@ -151,7 +190,28 @@ func (j *Job) fire(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return j.g.Once(ctx, j.name, at, j.fn)
+	return tick.Once(ctx, j.g, j.name, at, j.fn)
+}
+
+// RunAt runs the job for instant as if the cron had fired it for that
+// instant, without waiting for the clock to reach it: a test fires the
+// 09:00 job for the instant it chooses. The run goes through the gate
+// exactly as a fired one (gate.Gate.Once): it runs unless some instance
+// has run that tick, holds the job's lock, is recorded in the tick ledger,
+// and its context is ctx. It logs nothing: the caller has the error.
+//
+// instant must be an instant of the schedule (read in Options.Location),
+// or RunAt returns an error wrapping gate.ErrInvalid. The gate refuses an
+// instant further from database time than its skew tolerance
+// (gate.ErrClockSkew): a test firing an instant far from now builds its
+// gate with a gate.Config.SkewTolerance that covers it. RunAt returns what
+// gate.Gate.Once returns, an error wrapping gate.ErrSkipped when the tick
+// has run already.
+func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
+	if err := tick.IsInstant("robfig", j.sched, instant); err != nil {
+		return err
+	}
+	return tick.Once(ctx, j.g, j.name, instant, j.fn)
 }
 
 // CatchUp runs the job for the latest instant within window before database

@@ -63,8 +63,8 @@ func runSchedulers(t *testing.T, insts ...instance) {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.Close)
-		opts := Options{now: func() time.Time { return time.Now().Add(in.skew) }}
 		c := cron.New(cron.WithSeconds())
+		opts := Options{Location: c.Location(), now: func() time.Time { return time.Now().Add(in.skew) }}
 		if in.wrap {
 			// The wrapped job does not know its tick: it reads it from
 			// the ledger row its gate holds open while it runs, so a run
@@ -231,7 +231,7 @@ func TestClockOutsideTolerance(t *testing.T) {
 	job, err := NewJob(g, "report", everySecond(t), func(context.Context, gate.Run) error {
 		ran = true
 		return nil
-	}, Options{now: func() time.Time { return time.Now().Add(time.Minute) }})
+	}, Options{Location: time.UTC, now: func() time.Time { return time.Now().Add(time.Minute) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,6 +302,7 @@ func TestBadInput(t *testing.T) {
 		{"negative MaxDelay", g, "report", sched, fn, Options{MaxDelay: -time.Second}, "robfig: MaxDelay: must not be negative"},
 		{"@every", g, "report", every90, fn, Options{}, "robfig: sched: instants are not fixed in time"},
 		{"no instant", g, "report", never, fn, Options{}, "robfig: sched: has no instant after now"},
+		{"spec without CRON_TZ, no Location", g, "report", sched, fn, Options{}, "robfig: Location: must be set for a spec without CRON_TZ"},
 	}
 	// "@every 1s" fires on every whole second on every instance: accepted.
 	if _, err := NewJob(g, "report", cron.Every(time.Second), fn, Options{}); err != nil {
@@ -345,4 +346,20 @@ func TestMaxDelayFollowsSkewTolerance(t *testing.T) {
 		}
 		return job.fire, nil
 	}, ErrNoInstant)
+}
+
+// TestRunAt: RunAt fires the job for a chosen instant (see crontest.RunAt).
+func TestRunAt(t *testing.T) {
+	t.Parallel()
+	crontest.RunAt(t, "robfig", func(g *gate.Gate, name string, loc *time.Location, fn gate.Func) (func(context.Context, time.Time) error, error) {
+		sched, err := cron.ParseStandard("0 9 * * *")
+		if err != nil {
+			return nil, err
+		}
+		job, err := NewJob(g, name, sched, fn, Options{Location: loc})
+		if err != nil {
+			return nil, err
+		}
+		return job.RunAt, nil
+	})
 }

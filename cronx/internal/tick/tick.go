@@ -4,8 +4,10 @@
 package tick
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -85,6 +87,22 @@ func Check(pkg, name string, sched gate.Schedule, maxDelay, fallback time.Durati
 	return maxDelay, nil
 }
 
+// InLocation returns sched read in loc: its Next is given its argument in
+// loc, as a cron library whose location is loc gives it, and returns the
+// instant that yields. A schedule whose instants depend on the location of
+// Next's argument (robfig/cron's spec without CRON_TZ) then names the same
+// instants on every instance, whatever the host's time.Local.
+func InLocation(sched gate.Schedule, loc *time.Location) gate.Schedule {
+	return zoned{sched: sched, loc: loc}
+}
+
+type zoned struct {
+	sched gate.Schedule
+	loc   *time.Location
+}
+
+func (z zoned) Next(t time.Time) time.Time { return z.sched.Next(t.In(z.loc)) }
+
 // Latest returns the last instant of sched in (now-maxDelay, now]: the
 // instant a cron library fired the job for, if it started the job at most
 // maxDelay late. A cron library starts a job once its clock has reached the
@@ -124,4 +142,72 @@ func Latest(sched gate.Schedule, now time.Time, maxDelay time.Duration) (time.Ti
 			w *= 2
 		}
 	}
+}
+
+// Report logs, for package pkg, what a firing of the job called name that
+// ended with err means for the people running it:
+//
+//   - a skip because the job's lock is held by another run (gate.ErrHeld:
+//     a run of an earlier tick still running, an Exclusive run) at warn
+//     level: the tick is not run anywhere, and keeps not running while
+//     that run lasts;
+//   - any other skip (the tick ran on another instance: the normal
+//     outcome on every instance but one) at debug level;
+//   - every other error at error level: a failed or lost run, a clock
+//     outside the gate's tolerance, an unreachable database, and
+//     ErrNoInstant, which repeats at every firing until the schedule,
+//     location or clock is fixed.
+func Report(log *slog.Logger, pkg, name string, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, gate.ErrHeld):
+		log.Warn(pkg+": tick skipped: the job's lock is held by another run (an earlier tick's run still running?)",
+			"name", name, "error", err.Error())
+	case errors.Is(err, gate.ErrSkipped):
+		log.Debug(pkg+": tick skipped", "name", name, "error", err.Error())
+	case errors.Is(err, ErrNoInstant):
+		log.Error(pkg+": job not run: no scheduled instant to run it for (is the job fired on another schedule, "+
+			"or in another location than the one it was given?)", "name", name, "error", err.Error())
+	default:
+		log.Error(pkg+": run failed", "name", name, "error", err.Error())
+	}
+}
+
+// Logger returns log, or slog.Default() when log is nil.
+func Logger(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.Default()
+	}
+	return log
+}
+
+// Once runs fn through g.Once for the tick (name, at), trying once more
+// when the job's lock was held elsewhere (gate.ErrHeld). Instances firing
+// the same tick within a moment of each other meet that way: the first
+// holds the lock for its run, and its claim of the tick may not be visible
+// yet when the second looks, so the second is told the lock is held rather
+// than that the tick is taken. The second attempt sees the claim and skips
+// as taken; an ErrHeld it returns means a run of another tick (or an
+// Exclusive run) holds the lock. When the lock was freed in between, the
+// tick runs now: it had not run anywhere.
+func Once(ctx context.Context, g *gate.Gate, name string, at time.Time, fn gate.Func) error {
+	err := g.Once(ctx, name, at, fn)
+	if errors.Is(err, gate.ErrHeld) {
+		err = g.Once(ctx, name, at, fn)
+	}
+	return err
+}
+
+// IsInstant returns nil when instant is an instant of sched, and otherwise
+// an error for package pkg naming the field "instant" and wrapping
+// gate.ErrInvalid.
+func IsInstant(pkg string, sched gate.Schedule, instant time.Time) error {
+	if instant.IsZero() {
+		return Invalid(pkg, "instant", "must not be zero")
+	}
+	if next := sched.Next(instant.Add(-time.Nanosecond)); !next.Equal(instant) {
+		return Invalid(pkg, "instant", fmt.Sprintf("%s is not an instant of the schedule (the first one at or after it is %s)",
+			instant.Format(time.RFC3339Nano), next.Format(time.RFC3339Nano)))
+	}
+	return nil
 }
