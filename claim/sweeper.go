@@ -48,6 +48,11 @@ type SweeperConfig[K any] struct {
 	// Logger receives one record per swept row. Default: the claimer's
 	// logger.
 	Logger *slog.Logger
+	// SkipVerify keeps NewSweeper from checking the table and the states
+	// against the database. By default NewSweeper runs Sweeper.Verify (for
+	// at most 30 seconds) and returns its error, except a missing partial
+	// index (ErrMissingIndex), which it logs at warn level.
+	SkipVerify bool
 }
 
 // Swept is one row moved out of the processing state by a sweeper.
@@ -90,7 +95,9 @@ type Sweeper[K any] struct {
 // NewSweeper returns a sweeper for rows of c's table in c's To state. It
 // runs on c's DBTX; give it a pool, so that each batch commits on its own
 // (on a transaction, every batch's locks are held until it ends). It
-// validates cfg and returns an error naming the first bad field.
+// validates cfg and returns an error naming the first bad field; then,
+// unless cfg.SkipVerify is set, it checks the table and the states against
+// the database (Sweeper.Verify).
 func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error) {
 	if c == nil {
 		return nil, invalid("NewSweeper: claimer", "must not be nil")
@@ -138,6 +145,11 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		s.log = c.c.log
 	}
 	s.build(n)
+	if !cfg.SkipVerify {
+		if err := verifyOnNew("NewSweeper", s.log, t.qname, s.Verify); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 

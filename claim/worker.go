@@ -65,6 +65,11 @@ type WorkerConfig[K any] struct {
 	BatchSize int
 	// Args bind the placeholders of the claimer's Options.Where.
 	Args []any
+	// SkipVerify keeps NewWorker from checking the table and the states
+	// against the database. By default NewWorker runs Worker.Verify (for
+	// at most 30 seconds) and returns its error, except a missing partial
+	// index (ErrMissingIndex), which it logs at warn level.
+	SkipVerify bool
 	// Concurrency is the most claims worked on at once (0 means 1). Each
 	// needs a connection for its transaction; size the pool for
 	// Concurrency plus two (claims and heartbeats).
@@ -100,7 +105,10 @@ type beginner interface {
 
 // NewWorker returns a worker for c's rows. c must run on a pool (or another
 // DBTX with a Begin method) and its table must have a Fence column. It
-// validates cfg and returns an error naming the first bad field.
+// validates cfg and returns an error naming the first bad field; then,
+// unless cfg.SkipVerify is set, it checks the table and every state against
+// the database (Worker.Verify), so that a state the column rejects fails
+// here rather than on every claim.
 func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if c == nil {
 		return nil, invalid("NewWorker: claimer", "must not be nil")
@@ -166,6 +174,11 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
 	if w.log == nil {
 		w.log = c.c.log
+	}
+	if !cfg.SkipVerify {
+		if err := verifyOnNew("NewWorker", w.log, t.qname, w.Verify); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }
