@@ -118,6 +118,8 @@
 //     sqlc-generated :execrows methods): claim each candidate, skip the ones
 //     another instance won, run the work, count.
 //
-// Run a Sweeper at start-up in every instance (Sweeper.Sweep) and
-// periodically (Sweeper.Run).
+// Run a Sweeper in every instance: Sweeper.Run sweeps at start-up and then
+// periodically (Sweeper.Sweep is a single sweep, for a start-up that must
+// wait for it). SweeperConfig.FailAfter sends stale rows claimed too long
+// ago to Failed and the others back for a retry, in one sweeper.
 package claim

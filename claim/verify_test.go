@@ -161,6 +161,60 @@ func TestVerifyChecksNotUnderstood(t *testing.T) {
 	wantInvalid(t, "NewWorker (Failed not allowed)", err, "WorkerConfig.Failed", `"DEAD"`)
 }
 
+// TestNewSweeperLeaseOnlyWithoutLease: with StaleAfter zero the sweeper
+// sweeps expired leases only; a claimer without a Lease writes none, so the
+// row of a crashed holder would stay in To for ever. NewSweeper refuses.
+func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 1)
+	c, err := New[int64](db.Pool, jobsTable, pausedOpts) // no Lease
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
+	wantInvalid(t, "NewSweeper", err, "SweeperConfig.StaleAfter", "Options.Lease")
+	leased, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewSweeper(leased, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10}); err != nil {
+		t.Fatalf("NewSweeper with a leased claimer: %v", err)
+	}
+}
+
+// TestSweeperDefaultLogger: with neither SweeperConfig.Logger nor
+// Options.Logger set, swept rows are logged to slog.Default().
+func TestSweeperDefaultLogger(t *testing.T) {
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 1)
+	buf := &syncWriter{w: new(bytes.Buffer)}
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	c, err := New[int64](db.Pool, jobsTable, pausedOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	makeStale(t, db.Pool, 1)
+	if got, err := sw.Sweep(ctx); err != nil || len(got) != 1 {
+		t.Fatalf("Sweep = %v, %v", got, err)
+	}
+	slog.SetDefault(old)
+	if !strings.Contains(buf.String(), "claim: swept stale row") {
+		t.Fatalf("default logger got %q; want the swept row", buf.String())
+	}
+}
+
 // syncWriter serialises writes: the default logger may be used by tests
 // running in parallel.
 type syncWriter struct {
@@ -337,5 +391,125 @@ func TestAllowedStates(t *testing.T) {
 	}
 	if got, ok := allowedStates(`(("Mixed ""Case""" = 'A'::text))`, `Mixed "Case"`); !ok || len(got) != 1 {
 		t.Errorf("quoted column: %q %v", got, ok)
+	}
+}
+
+// TestSweeperFailAfter: with FailAfter, stale rows claimed longer ago go
+// to Failed whatever their attempts, younger ones to Retry while attempts
+// remain; a row under a live lease is never swept, however old its claim.
+func TestSweeperFailAfter(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 4)
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := int64(1); id <= 4; id++ {
+		if _, err := c.Claim(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 1: lease expired, claimed just now: retry.
+	// 2: lease expired, claimed two days ago: failed.
+	// 3: lease live, claimed two days ago: kept.
+	// 4: lease expired, claimed just now, attempts used up: failed.
+	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days' WHERE id IN (2, 3)`)
+	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (1, 2, 4)`)
+	mustExec(t, db.Pool, `UPDATE jobs SET attempts = 3 WHERE id = 4`)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sw.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKey := map[int64]Swept[int64]{}
+	for _, s := range got {
+		byKey[s.Key] = s
+	}
+	if len(got) != 3 || byKey[1].State != "PAUSED" || byKey[2].State != "FAILED" || byKey[4].State != "FAILED" {
+		t.Fatalf("swept %+v", got)
+	}
+	if st := readRow(t, db.Pool, 3).State; st != "PROCESSING" {
+		t.Fatalf("row 3 under a live lease is %s", st)
+	}
+	if r := byKey[2].Reason; !strings.Contains(r, "lease expired at") || !strings.Contains(r, "claimed more than 24h0m0s ago") {
+		t.Errorf("reason of row 2: %q", r)
+	}
+	if r := byKey[1].Reason; strings.Contains(r, "claimed more than") {
+		t.Errorf("reason of row 1: %q", r)
+	}
+
+	// Without a lease: StaleAfter decides staleness, FailAfter the state.
+	plain, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	for _, id := range []int64{1, 2} {
+		if id == 2 {
+			mustExec(t, db.Pool, `UPDATE jobs SET state = 'PAUSED' WHERE id = 2`)
+		}
+		if _, err := plain.Claim(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours', attempts = 1 WHERE id = 1`)
+	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days', attempts = 1 WHERE id = 2`)
+	sw, err = NewSweeper(plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = sw.Sweep(ctx); err != nil || len(got) != 2 {
+		t.Fatalf("Sweep = %+v, %v", got, err)
+	}
+	if a, b := readRow(t, db.Pool, 1).State, readRow(t, db.Pool, 2).State; a != "PAUSED" || b != "FAILED" {
+		t.Fatalf("rows 1, 2: %s, %s", a, b)
+	}
+
+	for _, tc := range []struct {
+		field string
+		cfg   SweeperConfig[int64]
+	}{
+		{"SweeperConfig.FailAfter", SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: -time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry", SweeperConfig[int64]{Failed: "FAILED", FailAfter: time.Hour, BatchSize: 10}},
+	} {
+		if _, err := NewSweeper(c, tc.cfg); !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "claim: "+tc.field+": ") {
+			t.Errorf("NewSweeper(%+v) = %v; want ErrInvalid naming %s", tc.cfg, err, tc.field)
+		}
+	}
+}
+
+// TestSweeperRunSweepsAtOnce pins what Run's documentation says: its
+// first sweep is at once, long before the first interval ends.
+func TestSweeperRunSweepsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 1)
+	c, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	if _, err := c.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	makeStale(t, db.Pool, 1)
+	swept := make(chan []Swept[int64], 1)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10,
+		Logger: slog.New(slog.DiscardHandler), OnSwept: func(_ context.Context, s []Swept[int64]) { swept <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sw.Run(runCtx, time.Hour) }()
+	select {
+	case s := <-swept:
+		if len(s) != 1 || s[0].Key != 1 {
+			t.Errorf("swept %+v", s)
+		}
+	case <-ctx.Done():
+		t.Fatal("Run did not sweep at once")
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
