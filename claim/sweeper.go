@@ -66,9 +66,11 @@ type SweeperConfig[K any] struct {
 	// sweeper.
 	Logger *slog.Logger
 	// SkipVerify keeps NewSweeper from checking the table and the states
-	// against the database. By default NewSweeper runs Sweeper.Verify (for
-	// at most 30 seconds) and returns its error, except a missing partial
-	// index (ErrMissingIndex), which it logs at warn level.
+	// against the database. By default NewSweeper runs Sweeper.Verify and
+	// returns what it finds wrong (an error matching ErrInvalid: build it
+	// after the migrations that create the table); a missing partial
+	// index (ErrMissingIndex), or a database it cannot ask within 10
+	// seconds, is logged at warn level and does not fail it.
 	SkipVerify bool
 }
 

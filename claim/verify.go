@@ -61,7 +61,7 @@ type indexNeed struct {
 
 // verifyTimeout bounds the default verification of NewWorker and
 // NewSweeper, which take no context.
-const verifyTimeout = 30 * time.Second
+const verifyTimeout = 10 * time.Second
 
 // verify runs the checks of Claimer.Verify with the From and To states and
 // those in extra.
@@ -117,21 +117,29 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 	})
 }
 
-// verifyOnNew runs verify for a constructor: a warning matching
-// ErrMissingIndex is logged to log at warn level, anything else returned.
+// verifyOnNew runs verify for a constructor and returns what it found
+// wrong with the table or the states (an error matching ErrInvalid). A
+// missing partial index (ErrMissingIndex) is logged at warn level, and so
+// is a failure to ask the database at all (it is unreachable, or slower
+// than verifyTimeout): the constructor does not fail for those, and the
+// statements that later run into the same trouble report it as before.
 func verifyOnNew(ctor string, log *slog.Logger, table string, verify func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
 	defer cancel()
 	err := verify(ctx)
-	if err != nil && errors.Is(err, ErrMissingIndex) && !errors.Is(err, ErrInvalid) {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalid):
+		return err
+	case errors.Is(err, ErrMissingIndex):
 		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": missing partial index",
 			slog.String("table", table), slog.Any("warning", err))
-		return nil
+	default:
+		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": could not verify the table and states",
+			slog.String("table", table), slog.Any("error", err))
 	}
-	if err != nil && !errors.Is(err, ErrInvalid) {
-		return fmt.Errorf("claim: %s: verifying the table (set SkipVerify to skip): %w", ctor, err)
-	}
-	return err
+	return nil
 }
 
 // stateType is what verifyStates learns about the state column's type.

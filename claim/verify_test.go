@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // stateTable creates table jobs like createJobs (no rows) but with the given
@@ -511,5 +512,30 @@ func TestSweeperRunSweepsAtOnce(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestVerifyUnreachable: a database NewWorker cannot ask is a warning, not
+// a failure: nothing is known to be wrong with the configuration.
+func TestVerifyUnreachable(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	buf := &syncWriter{w: new(bytes.Buffer)}
+	c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Logger: slog.New(slog.NewTextHandler(buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewWorker(c, okWorker()); err != nil {
+		t.Fatalf("NewWorker = %v", err)
+	}
+	if _, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10}); err != nil {
+		t.Fatalf("NewSweeper = %v", err)
+	}
+	if got := strings.Count(buf.String(), "could not verify the table and states"); got != 2 {
+		t.Fatalf("logs %q; want two warnings", buf.String())
 	}
 }

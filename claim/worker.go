@@ -66,9 +66,11 @@ type WorkerConfig[K any] struct {
 	// Args bind the placeholders of the claimer's Options.Where.
 	Args []any
 	// SkipVerify keeps NewWorker from checking the table and the states
-	// against the database. By default NewWorker runs Worker.Verify (for
-	// at most 30 seconds) and returns its error, except a missing partial
-	// index (ErrMissingIndex), which it logs at warn level.
+	// against the database. By default NewWorker runs Worker.Verify and
+	// returns what it finds wrong (an error matching ErrInvalid: build it
+	// after the migrations that create the table); a missing partial
+	// index (ErrMissingIndex), or a database it cannot ask within 10
+	// seconds, is logged at warn level and does not fail it.
 	SkipVerify bool
 	// Concurrency is the most claims worked on at once (0 means 1). Each
 	// needs a connection for its transaction; size the pool for
