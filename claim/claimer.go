@@ -521,10 +521,14 @@ func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
 // a usable type (State text, varchar, char or an enum; ClaimedAt,
 // LeaseUntil and RetryAt timestamptz; Fence bigint; Attempts an integer;
 // ClaimedBy text or varchar; Reason text), that Key has a unique index of its own, and that pgclaim's fencing
-// sequence exists when Fence is set. The error names every field that is
-// wrong and matches ErrInvalid.
+// sequence exists when Fence is set; and that Options.From and Options.To
+// are allowed by the state column: labels of its enum, and allowed by its
+// CHECK constraints in the simple forms Worker.Verify lists. The error
+// names every field (and state) that is wrong and matches ErrInvalid.
+// Worker.Verify and Sweeper.Verify check their own states too, and warn
+// about missing partial indexes.
 func (c *Claimer[K]) Verify(ctx context.Context) error {
-	return c.c.t.verify(ctx, c.db)
+	return c.verify(ctx, verifySpec{})
 }
 
 // Claim moves the row with the given key from From to To if it is in From,

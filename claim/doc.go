@@ -78,7 +78,12 @@
 // whether its lease expired), so a FAILED row always says why. Without
 // Fence, Claim and ClaimBatch still work as plain compare-and-swap claims,
 // and finishing is left to the caller's own statements (see Each).
-// Claimer.Verify checks the table against the spec at start-up. Names are
+// Claimer.Verify checks the table against the spec at start-up, and that
+// the states are labels of the state column's enum and allowed by its
+// simple CHECK constraints; NewWorker and NewSweeper do the same for all
+// their states (Worker.Verify, Sweeper.Verify) unless told to skip it
+// (SkipVerify), and log a warning (ErrMissingIndex) when a partial index
+// of the next section is missing. Names are
 // identifiers, quoted, never SQL; only Options.Order, Options.Where and
 // SweeperConfig.Where are SQL, and they are trusted input.
 //
@@ -120,6 +125,8 @@
 //     sqlc-generated :execrows methods): claim each candidate, skip the ones
 //     another instance won, run the work, count.
 //
-// Run a Sweeper at start-up in every instance (Sweeper.Sweep) and
-// periodically (Sweeper.Run).
+// Run a Sweeper in every instance: Sweeper.Run sweeps at start-up and then
+// periodically (Sweeper.Sweep is a single sweep, for a start-up that must
+// wait for it). SweeperConfig.FailAfter sends stale rows claimed too long
+// ago to Failed and the others back for a retry, in one sweeper.
 package claim

@@ -220,7 +220,8 @@ func ExampleSweeper_Sweep() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// At start-up; for periodic sweeping, also run in the background:
+	// One sweep, at start-up. Run sweeps at once and then periodically,
+	// so a service that need not wait for this sweep runs only:
 	//   go s.Run(ctx, time.Minute)
 	swept, err := s.Sweep(ctx)
 	if err != nil {

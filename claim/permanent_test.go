@@ -43,21 +43,6 @@ func runBoth(t *testing.T, reset func(), mk func() *Worker[int64], check func(t 
 	}
 }
 
-// wantInvalid fails t unless err matches ErrInvalid and names every one of
-// names.
-func wantInvalid(t *testing.T, how string, err error, names ...string) {
-	t.Helper()
-	if !errors.Is(err, ErrInvalid) {
-		t.Errorf("%s: err %v, want ErrInvalid", how, err)
-		return
-	}
-	for _, n := range names {
-		if !strings.Contains(err.Error(), n) {
-			t.Errorf("%s: err %q does not name %s", how, err, n)
-		}
-	}
-}
-
 // TestWorkerDoneRejectedByEnum: the state column becomes an enum without
 // the Done label after the worker is built. Work runs, its finish fails for
 // good: the row is not counted done, its effect rolls back, and Drain and

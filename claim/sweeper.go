@@ -13,8 +13,12 @@ type SweeperConfig[K any] struct {
 	// StaleAfter makes a row claimed without a lease stale once its
 	// Table.ClaimedAt is older than this (database time). Rows with a lease
 	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
-	// whatever StaleAfter says. Required unless the table has LeaseUntil,
-	// in which case zero means: sweep expired leases only. A row whose
+	// whatever StaleAfter says. Required unless the table has LeaseUntil
+	// and the claimer has an Options.Lease, in which case zero means: sweep
+	// expired leases only. (A claimer without a Lease sets LeaseUntil to
+	// NULL, so with zero the row of a holder that died would never be
+	// swept; NewSweeper refuses that. A sweeper of rows claimed elsewhere
+	// with leases takes a claimer with the same Lease.) A row whose
 	// ClaimedAt is NULL (moved to To by a statement that did not stamp it)
 	// is never stale by StaleAfter.
 	StaleAfter time.Duration
@@ -33,6 +37,16 @@ type SweeperConfig[K any] struct {
 	// not picked up again at once by every instance. Needs Retry and
 	// Table.RetryAt.
 	RetryAfter time.Duration
+	// FailAfter, when positive, sends a stale row claimed longer than
+	// FailAfter ago (Table.ClaimedAt, database time) to Failed whatever
+	// its attempts; younger stale rows go to Retry while attempts remain.
+	// It only chooses where a stale row goes: it does not make a row stale,
+	// and a row under a live lease is never swept. With a leased claimer,
+	// StaleAfter zero and FailAfter 24h, one Sweeper sends rows whose lease
+	// expired back for a retry and fails those claimed more than a day
+	// ago, with no Where. The choice is re-checked on the locked row like
+	// staleness. Needs Retry.
+	FailAfter time.Duration
 	// BatchSize is the most rows one statement moves (and locks), for
 	// example 1000. Required.
 	BatchSize int
@@ -45,9 +59,18 @@ type SweeperConfig[K any] struct {
 	// OnSwept, when set, is called after each batch with the rows it
 	// moved (already committed when the sweeper runs on a pool).
 	OnSwept func(ctx context.Context, swept []Swept[K])
-	// Logger receives one record per swept row. Default: the claimer's
-	// logger.
+	// Logger receives one record per swept row (warn level), failed sweeps
+	// of Run (error level) and missing-index warnings of NewSweeper.
+	// Default: the claimer's logger (Options.Logger, itself slog.Default()
+	// when nil); a discarding logger here silences the sweeper.
 	Logger *slog.Logger
+	// SkipVerify keeps NewSweeper from checking the table and the states
+	// against the database. By default NewSweeper runs Sweeper.Verify and
+	// returns what it finds wrong (an error matching ErrInvalid: build it
+	// after the migrations that create the table); a missing partial
+	// index (ErrMissingIndex), or a database it cannot ask within 10
+	// seconds, is logged at warn level and does not fail it.
+	SkipVerify bool
 }
 
 // Swept is one row moved out of the processing state by a sweeper.
@@ -90,7 +113,9 @@ type Sweeper[K any] struct {
 // NewSweeper returns a sweeper for rows of c's table in c's To state. It
 // runs on c's DBTX; give it a pool, so that each batch commits on its own
 // (on a transaction, every batch's locks are held until it ends). It
-// validates cfg and returns an error naming the first bad field.
+// validates cfg and returns an error naming the first bad field; then,
+// unless cfg.SkipVerify is set, it checks the table and the states against
+// the database (Sweeper.Verify).
 func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error) {
 	if c == nil {
 		return nil, invalid("NewSweeper: claimer", "must not be nil")
@@ -107,6 +132,8 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		return nil, invalid("SweeperConfig.StaleAfter", "must not be negative")
 	case cfg.StaleAfter == 0 && t.leaseUntil == "":
 		return nil, invalid("SweeperConfig.StaleAfter", "must be positive (the table has no LeaseUntil column)")
+	case cfg.StaleAfter == 0 && c.c.lease == 0:
+		return nil, invalid("SweeperConfig.StaleAfter", "must be positive when the claimer's Options.Lease is 0: its claims set Table.LeaseUntil to NULL, so the row of a holder that died would never be swept (sweeping leases set by other claimers: give this claimer their Lease)")
 	case cfg.StaleAfter > 0 && cfg.StaleAfter < time.Microsecond:
 		return nil, invalid("SweeperConfig.StaleAfter", "must be at least 1µs")
 	case cfg.BatchSize <= 0:
@@ -125,6 +152,12 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		return nil, invalid("SweeperConfig.Retry", "must be set when RetryAfter is")
 	case cfg.RetryAfter > 0 && t.retryAt == "":
 		return nil, t.needs("Table.RetryAt", t.retryAt, "SweeperConfig.RetryAfter")
+	case cfg.FailAfter < 0:
+		return nil, invalid("SweeperConfig.FailAfter", "must not be negative")
+	case cfg.FailAfter > 0 && cfg.Retry == "":
+		return nil, invalid("SweeperConfig.Retry", "must be set when FailAfter is (without Retry every stale row goes to Failed)")
+	case cfg.FailAfter > 0 && cfg.FailAfter < time.Microsecond:
+		return nil, invalid("SweeperConfig.FailAfter", "must be at least 1µs")
 	}
 	n, err := countParams(cfg.Where)
 	if err != nil {
@@ -138,6 +171,11 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		s.log = c.c.log
 	}
 	s.build(n)
+	if !cfg.SkipVerify {
+		if err := verifyOnNew("NewSweeper", s.log, t.qname, s.Verify); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -174,8 +212,13 @@ func (s *Sweeper[K]) build(k int) {
 	if cfg.Retry != "" {
 		failed := newState
 		retry := param(cfg.Retry)
-		// attemptsLeft holds for a row that goes to Retry.
+		// attemptsLeft holds for a row that goes to Retry: attempts
+		// remain, and (with FailAfter) it was not claimed too long ago.
 		attemptsLeft := fmt.Sprintf("COALESCE(pgclaim_t.%s, 0) < %s", t.attempts, param(cfg.MaxAttempts))
+		if cfg.FailAfter > 0 {
+			attemptsLeft += fmt.Sprintf(" AND NOT ((pgclaim_t.%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')) IS TRUE)",
+				t.claimedAt, param(micros(cfg.FailAfter)))
+		}
 		if cfg.RetryAfter > 0 {
 			retryAt = fmt.Sprintf("CASE WHEN %s THEN statement_timestamp() + (%s::bigint * interval '1 microsecond') ELSE pgclaim_t.%s END",
 				attemptsLeft, param(micros(cfg.RetryAfter)), t.retryAt)
@@ -261,6 +304,10 @@ func (s *Sweeper[K]) reasonExpr(staleAfter string, param func(any) string) strin
 	default:
 		what = fmt.Sprintf("CASE WHEN pgclaim_t.%s IS NOT NULL THEN 'lease expired at ' || %s ELSE %s END", t.leaseUntil, ts(t.leaseUntil), claimedLong)
 	}
+	if s.cfg.FailAfter > 0 {
+		what = fmt.Sprintf("%s || CASE WHEN pgclaim_t.%s < statement_timestamp() - (%s::bigint * interval '1 microsecond') THEN ', claimed more than ' || %s || ' ago' ELSE '' END",
+			what, t.claimedAt, param(micros(s.cfg.FailAfter)), param(s.cfg.FailAfter.String()))
+	}
 	var who []string
 	if t.claimedBy != "" {
 		who = append(who, fmt.Sprintf("COALESCE('claim by ' || pgclaim_t.%s, 'claim')", t.claimedBy))
@@ -278,8 +325,10 @@ func (s *Sweeper[K]) reasonExpr(staleAfter string, param func(any) string) strin
 
 // Sweep moves every stale row, batch by batch, until a batch comes back
 // short, and returns the rows it moved (also passed to OnSwept and logged
-// one record each). On error it returns the rows moved so far. Run it at
-// start-up in every instance, and periodically (see Run).
+// one record each). On error it returns the rows moved so far. Run sweeps
+// at once and then periodically, so a service needs Sweep only for a
+// one-off sweep, or to wait for the start-up sweep before it starts work
+// (see Run).
 func (s *Sweeper[K]) Sweep(ctx context.Context) ([]Swept[K], error) {
 	var all []Swept[K]
 	for {
@@ -342,6 +391,11 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 
 // Run sweeps at once and then every interval until ctx is cancelled, when
 // it returns nil. Failed sweeps are logged and retried at the next tick.
+// Its first sweep is the start-up sweep: there is no need to call Sweep
+// before it. A service that must wait for the start-up sweep before it
+// starts work calls Sweep and then Run; Run's own first sweep then finds
+// only the rows that went stale in between (usually none) and costs one
+// statement.
 func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 	if every <= 0 {
 		return invalid("Sweeper.Run: every", "must be positive")

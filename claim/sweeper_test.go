@@ -351,7 +351,7 @@ func TestSweepLease(t *testing.T) {
 	}
 	// Expired leases only.
 	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = 1`)
-	onlyLease, err := NewSweeper(plain, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
+	onlyLease, err := NewSweeper(leased, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

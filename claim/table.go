@@ -173,8 +173,10 @@ const (
 )
 
 // verify checks the table against the database and returns every problem
-// found, each naming the field it concerns.
-func (v *table) verify(ctx context.Context, db DBTX) error {
+// found, each naming the field it concerns: the columns, then the states
+// of spec. When there is none, it returns the warnings about missing
+// partial indexes for spec.indexed (matching ErrMissingIndex), if any.
+func (v *table) verify(ctx context.Context, db DBTX, spec verifySpec) error {
 	var oid *uint32
 	var relkind *string
 	err := db.QueryRow(ctx,
@@ -232,7 +234,14 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`, *oid)
 
 	s := v.spec
 	check("Table.Key", s.Key, nil, "")
-	check("Table.State", s.State, isText, "text, varchar, char or an enum")
+	if ci, ok := cols[s.State]; ok && ci.typtype == "d" && ci.category == "E" {
+		// PostgreSQL cannot compare a domain over an enum with a
+		// parameter ("operator does not exist"), which every claim does.
+		errs = append(errs, invalid("Table.State", fmt.Sprintf("column %q has type %s, a domain over an enum, which cannot be compared with a parameter; use the enum itself (or text with a CHECK constraint)", s.State, ci.typ)))
+	} else {
+		check("Table.State", s.State, isText, "text, varchar, char or an enum")
+	}
+	stateOK := len(errs) == 0
 	check("Table.ClaimedAt", s.ClaimedAt, isTimestamptz, "timestamp with time zone")
 	check("Table.ClaimedBy", s.ClaimedBy, func(ci columnInfo) bool { return ci.category == "S" }, "text or varchar")
 	check("Table.Fence", s.Fence, func(ci columnInfo) bool { return ci.oid == oidInt8 }, "bigint")
@@ -264,5 +273,19 @@ SELECT EXISTS (
 			errs = append(errs, invalid("Table.Fence", "sequence pgclaim_fence_seq not found: apply pgclaim's migrations (pgclaim.Migrate)"))
 		}
 	}
-	return errors.Join(errs...)
+	if stateOK {
+		bad, err := v.verifyStates(ctx, db, *oid, cols[s.State], spec.states)
+		if err != nil {
+			return fmt.Errorf("claim: Verify: %w", err)
+		}
+		errs = append(errs, bad...)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	warns, err := v.verifyIndexes(ctx, db, *oid, spec)
+	if err != nil {
+		return fmt.Errorf("claim: Verify: %w", err)
+	}
+	return errors.Join(warns...)
 }

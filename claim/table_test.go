@@ -145,7 +145,7 @@ func TestBadInput(t *testing.T) {
 		!strings.Contains(err.Error(), "SweeperConfig.StaleAfter") {
 		t.Errorf("sweeper without lease or StaleAfter: err = %v", err)
 	}
-	s, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
+	s, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10, SkipVerify: true})
 	if err != nil {
 		t.Fatal(err)
 	}

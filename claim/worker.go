@@ -65,6 +65,13 @@ type WorkerConfig[K any] struct {
 	BatchSize int
 	// Args bind the placeholders of the claimer's Options.Where.
 	Args []any
+	// SkipVerify keeps NewWorker from checking the table and the states
+	// against the database. By default NewWorker runs Worker.Verify and
+	// returns what it finds wrong (an error matching ErrInvalid: build it
+	// after the migrations that create the table); a missing partial
+	// index (ErrMissingIndex), or a database it cannot ask within 10
+	// seconds, is logged at warn level and does not fail it.
+	SkipVerify bool
 	// Concurrency is the most claims worked on at once (0 means 1). Each
 	// needs a connection for its transaction; size the pool for
 	// Concurrency plus two (claims and heartbeats).
@@ -100,7 +107,10 @@ type beginner interface {
 
 // NewWorker returns a worker for c's rows. c must run on a pool (or another
 // DBTX with a Begin method) and its table must have a Fence column. It
-// validates cfg and returns an error naming the first bad field.
+// validates cfg and returns an error naming the first bad field; then,
+// unless cfg.SkipVerify is set, it checks the table and every state against
+// the database (Worker.Verify), so that a state the column rejects fails
+// here rather than on every claim.
 //
 // The worker begins every work transaction READ COMMITTED (on a DBTX with a
 // BeginTx method, such as *pgxpool.Pool), whatever default_transaction_isolation
@@ -176,6 +186,11 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	}
 	if w.log == nil {
 		w.log = c.c.log
+	}
+	if !cfg.SkipVerify {
+		if err := verifyOnNew("NewWorker", w.log, t.qname, w.Verify); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }

@@ -249,7 +249,9 @@ func TestWorkerHeartbeat(t *testing.T) {
 	pool := newWorkerPool(t, db, 6)
 	const lease = time.Second // heartbeats every 333ms; a stall of a whole lease would fail the test
 	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: lease})
-	sc, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	// The sweeper's own claimer has the workers' Lease: it sweeps expired
+	// leases only.
+	sc, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: lease})
 	sw, err := NewSweeper(sc, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)

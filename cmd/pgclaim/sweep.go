@@ -145,6 +145,7 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 		Retry:       *retry,
 		MaxAttempts: *maxAttempts,
 		BatchSize:   *batch,
+		SkipVerify:  true, // verifyTypes below, naming flags
 		OnSwept: func(_ context.Context, rows []claim.Swept[any]) {
 			for _, r := range rows {
 				byState[r.State]++

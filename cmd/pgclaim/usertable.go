@@ -105,7 +105,14 @@ func (t *tableFlags) newClaimer(db claim.DBTX, from string) (*claim.Claimer[any]
 	if from == "" || from == t.processing {
 		from = t.processing + " (unused)"
 	}
-	c, err := claim.New[any](db, t.spec(), claim.Options{From: from, To: t.processing})
+	opts := claim.Options{From: from, To: t.processing}
+	if t.leaseUntil != "" {
+		// The claimer never claims: a Lease tells claim.NewSweeper that the
+		// rows it sweeps were claimed with leases, so that --lease-until
+		// without --older-than (expired leases only) is allowed.
+		opts.Lease = time.Minute
+	}
+	c, err := claim.New[any](db, t.spec(), opts)
 	if err != nil {
 		return nil, claimError(err, true)
 	}

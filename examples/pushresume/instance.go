@@ -135,6 +135,8 @@ type instance struct {
 	q      *db.Queries
 	rep    *reporter
 	log    *slog.Logger
+	// applied lists the migrations this instance applied at start-up.
+	applied []string
 
 	gate    *gate.Gate
 	elector *gate.Elector
@@ -232,6 +234,12 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 	in.log = slog.New(slog.DiscardHandler)
 	if cfg.Verbose {
 		in.log = slog.New(slog.NewTextHandler(stderr, nil)).With("instance", holder)
+	}
+	// Migrate before building on the tables: NewWorker and NewSweeper
+	// check the table and the states against the database.
+	if in.applied, err = migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
 	}
 	if err := in.build(); err != nil {
 		pool.Close()
@@ -373,16 +381,12 @@ func (in *instance) sweep(ctx context.Context, rule string) (retried int, err er
 // run is the instance's life: start-up clean-up on every instance, then the
 // election and the schedule until ctx ends.
 func (in *instance) run(ctx context.Context, fires <-chan time.Time) error {
-	applied, err := migrate(ctx, in.pool)
-	if err != nil {
-		return err
-	}
 	// Start-up clean-up, on every instance whatever its role: after a crash
 	// the instance starting is usually the one that has to clean up.
 	if _, err := in.sweep(ctx, ruleStartup); err != nil {
 		return err
 	}
-	in.rep.emit(event{Ev: evReady, PID: os.Getpid(), Msg: strings.Join(applied, ", ")})
+	in.rep.emit(event{Ev: evReady, PID: os.Getpid(), Msg: strings.Join(in.applied, ", ")})
 
 	if !in.cfg.DailyAt.IsZero() {
 		in.catchUp(ctx)
