@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -434,6 +435,81 @@ func TestIsolationClaimContended(t *testing.T) {
 				if wins[k] != 1 {
 					t.Errorf("key %d won %d times", k, wins[k])
 				}
+			}
+		})
+	}
+}
+
+// TestIsolationSweeper: a sweeper on a pool at repeatable read or
+// serializable sweeps stale rows while another session keeps touching them
+// (a late heartbeat of a holder that is not coming back). Every sweep must
+// succeed and every stale row must be swept once.
+func TestIsolationSweeper(t *testing.T) {
+	t.Parallel()
+	for _, level := range isolationLevels {
+		t.Run(strings.ReplaceAll(level, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			const rows = 300
+			db := isolationDB(t, level, rows)
+			pool := levelPool(t, db, level, 4)
+			c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "gone"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.ClaimBatch(ctx, rows); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours'`)
+			sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 5,
+				Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := 0; g < 3; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						// Touch rows still PROCESSING, newest first, so the
+						// sweeper meets rows changed after its snapshot.
+						_, _ = db.Pool.Exec(ctx, `UPDATE jobs SET claimed_by = claimed_by WHERE id IN
+							(SELECT id FROM jobs WHERE state = 'PROCESSING' ORDER BY id LIMIT 20 OFFSET $1)`, (i*7+g)%20)
+					}
+				}(g)
+			}
+			swept := 0
+			var sweepErr error
+			for tries := 0; swept < rows && tries < 50; tries++ {
+				got, err := sw.Sweep(ctx)
+				swept += len(got)
+				if err != nil {
+					sweepErr = err
+					break
+				}
+			}
+			close(stop)
+			wg.Wait()
+			if sweepErr == nil { // rows the touchers held at the last sweeps
+				got, err := sw.Sweep(ctx)
+				swept += len(got)
+				sweepErr = err
+			}
+			if sweepErr != nil {
+				t.Fatalf("Sweep at %s: %v", level, sweepErr)
+			}
+			if swept != rows {
+				t.Errorf("swept %d rows, want %d", swept, rows)
+			}
+			if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'FAILED'`); n != rows {
+				t.Errorf("%d rows FAILED, want %d", n, rows)
 			}
 		})
 	}

@@ -345,30 +345,36 @@ func (s *Sweeper[K]) Sweep(ctx context.Context) ([]Swept[K], error) {
 
 func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 	start := time.Now()
-	rows, err := s.c.db.Query(ctx, s.sql, append(s.c.plan[:len(s.c.plan):len(s.c.plan)], s.args...)...)
-	if err != nil {
-		return nil, fmt.Errorf("claim: Sweep: %w", err)
-	}
 	var out []Swept[K]
-	for rows.Next() {
-		var sw Swept[K]
-		var attempts int64
-		var token *int64
-		var claimedAt *time.Time
-		if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts, &sw.Reason); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("claim: Sweep: %w", err)
+	// One statement; above read committed it may meet a row changed after
+	// its snapshot (40001), and stmt runs it again at read committed.
+	err := s.c.stmt(ctx, func(db DBTX) error {
+		out = out[:0]
+		rows, err := db.Query(ctx, s.sql, append(s.c.plan[:len(s.c.plan):len(s.c.plan)], s.args...)...)
+		if err != nil {
+			return err
 		}
-		if token != nil {
-			sw.Token = *token
+		defer rows.Close()
+		for rows.Next() {
+			var sw Swept[K]
+			var attempts int64
+			var token *int64
+			var claimedAt *time.Time
+			if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts, &sw.Reason); err != nil {
+				return err
+			}
+			if token != nil {
+				sw.Token = *token
+			}
+			if claimedAt != nil {
+				sw.ClaimedAt = *claimedAt
+			}
+			sw.Attempts = int(attempts)
+			out = append(out, sw)
 		}
-		if claimedAt != nil {
-			sw.ClaimedAt = *claimedAt
-		}
-		sw.Attempts = int(attempts)
-		out = append(out, sw)
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
 	}
 	took := time.Since(start)
