@@ -266,14 +266,6 @@ func (ct *claimedTable) stale(staleAfterParam string) string {
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// durationFlag rejects negative durations.
-func checkDuration(name string, d time.Duration) error {
-	if d < 0 {
-		return usagef("--%s must not be negative, got %v", name, d)
-	}
-	return nil
-}
-
 // verifyTypes runs claim's Verify (column types, key uniqueness) and names
 // flags in its errors.
 func verifyTypes[K any](ctx context.Context, c *claim.Claimer[K]) error {
