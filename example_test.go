@@ -131,17 +131,31 @@ func Example_service() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sweeper, _ := claim.NewSweeper(pushes, claim.SweeperConfig[int64]{StaleAfter: 24 * time.Hour, Failed: "FAILED", BatchSize: 1000})
+	// NewSweeper and NewWorker check the table and its states: build them
+	// after the migrations.
+	sweeper, err := claim.NewSweeper(pushes, claim.SweeperConfig[int64]{StaleAfter: 24 * time.Hour, Failed: "FAILED", BatchSize: 1000})
+	if err != nil {
+		log.Fatal(err)
+	}
 	if _, err := sweeper.Sweep(ctx); err != nil { // start-up clean-up, on every instance
 		log.Fatal(err)
 	}
-	worker, _ := claim.NewWorker(pushes, claim.WorkerConfig[int64]{Done: "SENT", Failed: "FAILED", BatchSize: 100,
+	worker, err := claim.NewWorker(pushes, claim.WorkerConfig[int64]{Done: "SENT", Failed: "FAILED", BatchSize: 100,
 		Work: func(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) error {
 			_, err := tx.Exec(ctx, "INSERT INTO sent_pushes (push_id, fence) VALUES ($1, $2)", c.Key, c.Token)
 			return err // committed with the move to SENT, or not at all
 		}})
-	g, _ := gate.New(pool, gate.Config{})
-	sched, _ := cron.ParseStandard("CRON_TZ=Asia/Seoul 0 9 * * *") // a spec without CRON_TZ needs robfig.Options.Location
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := gate.New(pool, gate.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sched, err := cron.ParseStandard("CRON_TZ=Asia/Seoul 0 9 * * *") // a spec without CRON_TZ needs robfig.Options.Location
+	if err != nil {
+		log.Fatal(err)
+	}
 	job, err := robfig.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		_, err := worker.Drain(ctx) // once per 09:00 tick, across all instances
 		return err
