@@ -57,7 +57,11 @@ type ElectorOptions struct {
 	// not (it crashed, or is cut off).
 	//
 	// Lease variant: a leader that stops renewing loses the lease TTL after
-	// its last renewal; a standby takes it at its next try.
+	// its last renewal; a standby takes it at its next try. A candidate
+	// that stalls between opening its term and confirming it (a saturated
+	// pool, a GC or VM pause) does not lead once its lease has run out: its
+	// term ends TTL after it was opened, and a standby leads at its first
+	// try after that, so within TTL + RetryInterval of the stalled start.
 	//
 	// Default: DefaultTTL. At least 10ms.
 	TTL time.Duration

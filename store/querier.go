@@ -120,6 +120,9 @@ type Querier interface {
 	// StartLeaseTerm reads the clock before its insert is decided, which can be
 	// after it waited for the previous term's close to commit; this statement
 	// runs after that commit, so started_at follows the previous ended_at.
+	// Only while the lease lasts: a candidate that stalled past its lease (a
+	// saturated pool, a pause) gets no row and does not lead, and started_at
+	// never passes lease_until.
 	StampTermStart(ctx context.Context, arg StampTermStartParams) (pgtype.Timestamptz, error)
 	// started_at and ended_at here and below are read from clock_timestamp(),
 	// not now(): now() is when the transaction began, which can precede the
@@ -135,6 +138,13 @@ type Querier interface {
 	// ended when its lease ran out), then open a term leased until now() + ttl.
 	// The partial unique index on open terms lets one of several racing
 	// standbys win; no row returned means another one leads.
+	//
+	// Every statement that closes a term sets ended_at to at least started_at
+	// (greatest(started_at, ...)), so the row's CHECK (ended_at >= started_at)
+	// can never refuse a close, whatever clock a start was stamped with: an
+	// open row whose lease ran out can always be closed and taken over. Rows a
+	// stamp once left starting after their lease end with ended_at =
+	// started_at, a term that never was in force.
 	StartLeaseTerm(ctx context.Context, arg StartLeaseTermParams) (StartLeaseTermRow, error)
 	// Whether some instance has claimed the tick.
 	TickClaimed(ctx context.Context, arg TickClaimedParams) (bool, error)
