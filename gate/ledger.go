@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -69,6 +70,9 @@ type Gate struct {
 	wait      time.Duration
 	ledger    bool // LedgerOnly
 	sessions  *sessions
+	// catchUp is the longest window given to CatchUp so far (ns); Prune
+	// refuses ages within it.
+	catchUp atomic.Int64
 }
 
 // New returns a Gate using pool, which must reach a database migrated with
@@ -165,7 +169,8 @@ func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func)
 // CatchUp returns an error wrapping ErrSkipped when there is no instant in
 // the window or its tick was claimed already, and otherwise what Once
 // returns. Keep ledger retention (Prune) longer than window, or pruned ticks
-// look missed.
+// look missed; the Gate's Prune refuses an age within the longest window
+// given to its CatchUp.
 func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window time.Duration, fn Func) error {
 	if err := checkName("name", name); err != nil {
 		return err
@@ -178,6 +183,8 @@ func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window 
 	}
 	if fn == nil {
 		return invalid("fn", "must not be nil")
+	}
+	for w := g.catchUp.Load(); int64(window) > w && !g.catchUp.CompareAndSwap(w, int64(window)); w = g.catchUp.Load() {
 	}
 	now, err := g.q.DBNow(ctx)
 	if err != nil {
@@ -218,11 +225,25 @@ func latest(sched Schedule, from, to time.Time) (time.Time, error) {
 
 // Prune deletes finished ticks whose instant and start are both older than
 // olderThan (by database time) and returns how many it deleted. Ticks still
-// marked running are kept. olderThan must exceed every catch-up window, or
-// CatchUp would take pruned ticks for missed ones.
+// marked running are kept.
+//
+// olderThan must exceed the gate's SkewTolerance: an instance firing late,
+// within the tolerance, would otherwise claim a pruned tick again and run
+// it twice. It must also exceed every catch-up window, or CatchUp would take
+// pruned ticks for missed ones: Prune refuses an age within the longest
+// window given to this Gate's CatchUp so far. Give every instance's Prune an
+// age past the longest window any instance uses (the CatchUp calls of other
+// instances are not known here). A refused age is an error wrapping
+// ErrInvalid that names the setting it falls within.
 func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan <= 0 {
 		return 0, invalid("olderThan", "must be positive")
+	}
+	if olderThan <= g.tolerance {
+		return 0, invalid("olderThan", fmt.Sprintf("%v does not exceed Config.SkewTolerance (%v): an instance firing late could claim a pruned tick again", olderThan, g.tolerance))
+	}
+	if w := time.Duration(g.catchUp.Load()); olderThan <= w {
+		return 0, invalid("olderThan", fmt.Sprintf("%v does not exceed the CatchUp window (%v) given to this gate: CatchUp would run a pruned tick again", olderThan, w))
 	}
 	n, err := g.q.PruneTicks(ctx, olderThan.Microseconds())
 	if err != nil {
