@@ -36,6 +36,24 @@ func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, e
 	}
 }
 
+// warnCollision looks, once a candidate has waited TTL for its lock,
+// whether another election's open term has the same lock key (see
+// ElectionKey), and warns for each: this election cannot lead until that
+// leader's session ends.
+func (e *Elector) warnCollision(ctx context.Context) {
+	open, err := e.q.OpenAdvisoryTermsElsewhere(ctx, e.name)
+	if err != nil {
+		return
+	}
+	for _, o := range open {
+		if _, k := ElectionKey(o.Election); k != e.key {
+			continue
+		}
+		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorOptions.Lease",
+			"name", e.name, "holder", e.o.Holder, "colliding_election", o.Election, "colliding_holder", o.Holder, "colliding_term", o.Term)
+	}
+}
+
 // retryDelay is the pause before a failed advisory campaign is retried.
 func (e *Elector) retryDelay() time.Duration {
 	return min(e.o.TTL/4, time.Second)
@@ -85,7 +103,13 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 	go func() {
 		locked <- q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
 	}()
+	collide := time.NewTimer(e.o.TTL)
+	defer collide.Stop()
+wait:
 	select {
+	case <-collide.C:
+		e.warnCollision(ctx)
+		goto wait
 	case err := <-locked:
 		if err != nil {
 			return nil, fmt.Errorf("gate: election %q: lock: %w", e.name, err)

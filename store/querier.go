@@ -92,6 +92,10 @@ type Querier interface {
 	LeaseByName(ctx context.Context, name string) (LeaseByNameRow, error)
 	// A fresh fencing token: strictly increasing, never reused.
 	NextFence(ctx context.Context) (int64, error)
+	// The open advisory terms of every other election: a candidate that waits
+	// long for its lock looks among them for an election whose lock key
+	// collides with its own.
+	OpenAdvisoryTermsElsewhere(ctx context.Context, election string) ([]OpenAdvisoryTermsElsewhereRow, error)
 	// The open term of an election, if any.
 	OpenTerm(ctx context.Context, election string) (OpenTermRow, error)
 	// Retention: delete the election's terms that ended before the limit. The

@@ -75,6 +75,41 @@ func (q *Queries) EndTerm(ctx context.Context, arg EndTermParams) (int64, error)
 	return result.RowsAffected(), nil
 }
 
+const openAdvisoryTermsElsewhere = `-- name: OpenAdvisoryTermsElsewhere :many
+SELECT election, holder, term
+FROM pgclaim_terms
+WHERE ended_at IS NULL AND method = 'advisory' AND election <> $1::text
+`
+
+type OpenAdvisoryTermsElsewhereRow struct {
+	Election string
+	Holder   string
+	Term     int64
+}
+
+// The open advisory terms of every other election: a candidate that waits
+// long for its lock looks among them for an election whose lock key
+// collides with its own.
+func (q *Queries) OpenAdvisoryTermsElsewhere(ctx context.Context, election string) ([]OpenAdvisoryTermsElsewhereRow, error) {
+	rows, err := q.db.Query(ctx, openAdvisoryTermsElsewhere, election)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OpenAdvisoryTermsElsewhereRow{}
+	for rows.Next() {
+		var i OpenAdvisoryTermsElsewhereRow
+		if err := rows.Scan(&i.Election, &i.Holder, &i.Term); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const openTerm = `-- name: OpenTerm :one
 SELECT term, holder, method, started_at, lease_until
 FROM pgclaim_terms

@@ -121,3 +121,11 @@ DELETE FROM pgclaim_terms
 WHERE election = sqlc.arg(election)::text
   AND ended_at IS NOT NULL
   AND ended_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond';
+
+-- name: OpenAdvisoryTermsElsewhere :many
+-- The open advisory terms of every other election: a candidate that waits
+-- long for its lock looks among them for an election whose lock key
+-- collides with its own.
+SELECT election, holder, term
+FROM pgclaim_terms
+WHERE ended_at IS NULL AND method = 'advisory' AND election <> sqlc.arg(election)::text;
