@@ -147,7 +147,7 @@ func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector,
 	if err != nil {
 		return nil, err
 	}
-	e := &Elector{pool: pool, q: store.New(pool), name: name, o: o, sem: make(chan struct{}, 1)}
+	e := &Elector{pool: pool, q: store.New(readCommitted{pool}), name: name, o: o, sem: make(chan struct{}, 1)}
 	e.class, e.key = ElectionKey(name)
 	return e, nil
 }

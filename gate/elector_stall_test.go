@@ -40,6 +40,27 @@ func (s *stallTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trac
 	}
 }
 
+// The gate sends a statement as a batch (BEGIN, statement, COMMIT) when it
+// runs it at read committed: the same stall, for batches.
+
+func (s *stallTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if strings.Contains(q.SQL, s.match) && s.stalled.Add(1) == 1 {
+			time.Sleep(s.delay)
+			return context.WithValue(ctx, stallKey{}, true)
+		}
+	}
+	return ctx
+}
+
+func (*stallTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (s *stallTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if ctx.Value(stallKey{}) != nil {
+		close(s.done)
+	}
+}
+
 // openTerms counts the election's open terms.
 func openTerms(t testing.TB, pool *pgxpool.Pool, election string) int {
 	t.Helper()
@@ -90,8 +111,10 @@ func TestElectorLeaseStalledStampDoesNotBlockElection(t *testing.T) {
 		aDone <- err
 	}()
 	// Wait until the stalled candidate has opened its term.
-	for tracer.stalled.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	for wait := time.Now(); tracer.stalled.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Since(wait) > 10*time.Second {
+			t.Fatal("the candidate never sent StampTermStart")
+		}
 	}
 	start := time.Now()
 	<-tracer.done // the stamp ran, past the lease

@@ -70,7 +70,8 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 // Lease is a named lease lock kept in the pgclaim_locks table: a ShedLock
 // style lock row with database-time expiry, extension and fencing.
 //
-// Every operation is one self-contained statement, so a Lease works through
+// Every operation is one self-contained statement (sent in its own READ
+// COMMITTED transaction, in one round trip), so a Lease works through
 // PgBouncer in transaction pooling mode, where session advisory locks
 // cannot. (Configure such a pool as the pooler requires, e.g. with
 // pgx.QueryExecModeExec when it does not keep prepared statements.) Each acquisition gets a fresh fencing token from
@@ -99,7 +100,7 @@ func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{pool: pool, q: store.New(pool), name: name, o: o}, nil
+	return &Lease{pool: pool, q: store.New(readCommitted{pool}), name: name, o: o}, nil
 }
 
 // Name returns the lease's name.

@@ -95,7 +95,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	}
 	return &Gate{
 		pool:      pool,
-		q:         store.New(pool),
+		q:         store.New(readCommitted{pool}),
 		opts:      cfg.Options.withDefaults(),
 		tolerance: tol,
 		wait:      cfg.LockWait,

@@ -115,8 +115,10 @@ type Querier interface {
 	RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Timestamptz, error)
 	// Prepare a connection dedicated to holding advisory locks: report the
 	// backend pid (compared with the one announced at connect to detect a
-	// pooler in between), disable idle_session_timeout (an idle lock holder must
-	// not be disconnected), and set TCP keepalives so the server notices a
+	// pooler in between), run its transactions at READ COMMITTED whatever the
+	// database, role or pool sets (the gate's statements rely on its re-check
+	// semantics, and the connection never goes back to the pool), disable
+	// idle_session_timeout (an idle lock holder must not be disconnected), and set TCP keepalives so the server notices a
 	// vanished client in about 11 s and frees its locks. Settings unknown to
 	// the server are skipped.
 	SessionSetup(ctx context.Context) (SessionSetupRow, error)
