@@ -114,7 +114,7 @@
 //
 // # Observing
 //
-// Options.Logger (a *slog.Logger, silent by default) and Options.Hooks
+// Options.Logger (a *slog.Logger, slog.Default() when nil) and Options.Hooks
 // receive the same events: acquired, skipped, lost, finished with outcome and
 // duration, and abandoned ticks found by a claim.
 package gate

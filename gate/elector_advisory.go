@@ -27,7 +27,7 @@ func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, e
 		if errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed) {
 			return nil, err
 		}
-		e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -147,7 +147,7 @@ wait:
 		if supersede && !warned {
 			warned = true
 			open, _ := q.OpenTerm(ctx, e.name)
-			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
+			e.o.Logger.WarnContext(ctx, "gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

@@ -39,7 +39,7 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 			return nil, ctx.Err()
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		}
 		select {
 		case <-ctx.Done():
@@ -108,7 +108,7 @@ func (t *term) watchLease() {
 		default:
 			// Soon again: the pool's next connection may well work.
 			next /= 4
-			e.o.Logger.Warn("gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+			e.o.Logger.WarnContext(ctx, "gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
 		}
 		timer.Reset(min(next, max(time.Until(t.validUntil()), 0)))
 	}

@@ -88,8 +88,17 @@ type Querier interface {
 	// select list unlocks: an instance that takes the lock next waits for this
 	// transaction and never sees the tick still running.
 	FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error)
+	// After a claim found the job's lock held elsewhere: whether the tick was
+	// claimed meanwhile (a racing instance's claim, not committed when the
+	// claim looked), and the job's latest running tick, whose run holds the
+	// lock (none: an Exclusive run of the same name holds it).
+	HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow, error)
 	// The lease row of name, with whether it is held now (for operators and tests).
 	LeaseByName(ctx context.Context, name string) (LeaseByNameRow, error)
+	// Which of the named relations (pgclaim's tables and sequence) do not
+	// exist, resolved by the search path the other statements use: the
+	// constructors refuse a database pgclaim's migrations were not applied to.
+	MissingRelations(ctx context.Context, names []string) ([]string, error)
 	// A fresh fencing token: strictly increasing, never reused.
 	NextFence(ctx context.Context) (int64, error)
 	// The open advisory terms of every other election: a candidate that waits
