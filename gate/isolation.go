@@ -2,7 +2,6 @@ package gate
 
 import (
 	"context"
-	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,7 +74,10 @@ func (r readCommitted) Exec(ctx context.Context, sql string, args ...any) (pgcon
 	if err == nil {
 		_, err = br.Exec()
 	}
-	return tag, errors.Join(err, done(c, br))
+	if derr := done(c, br); err == nil {
+		err = derr
+	}
+	return tag, err
 }
 
 func (r readCommitted) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
