@@ -345,7 +345,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 	if err != nil {
 		if errors.Is(err, ErrHeld) {
 			g.sessions.put(s)
-			return g.skipped(name, time.Time{}, ErrHeld)
+			return g.skipped(ctx, name, time.Time{}, ErrHeld)
 		}
 		s.close() // a failed statement may leave the lock held: drop the session
 		return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
@@ -375,13 +375,13 @@ func (lockRelease) record(context.Context, Run, Outcome, error) error { return n
 // hold runs fn while s holds the run's lock, watching s, then releases the
 // lock (or drops the session) and reports the outcome.
 func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r releaser) error {
-	g.opts.emit(Event{Kind: EventAcquired, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence})
+	g.opts.emit(ctx, Event{Kind: EventAcquired, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence})
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	w := s.watch(func(cause error) {
 		err := fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, cause)
 		cancel(err)
-		g.opts.emit(Event{Kind: EventLost, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence, Err: err})
+		g.opts.emit(ctx, Event{Kind: EventLost, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence, Err: err})
 	})
 	start := time.Now()
 	panicked, fnErr := callJob(runCtx, fn, run)
@@ -407,9 +407,9 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 		case err != nil:
 			// Closing the connection frees the lock on the server.
 			s.close()
-			g.opts.Logger.Error("gate: release advisory lock", "name", run.Name, "error", err)
+			g.opts.Logger.ErrorContext(ctx, "gate: release advisory lock", "name", run.Name, "error", err)
 			if err := r.record(rctx, run, out, fnErr); err != nil {
-				g.opts.Logger.Error("gate: record outcome", "name", run.Name, "outcome", string(out), "error", err)
+				g.opts.Logger.ErrorContext(ctx, "gate: record outcome", "name", run.Name, "outcome", string(out), "error", err)
 			}
 		case !unlocked:
 			s.close()
@@ -422,7 +422,7 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 		s.close()
 		lostErr = fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, lost)
 		if !watched {
-			g.opts.emit(Event{Kind: EventLost, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence, Err: lostErr})
+			g.opts.emit(ctx, Event{Kind: EventLost, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence, Err: lostErr})
 		}
 		text := lostErr
 		if fnErr != nil && !errors.Is(fnErr, ErrLockLost) && !errors.Is(fnErr, context.Canceled) {
@@ -430,14 +430,14 @@ func (g *Gate) hold(ctx context.Context, s *session, run Run, fn Func, r release
 		}
 		out = OutcomeLost
 		if err := r.record(rctx, run, out, text); err != nil {
-			g.opts.Logger.Error("gate: record outcome", "name", run.Name, "outcome", string(out), "error", err)
+			g.opts.Logger.ErrorContext(ctx, "gate: record outcome", "name", run.Name, "outcome", string(out), "error", err)
 		}
 	}
 	ev := finished(run, out, d, fnErr)
 	if lostErr != nil {
 		ev.Err = lostErr
 	}
-	g.opts.emit(ev)
+	g.opts.emit(ctx, ev)
 	if panicked != nil {
 		panic(panicked)
 	}

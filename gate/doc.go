@@ -99,9 +99,22 @@
 // (session pooling is refused too). There, use Config.LedgerOnly, which
 // needs no session state, and a Lease where runs must not overlap.
 //
+// # Isolation
+//
+// The gate's guarantees hold whatever default_transaction_isolation the
+// database, role or pool sets. Its statements rely on READ COMMITTED
+// re-checks (an insert that meets a concurrent claim of the same tick, a
+// lease takeover, a term close), which REPEATABLE READ and SERIALIZABLE
+// turn into SQLSTATE 40001 failures. So every statement runs at READ
+// COMMITTED: the lock connections the gate owns set it as their session
+// default when they are prepared, and a statement through the pool is sent
+// as BEGIN ISOLATION LEVEL READ COMMITTED, the statement and COMMIT in one
+// batch (one round trip, one transaction). A skipped claim is ErrSkipped, a
+// lease held elsewhere ErrHeld, at every level.
+//
 // # Observing
 //
-// Options.Logger (a *slog.Logger, silent by default) and Options.Hooks
+// Options.Logger (a *slog.Logger, slog.Default() when nil) and Options.Hooks
 // receive the same events: acquired, skipped, lost, finished with outcome and
 // duration, and abandoned ticks found by a claim.
 package gate

@@ -27,12 +27,30 @@ func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, e
 		if errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed) {
 			return nil, err
 		}
-		e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(e.retryDelay()):
 		}
+	}
+}
+
+// warnCollision looks, once a candidate has waited TTL for its lock,
+// whether another election's open term has the same lock key (see
+// ElectionKey), and warns for each: this election cannot lead until that
+// leader's session ends.
+func (e *Elector) warnCollision(ctx context.Context) {
+	open, err := e.q.OpenAdvisoryTermsElsewhere(ctx, e.name)
+	if err != nil {
+		return
+	}
+	for _, o := range open {
+		if _, k := ElectionKey(o.Election); k != e.key {
+			continue
+		}
+		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorOptions.Lease",
+			"name", e.name, "holder", e.o.Holder, "colliding_election", o.Election, "colliding_holder", o.Holder, "colliding_term", o.Term)
 	}
 }
 
@@ -85,7 +103,13 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 	go func() {
 		locked <- q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
 	}()
+	collide := time.NewTimer(e.o.TTL)
+	defer collide.Stop()
+wait:
 	select {
+	case <-collide.C:
+		e.warnCollision(ctx)
+		goto wait
 	case err := <-locked:
 		if err != nil {
 			return nil, fmt.Errorf("gate: election %q: lock: %w", e.name, err)
@@ -123,7 +147,7 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 		if supersede && !warned {
 			warned = true
 			open, _ := q.OpenTerm(ctx, e.name)
-			e.o.Logger.Warn("gate: previous leader did not close its term; superseding it",
+			e.o.Logger.WarnContext(ctx, "gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

@@ -25,6 +25,12 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 		cancel()
 		if err == nil {
 			err = e.stampStart(ctx, row.Term)
+			if err == nil && !time.Now().Before(sent.Add(e.validity())) {
+				// Confirmed too late to lead for any time: a standby may
+				// take the lease over before the watcher first looks.
+				err = fmt.Errorf("gate: election %q: term %d confirmed after its validity (%v) ran out", e.name, row.Term, e.validity())
+				e.closeUnstarted(ctx, row.Term)
+			}
 			if err == nil {
 				return e.newTerm(row.Term, sent, deferEnd), nil
 			}
@@ -33,7 +39,7 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 			return nil, ctx.Err()
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			e.o.Logger.Warn("gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		}
 		select {
 		case <-ctx.Done():
@@ -44,16 +50,30 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 }
 
 // stampStart records when a new lease term is certainly in force. A term
-// that ended meanwhile (its lease ran out already) is lost: pgx.ErrNoRows.
-// A term whose stamp cannot be written is closed again.
+// that ended meanwhile, or whose lease ran out before the stamp (the
+// candidate stalled longer than TTL), is lost: pgx.ErrNoRows, and its row is
+// closed (as expired) if still open. A term whose stamp cannot be written is
+// closed again.
 func (e *Elector) stampStart(ctx context.Context, term int64) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	_, err := e.q.StampTermStart(sctx, store.StampTermStartParams{Election: e.name, Term: term})
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		e.closeUnstarted(ctx, term)
+	case err != nil:
 		_ = e.endTermRetrying(sctx, store.EndTermParams{Election: e.name, Term: term, Reason: reasonResigned})
 	}
 	return err
+}
+
+// closeUnstarted closes a term this instance opened but does not lead, with
+// one try: when it fails, the next StartLeaseTerm of any candidate closes
+// the row once its lease has run out.
+func (e *Elector) closeUnstarted(ctx context.Context, term int64) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_, _ = e.q.EndTerm(cctx, store.EndTermParams{Election: e.name, Term: term, Reason: reasonLost})
 }
 
 // watchLease renews the term's lease every TTL/4 (TTL/16 after a failed
@@ -88,7 +108,7 @@ func (t *term) watchLease() {
 		default:
 			// Soon again: the pool's next connection may well work.
 			next /= 4
-			e.o.Logger.Warn("gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+			e.o.Logger.WarnContext(ctx, "gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
 		}
 		timer.Reset(min(next, max(time.Until(t.validUntil()), 0)))
 	}

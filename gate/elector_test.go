@@ -570,7 +570,8 @@ func TestElectorBadInput(t *testing.T) {
 			t.Errorf("%s: NewElector = %v, %v; want ErrInvalid naming %s", c.name, e, err, c.field)
 		}
 	}
-	e, err := gate.NewElector(pool, "x", gate.ElectorOptions{})
+	// NewElector checks the schema, so the rest needs a real database.
+	e, err := gate.NewElector(pgtest.Pool(t), "x", gate.ElectorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

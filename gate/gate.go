@@ -11,7 +11,10 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/pgclaim/pgclaim/store"
 )
 
 // Sentinel errors. Compare with errors.Is; returned errors usually wrap one of
@@ -59,6 +62,26 @@ func (e *fieldError) Unwrap() error { return ErrInvalid }
 // invalid returns an error naming field that wraps ErrInvalid.
 func invalid(field, msg string) error { return &fieldError{field: field, msg: msg} }
 
+// schemaTimeout bounds the schema check of the constructors.
+const schemaTimeout = 10 * time.Second
+
+// checkSchema returns an error wrapping ErrInvalid, naming the fix, when
+// the database behind q lacks any of the relations pgclaim's migrations
+// create that names lists; it returns other errors (the database could not
+// be reached within schemaTimeout) as they are.
+func checkSchema(q *store.Queries, names ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
+	defer cancel()
+	missing, err := q.MissingRelations(ctx, names)
+	if err != nil {
+		return fmt.Errorf("gate: check pgclaim's tables: %w", err)
+	}
+	if len(missing) > 0 {
+		return invalid("pool", "the database has no "+strings.Join(missing, ", ")+": apply pgclaim's migrations (pgclaim.Migrate)")
+	}
+	return nil
+}
+
 // checkName validates a job, lock or election name given as field.
 func checkName(field, name string) error {
 	if name == "" {
@@ -74,8 +97,13 @@ type Options struct {
 	// logs. Default: "hostname:pid".
 	Holder string
 
-	// Logger receives acquired / skipped / lost / finished records.
-	// Default: a logger that discards everything.
+	// Logger receives acquired / skipped / lost / finished records, each
+	// with the caller's context where there is one. Default (nil):
+	// slog.Default(), so warnings and errors (a lost lock, a tick skipped
+	// because its job's lock is held, an outcome that could not be
+	// recorded) reach the process's logger; acquired and skipped records
+	// are at debug level, finished and released at info. Set a logger with
+	// slog.DiscardHandler to silence the gate.
 	Logger *slog.Logger
 
 	// Hooks observes the same events for metrics. Default: no-op.
@@ -89,7 +117,7 @@ func (o Options) withDefaults() Options {
 		o.Holder = defaultHolder()
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	if o.Hooks == nil {
 		o.Hooks = noHooks{}
@@ -146,6 +174,11 @@ const (
 	// EventAcquired: the tick or lock was won; the job is about to run.
 	EventAcquired EventKind = iota + 1
 	// EventSkipped: another run owns the tick or lock; the job did not run.
+	// A tick of Once skipped because another run of the job still holds
+	// its lock (a run longer than the schedule's period, or an Exclusive
+	// run) has Err wrapping ErrHeld and HeldBy set, and is logged at warn
+	// level: nobody runs that tick. A tick claimed already is logged at
+	// debug level: it ran, or runs, elsewhere.
 	EventSkipped
 	// EventLost: exclusion was lost while the job was running.
 	EventLost
@@ -195,6 +228,13 @@ type Event struct {
 	Outcome  Outcome
 	Duration time.Duration // how long the job ran
 	Err      error         // the job's error (or ErrLockLost); nil on success; why, for skips and abandoned ticks
+
+	// HeldBy is set for an EventSkipped of a tick whose job's lock was held
+	// by another run (Err wraps ErrHeld; the tick was not run and is not in
+	// the ledger): the holder of the job's latest running tick, whose run
+	// holds the lock, or "" when the ledger shows none (an Exclusive run of
+	// the same name holds it). Such a skip is logged at warn level.
+	HeldBy string
 }
 
 // Hooks receives events for metrics and tracing. Observe may be called from

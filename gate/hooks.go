@@ -2,14 +2,16 @@ package gate
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
 
-// emit reports e to the hooks and writes one log record for it: acquired and
-// skipped at debug level, finished at info (error when the job failed),
-// abandoned at warn, lost at error.
-func (o *Options) emit(e Event) {
+// emit reports e to the hooks and writes one log record for it, with ctx
+// (the caller's, where there is one): acquired and skipped at debug level
+// (a tick skipped because its job's lock is held at warn), finished at info
+// (error when the job failed), abandoned at warn, lost at error.
+func (o *Options) emit(ctx context.Context, e Event) {
 	o.Hooks.Observe(e)
 	level := slog.LevelDebug
 	switch e.Kind {
@@ -17,13 +19,16 @@ func (o *Options) emit(e Event) {
 		level = slog.LevelError
 	case EventAbandoned:
 		level = slog.LevelWarn
+	case EventSkipped:
+		if errors.Is(e.Err, errLockBusy) {
+			level = slog.LevelWarn
+		}
 	case EventFinished, EventReleased:
 		level = slog.LevelInfo
 		if e.Outcome != "" && e.Outcome != OutcomeSucceeded {
 			level = slog.LevelError
 		}
 	}
-	ctx := context.Background()
 	if !o.Logger.Enabled(ctx, level) {
 		return
 	}
@@ -40,6 +45,9 @@ func (o *Options) emit(e Event) {
 			attrs = append(attrs, slog.String("outcome", string(e.Outcome)))
 		}
 		attrs = append(attrs, slog.Duration("duration", e.Duration))
+	}
+	if e.Kind == EventSkipped && errors.Is(e.Err, errLockBusy) {
+		attrs = append(attrs, slog.String("held_by", e.HeldBy))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("error", e.Err.Error()))

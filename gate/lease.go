@@ -70,7 +70,8 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 // Lease is a named lease lock kept in the pgclaim_locks table: a ShedLock
 // style lock row with database-time expiry, extension and fencing.
 //
-// Every operation is one self-contained statement, so a Lease works through
+// Every operation is one self-contained statement (sent in its own READ
+// COMMITTED transaction, in one round trip), so a Lease works through
 // PgBouncer in transaction pooling mode, where session advisory locks
 // cannot. (Configure such a pool as the pooler requires, e.g. with
 // pgx.QueryExecModeExec when it does not keep prepared statements.) Each acquisition gets a fresh fencing token from
@@ -87,7 +88,9 @@ type Lease struct {
 	o    LeaseOptions
 }
 
-// NewLease returns the lease lock called name, kept through pool.
+// NewLease returns the lease lock called name, kept through pool. Like
+// New, it refuses a database without pgclaim's tables (one query, bounded
+// by 10 s).
 func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error) {
 	if pool == nil {
 		return nil, invalid("pool", "must not be nil")
@@ -99,7 +102,11 @@ func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{pool: pool, q: store.New(pool), name: name, o: o}, nil
+	q := store.New(readCommitted{pool})
+	if err := checkSchema(q, "pgclaim_locks", "pgclaim_fence_seq"); err != nil {
+		return nil, err
+	}
+	return &Lease{pool: pool, q: q, name: name, o: o}, nil
 }
 
 // Name returns the lease's name.
@@ -119,7 +126,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 		AtMostUs: l.o.AtMost.Microseconds(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		l.o.emit(Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
+		l.o.emit(ctx, Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
 		return nil, fmt.Errorf("%w: lease %q", ErrHeld, l.name)
 	}
 	if err != nil {
@@ -136,7 +143,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 	h.mu.Lock()
 	h.timer = time.AfterFunc(l.o.AtMost, h.checkExpiry)
 	h.mu.Unlock()
-	l.o.emit(Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
+	l.o.emit(ctx, Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
 	if l.o.NoKeepAlive {
 		close(h.kaEnd)
 	} else {
@@ -174,7 +181,7 @@ func (l *Lease) Do(ctx context.Context, fn Func) (err error) {
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			_ = h.Release(rctx)
 			rcancel()
-			l.o.emit(finished(run, OutcomeAbandoned, time.Since(start), errors.New("gate: job panicked")))
+			l.o.emit(ctx, finished(run, OutcomeAbandoned, time.Since(start), errors.New("gate: job panicked")))
 		}
 	}()
 	ferr := fn(fctx, run)
@@ -190,7 +197,7 @@ func (l *Lease) Do(ctx context.Context, fn Func) (err error) {
 		out = OutcomeLost
 	}
 	err = errors.Join(ferr, rerr)
-	l.o.emit(finished(run, out, d, err))
+	l.o.emit(ctx, finished(run, out, d, err))
 	return err
 }
 
@@ -300,7 +307,7 @@ func (h *LeaseHandle) Release(ctx context.Context) error {
 		lost = h.markLost(fmt.Errorf("%w: lease %q (fence %d) expired or was taken over before release", ErrLockLost, l.name, h.fence))
 	}
 	h.cancel(context.Canceled)
-	l.o.emit(Event{Kind: EventReleased, Name: l.name, Holder: l.o.Holder, Fence: h.fence, Duration: time.Since(h.start), Err: lost})
+	l.o.emit(ctx, Event{Kind: EventReleased, Name: l.name, Holder: l.o.Holder, Fence: h.fence, Duration: time.Since(h.start), Err: lost})
 	return lost
 }
 
@@ -317,7 +324,7 @@ func (h *LeaseHandle) markLost(why error) error {
 	h.timer.Stop()
 	h.mu.Unlock()
 	h.cancel(why)
-	h.l.o.emit(Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
+	h.l.o.emit(h.ctx, Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
 	return why
 }
 
@@ -354,7 +361,7 @@ func (h *LeaseHandle) keepAlive() {
 		err := h.extend(ctx)
 		cancel()
 		if err != nil && !errors.Is(err, ErrLockLost) {
-			h.l.o.Logger.Warn("gate: lease extension failed", "name", h.l.name, "holder", h.l.o.Holder, "fence", h.fence, "error", err.Error())
+			h.l.o.Logger.WarnContext(h.ctx, "gate: lease extension failed", "name", h.l.name, "holder", h.l.o.Holder, "fence", h.fence, "error", err.Error())
 		}
 	}
 }

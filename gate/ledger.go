@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -69,10 +70,15 @@ type Gate struct {
 	wait      time.Duration
 	ledger    bool // LedgerOnly
 	sessions  *sessions
+	// catchUp is the longest window given to CatchUp so far (ns); Prune
+	// refuses ages within it.
+	catchUp atomic.Int64
 }
 
 // New returns a Gate using pool, which must reach a database migrated with
-// pgclaim.Migrate. The advisory lock is held on a connection taken out of
+// pgclaim.Migrate: New checks that with one query (bounded by 10 s), and
+// refuses a database without pgclaim's tables with an error wrapping
+// ErrInvalid that names them and the fix. The advisory lock is held on a connection taken out of
 // pool for the length of a run; up to a few such connections are kept for
 // reuse until Close.
 func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
@@ -89,9 +95,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if tol == 0 {
 		tol = DefaultSkewTolerance
 	}
+	q := store.New(readCommitted{pool})
+	if err := checkSchema(q, "pgclaim_ticks", "pgclaim_fence_seq"); err != nil {
+		return nil, err
+	}
 	return &Gate{
 		pool:      pool,
-		q:         store.New(pool),
+		q:         q,
 		opts:      cfg.Options.withDefaults(),
 		tolerance: tol,
 		wait:      cfg.LockWait,
@@ -165,7 +175,8 @@ func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func)
 // CatchUp returns an error wrapping ErrSkipped when there is no instant in
 // the window or its tick was claimed already, and otherwise what Once
 // returns. Keep ledger retention (Prune) longer than window, or pruned ticks
-// look missed.
+// look missed; the Gate's Prune refuses an age within the longest window
+// given to its CatchUp.
 func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window time.Duration, fn Func) error {
 	if err := checkName("name", name); err != nil {
 		return err
@@ -179,6 +190,8 @@ func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window 
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
+	for w := g.catchUp.Load(); int64(window) > w && !g.catchUp.CompareAndSwap(w, int64(window)); w = g.catchUp.Load() {
+	}
 	now, err := g.q.DBNow(ctx)
 	if err != nil {
 		return fmt.Errorf("gate: catch-up %q: read database time: %w", name, err)
@@ -188,7 +201,7 @@ func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window 
 		return fmt.Errorf("gate: catch-up %q: %w", name, err)
 	}
 	if at.IsZero() {
-		g.opts.emit(Event{Kind: EventSkipped, Name: name, Holder: g.opts.Holder})
+		g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, Holder: g.opts.Holder})
 		return fmt.Errorf("%w: catch-up %q: no scheduled instant in the last %s", ErrSkipped, name, window)
 	}
 	return g.once(ctx, name, at.Truncate(time.Microsecond), nil, fn)
@@ -218,11 +231,25 @@ func latest(sched Schedule, from, to time.Time) (time.Time, error) {
 
 // Prune deletes finished ticks whose instant and start are both older than
 // olderThan (by database time) and returns how many it deleted. Ticks still
-// marked running are kept. olderThan must exceed every catch-up window, or
-// CatchUp would take pruned ticks for missed ones.
+// marked running are kept.
+//
+// olderThan must exceed the gate's SkewTolerance: an instance firing late,
+// within the tolerance, would otherwise claim a pruned tick again and run
+// it twice. It must also exceed every catch-up window, or CatchUp would take
+// pruned ticks for missed ones: Prune refuses an age within the longest
+// window given to this Gate's CatchUp so far. Give every instance's Prune an
+// age past the longest window any instance uses (the CatchUp calls of other
+// instances are not known here). A refused age is an error wrapping
+// ErrInvalid that names the setting it falls within.
 func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan <= 0 {
 		return 0, invalid("olderThan", "must be positive")
+	}
+	if olderThan <= g.tolerance {
+		return 0, invalid("olderThan", fmt.Sprintf("%v does not exceed Config.SkewTolerance (%v): an instance firing late could claim a pruned tick again", olderThan, g.tolerance))
+	}
+	if w := time.Duration(g.catchUp.Load()); olderThan <= w {
+		return 0, invalid("olderThan", fmt.Sprintf("%v does not exceed the CatchUp window (%v) given to this gate: CatchUp would run a pruned tick again", olderThan, w))
 	}
 	n, err := g.q.PruneTicks(ctx, olderThan.Microseconds())
 	if err != nil {
@@ -254,12 +281,12 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		}
 		if claimed {
 			g.sessions.put(s)
-			return g.skipped(name, at, errTaken)
+			return g.skipped(ctx, name, at, errTaken)
 		}
 		if _, err := s.tryLock(ctx, class, key, g.wait); err != nil {
 			if errors.Is(err, ErrHeld) {
 				g.sessions.put(s)
-				return g.skipped(name, at, ErrHeld)
+				return g.heldSkip(ctx, name, at)
 			}
 			s.close() // a failed statement may leave the lock held: drop the session
 			return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
@@ -281,9 +308,9 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 				g.sessions.put(s)
 			}
 			if !row.InTolerance {
-				return g.skewed(name, at, row.DbNow.Time)
+				return g.skewed(ctx, name, at, row.DbNow.Time)
 			}
-			return g.skipped(name, at, errTaken)
+			return g.skipped(ctx, name, at, errTaken)
 		}
 		fence = row.Fence
 	} else {
@@ -307,11 +334,11 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 			}
 			switch {
 			case !row.InTolerance:
-				return g.skewed(name, at, row.DbNow.Time)
+				return g.skewed(ctx, name, at, row.DbNow.Time)
 			case row.Taken:
-				return g.skipped(name, at, errTaken)
+				return g.skipped(ctx, name, at, errTaken)
 			default:
-				return g.skipped(name, at, ErrHeld)
+				return g.heldSkip(ctx, name, at)
 			}
 		}
 		fence = row.Fence
@@ -337,7 +364,7 @@ func (g *Gate) abandonStale(ctx context.Context, s *session, job string, class, 
 		return fmt.Errorf("gate: %q: mark abandoned ticks: %w", job, err)
 	}
 	for i := range min(len(r.FireAt), len(r.Holder), len(r.Fence)) {
-		g.opts.emit(Event{
+		g.opts.emit(ctx, Event{
 			Kind: EventAbandoned, Name: job, FireAt: r.FireAt[i].Time, Holder: g.opts.Holder, Fence: r.Fence[i],
 			Outcome: OutcomeAbandoned,
 			Err:     fmt.Errorf("run of %q by %s was abandoned: its session ended before the run finished", job, r.Holder[i]),
@@ -358,7 +385,7 @@ func (g *Gate) claimBroken(ctx context.Context, name string, at time.Time, fence
 	defer cancel()
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
 	if rerr := g.finishTick(rctx, run, out, fmt.Errorf("gate: job not run: %w", err)); rerr != nil {
-		g.opts.Logger.Error("gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", rerr)
+		g.opts.Logger.ErrorContext(ctx, "gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", rerr)
 	}
 	return err
 }
@@ -367,19 +394,47 @@ func (g *Gate) claimBroken(ctx context.Context, name string, at time.Time, fence
 var errTaken = fmt.Errorf("%w: tick claimed already", ErrSkipped)
 
 // skipped reports a skip and returns why, naming the tick.
-func (g *Gate) skipped(name string, at time.Time, why error) error {
-	g.opts.emit(Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why})
+func (g *Gate) skipped(ctx context.Context, name string, at time.Time, why error) error {
+	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why})
 	if at.IsZero() {
 		return fmt.Errorf("%w: %q", why, name)
 	}
 	return fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
 }
 
+// errLockBusy is the ErrHeld of a tick skipped because another run of its
+// job holds the job's lock.
+var errLockBusy = fmt.Errorf("%w: the job's lock is held by another run; this tick is not run", ErrHeld)
+
+// heldSkip reports a tick that Once skipped because the job's lock is held
+// elsewhere. It looks at the ledger once more: a tick claimed meanwhile by
+// an instance racing this one is a normal skip (errTaken); otherwise the
+// tick is run nowhere, which is reported at warn level with the run holding
+// the lock (the job's latest running tick), when the ledger shows one.
+func (g *Gate) heldSkip(ctx context.Context, name string, at time.Time) error {
+	h, err := g.q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: pgtype.Timestamptz{Time: at, Valid: true}})
+	if err == nil && h.Claimed {
+		return g.skipped(ctx, name, at, errTaken)
+	}
+	var why error
+	switch {
+	case err != nil:
+		why = fmt.Errorf("%w (holder unknown: %v)", errLockBusy, err)
+	case h.RunningFireAt.Valid:
+		why = fmt.Errorf("%w: held by the run of %s by %s, running since %s", errLockBusy,
+			h.RunningFireAt.Time.Format(time.RFC3339Nano), h.Holder, h.RunningSince.Time.Format(time.RFC3339Nano))
+	default:
+		why = fmt.Errorf("%w: held by a run not in the ledger (an Exclusive run of %q)", errLockBusy, name)
+	}
+	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why, HeldBy: h.Holder})
+	return fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
+}
+
 // skewed returns the ErrClockSkew for fireAt at, measured against dbNow.
-func (g *Gate) skewed(name string, at, dbNow time.Time) error {
+func (g *Gate) skewed(ctx context.Context, name string, at, dbNow time.Time) error {
 	err := fmt.Errorf("%w: %q at %s is %s from database time %s (tolerance %s)",
 		ErrClockSkew, name, at.Format(time.RFC3339Nano), at.Sub(dbNow), dbNow.Format(time.RFC3339Nano), g.tolerance)
-	g.opts.emit(Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: err})
+	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: err})
 	return err
 }
 
@@ -392,13 +447,13 @@ func (g *Gate) onceLedger(ctx context.Context, name string, at time.Time, tol *i
 		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 	}
 	if !row.InTolerance {
-		return g.skewed(name, at, row.DbNow.Time)
+		return g.skewed(ctx, name, at, row.DbNow.Time)
 	}
 	if row.Fence == 0 {
-		return g.skipped(name, at, errTaken)
+		return g.skipped(ctx, name, at, errTaken)
 	}
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
-	g.opts.emit(Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
+	g.opts.emit(ctx, Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
 	start := time.Now()
 	panicked, fnErr := callJob(ctx, fn, run)
 	d := time.Since(start)
@@ -409,9 +464,9 @@ func (g *Gate) onceLedger(ctx context.Context, name string, at time.Time, tol *i
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	if err := g.finishTick(rctx, run, out, fnErr); err != nil {
-		g.opts.Logger.Error("gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", err)
+		g.opts.Logger.ErrorContext(ctx, "gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", err)
 	}
-	g.opts.emit(finished(run, out, d, fnErr))
+	g.opts.emit(ctx, finished(run, out, d, fnErr))
 	if panicked != nil {
 		panic(panicked)
 	}
@@ -464,7 +519,7 @@ func (r tickRelease) release(ctx context.Context, s *session, run Run, out Outco
 		return false, err
 	}
 	if row.Finished == 0 {
-		r.g.opts.Logger.Error("gate: tick was not running at finish", "name", run.Name, "fire_at", run.FireAt, "fence", run.Fence)
+		r.g.opts.Logger.ErrorContext(ctx, "gate: tick was not running at finish", "name", run.Name, "fire_at", run.FireAt, "fence", run.Fence)
 	}
 	return row.Unlocked, nil
 }

@@ -88,10 +88,23 @@ type Querier interface {
 	// select list unlocks: an instance that takes the lock next waits for this
 	// transaction and never sees the tick still running.
 	FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error)
+	// After a claim found the job's lock held elsewhere: whether the tick was
+	// claimed meanwhile (a racing instance's claim, not committed when the
+	// claim looked), and the job's latest running tick, whose run holds the
+	// lock (none: an Exclusive run of the same name holds it).
+	HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow, error)
 	// The lease row of name, with whether it is held now (for operators and tests).
 	LeaseByName(ctx context.Context, name string) (LeaseByNameRow, error)
+	// Which of the named relations (pgclaim's tables and sequence) do not
+	// exist, resolved by the search path the other statements use: the
+	// constructors refuse a database pgclaim's migrations were not applied to.
+	MissingRelations(ctx context.Context, names []string) ([]string, error)
 	// A fresh fencing token: strictly increasing, never reused.
 	NextFence(ctx context.Context) (int64, error)
+	// The open advisory terms of every other election: a candidate that waits
+	// long for its lock looks among them for an election whose lock key
+	// collides with its own.
+	OpenAdvisoryTermsElsewhere(ctx context.Context, election string) ([]OpenAdvisoryTermsElsewhereRow, error)
 	// The open term of an election, if any.
 	OpenTerm(ctx context.Context, election string) (OpenTermRow, error)
 	// Retention: delete the election's terms that ended before the limit. The
@@ -111,8 +124,10 @@ type Querier interface {
 	RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Timestamptz, error)
 	// Prepare a connection dedicated to holding advisory locks: report the
 	// backend pid (compared with the one announced at connect to detect a
-	// pooler in between), disable idle_session_timeout (an idle lock holder must
-	// not be disconnected), and set TCP keepalives so the server notices a
+	// pooler in between), run its transactions at READ COMMITTED whatever the
+	// database, role or pool sets (the gate's statements rely on its re-check
+	// semantics, and the connection never goes back to the pool), disable
+	// idle_session_timeout (an idle lock holder must not be disconnected), and set TCP keepalives so the server notices a
 	// vanished client in about 11 s and frees its locks. Settings unknown to
 	// the server are skipped.
 	SessionSetup(ctx context.Context) (SessionSetupRow, error)
@@ -120,6 +135,9 @@ type Querier interface {
 	// StartLeaseTerm reads the clock before its insert is decided, which can be
 	// after it waited for the previous term's close to commit; this statement
 	// runs after that commit, so started_at follows the previous ended_at.
+	// Only while the lease lasts: a candidate that stalled past its lease (a
+	// saturated pool, a pause) gets no row and does not lead, and started_at
+	// never passes lease_until.
 	StampTermStart(ctx context.Context, arg StampTermStartParams) (pgtype.Timestamptz, error)
 	// started_at and ended_at here and below are read from clock_timestamp(),
 	// not now(): now() is when the transaction began, which can precede the
@@ -135,6 +153,13 @@ type Querier interface {
 	// ended when its lease ran out), then open a term leased until now() + ttl.
 	// The partial unique index on open terms lets one of several racing
 	// standbys win; no row returned means another one leads.
+	//
+	// Every statement that closes a term sets ended_at to at least started_at
+	// (greatest(started_at, ...)), so the row's CHECK (ended_at >= started_at)
+	// can never refuse a close, whatever clock a start was stamped with: an
+	// open row whose lease ran out can always be closed and taken over. Rows a
+	// stamp once left starting after their lease end with ended_at =
+	// started_at, a term that never was in force.
 	StartLeaseTerm(ctx context.Context, arg StartLeaseTermParams) (StartLeaseTermRow, error)
 	// Whether some instance has claimed the tick.
 	TickClaimed(ctx context.Context, arg TickClaimedParams) (bool, error)

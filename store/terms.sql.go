@@ -53,7 +53,7 @@ func (q *Queries) ElectionUnlock(ctx context.Context, arg ElectionUnlockParams) 
 
 const endTerm = `-- name: EndTerm :execrows
 UPDATE pgclaim_terms
-SET ended_at   = least(clock_timestamp(), lease_until),
+SET ended_at   = greatest(started_at, least(clock_timestamp(), lease_until)),
     end_reason = CASE WHEN lease_until <= now() THEN 'expired' ELSE $1::text END
 WHERE election = $2::text
   AND term = $3::bigint
@@ -73,6 +73,41 @@ func (q *Queries) EndTerm(ctx context.Context, arg EndTermParams) (int64, error)
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const openAdvisoryTermsElsewhere = `-- name: OpenAdvisoryTermsElsewhere :many
+SELECT election, holder, term
+FROM pgclaim_terms
+WHERE ended_at IS NULL AND method = 'advisory' AND election <> $1::text
+`
+
+type OpenAdvisoryTermsElsewhereRow struct {
+	Election string
+	Holder   string
+	Term     int64
+}
+
+// The open advisory terms of every other election: a candidate that waits
+// long for its lock looks among them for an election whose lock key
+// collides with its own.
+func (q *Queries) OpenAdvisoryTermsElsewhere(ctx context.Context, election string) ([]OpenAdvisoryTermsElsewhereRow, error) {
+	rows, err := q.db.Query(ctx, openAdvisoryTermsElsewhere, election)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OpenAdvisoryTermsElsewhereRow{}
+	for rows.Next() {
+		var i OpenAdvisoryTermsElsewhereRow
+		if err := rows.Scan(&i.Election, &i.Holder, &i.Term); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const openTerm = `-- name: OpenTerm :one
@@ -152,10 +187,11 @@ func (q *Queries) RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Ti
 
 const stampTermStart = `-- name: StampTermStart :one
 UPDATE pgclaim_terms
-SET started_at = clock_timestamp()
+SET started_at = least(clock_timestamp(), lease_until)
 WHERE election = $1::text
   AND term = $2::bigint
   AND ended_at IS NULL
+  AND lease_until > clock_timestamp()
 RETURNING started_at
 `
 
@@ -168,6 +204,9 @@ type StampTermStartParams struct {
 // StartLeaseTerm reads the clock before its insert is decided, which can be
 // after it waited for the previous term's close to commit; this statement
 // runs after that commit, so started_at follows the previous ended_at.
+// Only while the lease lasts: a candidate that stalled past its lease (a
+// saturated pool, a pause) gets no row and does not lead, and started_at
+// never passes lease_until.
 func (q *Queries) StampTermStart(ctx context.Context, arg StampTermStartParams) (pgtype.Timestamptz, error) {
 	row := q.db.QueryRow(ctx, stampTermStart, arg.Election, arg.Term)
 	var started_at pgtype.Timestamptz
@@ -178,7 +217,7 @@ func (q *Queries) StampTermStart(ctx context.Context, arg StampTermStartParams) 
 const startAdvisoryTerm = `-- name: StartAdvisoryTerm :one
 WITH superseded AS (
     UPDATE pgclaim_terms
-    SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
+    SET ended_at = greatest(started_at, least(clock_timestamp(), lease_until)), end_reason = 'superseded'
     WHERE election = $1::text AND ended_at IS NULL AND $3::boolean
       AND (lease_until IS NULL OR lease_until <= now())
     RETURNING term
@@ -224,12 +263,13 @@ func (q *Queries) StartAdvisoryTerm(ctx context.Context, arg StartAdvisoryTermPa
 const startLeaseTerm = `-- name: StartLeaseTerm :one
 WITH expired AS (
     UPDATE pgclaim_terms
-    SET ended_at = lease_until, end_reason = 'expired'
+    SET ended_at = greatest(started_at, lease_until), end_reason = 'expired'
     WHERE election = $1::text AND ended_at IS NULL AND lease_until <= now()
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'lease', clock_timestamp(),
+SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'lease',
+       least(clock_timestamp(), now() + $3::bigint * interval '1 microsecond'),
        now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e
 WHERE NOT EXISTS (
@@ -257,6 +297,13 @@ type StartLeaseTermRow struct {
 // ended when its lease ran out), then open a term leased until now() + ttl.
 // The partial unique index on open terms lets one of several racing
 // standbys win; no row returned means another one leads.
+//
+// Every statement that closes a term sets ended_at to at least started_at
+// (greatest(started_at, ...)), so the row's CHECK (ended_at >= started_at)
+// can never refuse a close, whatever clock a start was stamped with: an
+// open row whose lease ran out can always be closed and taken over. Rows a
+// stamp once left starting after their lease end with ended_at =
+// started_at, a term that never was in force.
 func (q *Queries) StartLeaseTerm(ctx context.Context, arg StartLeaseTermParams) (StartLeaseTermRow, error) {
 	row := q.db.QueryRow(ctx, startLeaseTerm, arg.Election, arg.Holder, arg.TtlUs)
 	var i StartLeaseTermRow

@@ -386,6 +386,63 @@ func (q *Queries) FinishTickUnlock(ctx context.Context, arg FinishTickUnlockPara
 	return i, err
 }
 
+const heldTick = `-- name: HeldTick :one
+SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
+               WHERE t.job = $1::text AND t.fire_at = $2::timestamptz)::boolean AS claimed,
+       COALESCE(r.holder, '')::text AS holder,
+       r.fire_at::timestamptz AS running_fire_at,
+       r.started_at::timestamptz AS running_since
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT l.holder, l.fire_at, l.started_at FROM pgclaim_ticks l
+    WHERE l.job = $1::text AND l.outcome = 'running'
+    ORDER BY l.started_at DESC LIMIT 1
+) AS r ON true
+`
+
+type HeldTickParams struct {
+	Job    string
+	FireAt pgtype.Timestamptz
+}
+
+type HeldTickRow struct {
+	Claimed       bool
+	Holder        string
+	RunningFireAt pgtype.Timestamptz
+	RunningSince  pgtype.Timestamptz
+}
+
+// After a claim found the job's lock held elsewhere: whether the tick was
+// claimed meanwhile (a racing instance's claim, not committed when the
+// claim looked), and the job's latest running tick, whose run holds the
+// lock (none: an Exclusive run of the same name holds it).
+func (q *Queries) HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow, error) {
+	row := q.db.QueryRow(ctx, heldTick, arg.Job, arg.FireAt)
+	var i HeldTickRow
+	err := row.Scan(
+		&i.Claimed,
+		&i.Holder,
+		&i.RunningFireAt,
+		&i.RunningSince,
+	)
+	return i, err
+}
+
+const missingRelations = `-- name: MissingRelations :one
+SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE to_regclass(u.n) IS NULL), '{}')::text[] AS missing
+FROM unnest($1::text[]) WITH ORDINALITY AS u(n, ord)
+`
+
+// Which of the named relations (pgclaim's tables and sequence) do not
+// exist, resolved by the search path the other statements use: the
+// constructors refuse a database pgclaim's migrations were not applied to.
+func (q *Queries) MissingRelations(ctx context.Context, names []string) ([]string, error) {
+	row := q.db.QueryRow(ctx, missingRelations, names)
+	var missing []string
+	err := row.Scan(&missing)
+	return missing, err
+}
+
 const pruneTicks = `-- name: PruneTicks :execrows
 DELETE FROM pgclaim_ticks
 WHERE started_at < now() - $1::bigint * interval '1 microsecond'

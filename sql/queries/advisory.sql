@@ -22,13 +22,16 @@ SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4):
 -- name: SessionSetup :one
 -- Prepare a connection dedicated to holding advisory locks: report the
 -- backend pid (compared with the one announced at connect to detect a
--- pooler in between), disable idle_session_timeout (an idle lock holder must
--- not be disconnected), and set TCP keepalives so the server notices a
+-- pooler in between), run its transactions at READ COMMITTED whatever the
+-- database, role or pool sets (the gate's statements rely on its re-check
+-- semantics, and the connection never goes back to the pool), disable
+-- idle_session_timeout (an idle lock holder must not be disconnected), and set TCP keepalives so the server notices a
 -- vanished client in about 11 s and frees its locks. Settings unknown to
 -- the server are skipped.
 SELECT pg_backend_pid()::int4 AS pid,
        (SELECT count(set_config(s.name, v.value, false))
-        FROM (VALUES ('idle_session_timeout', '0'),
+        FROM (VALUES ('default_transaction_isolation', 'read committed'),
+                     ('idle_session_timeout', '0'),
                      ('idle_in_transaction_session_timeout', '0'),
                      ('tcp_keepalives_idle', '5'),
                      ('tcp_keepalives_interval', '2'),

@@ -32,7 +32,7 @@ WHERE election = sqlc.arg(election)::text AND ended_at IS NULL;
 -- using the lease variant in the same election) is never superseded.
 WITH superseded AS (
     UPDATE pgclaim_terms
-    SET ended_at = least(clock_timestamp(), lease_until), end_reason = 'superseded'
+    SET ended_at = greatest(started_at, least(clock_timestamp(), lease_until)), end_reason = 'superseded'
     WHERE election = sqlc.arg(election)::text AND ended_at IS NULL AND sqlc.arg(supersede)::boolean
       AND (lease_until IS NULL OR lease_until <= now())
     RETURNING term
@@ -52,14 +52,22 @@ RETURNING term, started_at;
 -- ended when its lease ran out), then open a term leased until now() + ttl.
 -- The partial unique index on open terms lets one of several racing
 -- standbys win; no row returned means another one leads.
+--
+-- Every statement that closes a term sets ended_at to at least started_at
+-- (greatest(started_at, ...)), so the row's CHECK (ended_at >= started_at)
+-- can never refuse a close, whatever clock a start was stamped with: an
+-- open row whose lease ran out can always be closed and taken over. Rows a
+-- stamp once left starting after their lease end with ended_at =
+-- started_at, a term that never was in force.
 WITH expired AS (
     UPDATE pgclaim_terms
-    SET ended_at = lease_until, end_reason = 'expired'
+    SET ended_at = greatest(started_at, lease_until), end_reason = 'expired'
     WHERE election = sqlc.arg(election)::text AND ended_at IS NULL AND lease_until <= now()
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease', clock_timestamp(),
+SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease',
+       least(clock_timestamp(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'),
        now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e
 WHERE NOT EXISTS (
@@ -75,11 +83,15 @@ RETURNING term, started_at, lease_until;
 -- StartLeaseTerm reads the clock before its insert is decided, which can be
 -- after it waited for the previous term's close to commit; this statement
 -- runs after that commit, so started_at follows the previous ended_at.
+-- Only while the lease lasts: a candidate that stalled past its lease (a
+-- saturated pool, a pause) gets no row and does not lead, and started_at
+-- never passes lease_until.
 UPDATE pgclaim_terms
-SET started_at = clock_timestamp()
+SET started_at = least(clock_timestamp(), lease_until)
 WHERE election = sqlc.arg(election)::text
   AND term = sqlc.arg(term)::bigint
   AND ended_at IS NULL
+  AND lease_until > clock_timestamp()
 RETURNING started_at;
 
 -- name: RenewTerm :one
@@ -96,7 +108,7 @@ RETURNING lease_until;
 -- name: EndTerm :execrows
 -- Close this term. A lease term that already ran out ended when it expired.
 UPDATE pgclaim_terms
-SET ended_at   = least(clock_timestamp(), lease_until),
+SET ended_at   = greatest(started_at, least(clock_timestamp(), lease_until)),
     end_reason = CASE WHEN lease_until <= now() THEN 'expired' ELSE sqlc.arg(reason)::text END
 WHERE election = sqlc.arg(election)::text
   AND term = sqlc.arg(term)::bigint
@@ -109,3 +121,11 @@ DELETE FROM pgclaim_terms
 WHERE election = sqlc.arg(election)::text
   AND ended_at IS NOT NULL
   AND ended_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond';
+
+-- name: OpenAdvisoryTermsElsewhere :many
+-- The open advisory terms of every other election: a candidate that waits
+-- long for its lock looks among them for an election whose lock key
+-- collides with its own.
+SELECT election, holder, term
+FROM pgclaim_terms
+WHERE ended_at IS NULL AND method = 'advisory' AND election <> sqlc.arg(election)::text;

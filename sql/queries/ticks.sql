@@ -196,3 +196,27 @@ DELETE FROM pgclaim_ticks
 WHERE started_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
   AND fire_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
   AND outcome <> 'running';
+
+-- name: MissingRelations :one
+-- Which of the named relations (pgclaim's tables and sequence) do not
+-- exist, resolved by the search path the other statements use: the
+-- constructors refuse a database pgclaim's migrations were not applied to.
+SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE to_regclass(u.n) IS NULL), '{}')::text[] AS missing
+FROM unnest(sqlc.arg(names)::text[]) WITH ORDINALITY AS u(n, ord);
+
+-- name: HeldTick :one
+-- After a claim found the job's lock held elsewhere: whether the tick was
+-- claimed meanwhile (a racing instance's claim, not committed when the
+-- claim looked), and the job's latest running tick, whose run holds the
+-- lock (none: an Exclusive run of the same name holds it).
+SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
+               WHERE t.job = sqlc.arg(job)::text AND t.fire_at = sqlc.arg(fire_at)::timestamptz)::boolean AS claimed,
+       COALESCE(r.holder, '')::text AS holder,
+       r.fire_at::timestamptz AS running_fire_at,
+       r.started_at::timestamptz AS running_since
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT l.holder, l.fire_at, l.started_at FROM pgclaim_ticks l
+    WHERE l.job = sqlc.arg(job)::text AND l.outcome = 'running'
+    ORDER BY l.started_at DESC LIMIT 1
+) AS r ON true;
