@@ -511,12 +511,6 @@ func proxyConfig(t *testing.T, pool *pgxpool.Pool, rewritePID bool, silent *atom
 	return cfg
 }
 
-// startPIDProxy is startProxy rewriting the announced pid: a stand-in for a
-// pooler.
-func startPIDProxy(t *testing.T, network, target string) string {
-	return startProxy(t, network, target, true, nil)
-}
-
 // TestIdleSessionTerminated: the backend of a lock connection kept for
 // reuse is terminated while idle. The next run notices before using it and
 // takes a fresh connection.
