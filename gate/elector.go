@@ -149,7 +149,7 @@ func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector,
 		return nil, err
 	}
 	q := store.New(readCommitted{pool})
-	if err := checkSchema(q, "pgclaim_terms", "pgclaim_fence_seq"); err != nil {
+	if err := checkSchema(o.Logger, q, "pgclaim_terms", "pgclaim_fence_seq"); err != nil {
 		return nil, err
 	}
 	e := &Elector{pool: pool, q: q, name: name, o: o, sem: make(chan struct{}, 1)}

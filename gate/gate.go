@@ -67,14 +67,16 @@ const schemaTimeout = 10 * time.Second
 
 // checkSchema returns an error wrapping ErrInvalid, naming the fix, when
 // the database behind q lacks any of the relations pgclaim's migrations
-// create that names lists; it returns other errors (the database could not
-// be reached within schemaTimeout) as they are.
-func checkSchema(q *store.Queries, names ...string) error {
+// create that names lists. A database it cannot ask within schemaTimeout
+// (restarting, unreachable) is logged to log at warn level and not an
+// error: nothing is known to be wrong, and the first statement will tell.
+func checkSchema(log *slog.Logger, q *store.Queries, names ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()
 	missing, err := q.MissingRelations(ctx, names)
 	if err != nil {
-		return fmt.Errorf("gate: check pgclaim's tables: %w", err)
+		log.Warn("gate: could not check pgclaim's tables", "tables", names, "error", err)
+		return nil
 	}
 	if len(missing) > 0 {
 		return invalid("pool", "the database has no "+strings.Join(missing, ", ")+": apply pgclaim's migrations (pgclaim.Migrate)")

@@ -103,7 +103,7 @@ func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error
 		return nil, err
 	}
 	q := store.New(readCommitted{pool})
-	if err := checkSchema(q, "pgclaim_locks", "pgclaim_fence_seq"); err != nil {
+	if err := checkSchema(o.Logger, q, "pgclaim_locks", "pgclaim_fence_seq"); err != nil {
 		return nil, err
 	}
 	return &Lease{pool: pool, q: q, name: name, o: o}, nil

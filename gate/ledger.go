@@ -78,9 +78,11 @@ type Gate struct {
 // New returns a Gate using pool, which must reach a database migrated with
 // pgclaim.Migrate: New checks that with one query (bounded by 10 s), and
 // refuses a database without pgclaim's tables with an error wrapping
-// ErrInvalid that names them and the fix. The advisory lock is held on a connection taken out of
-// pool for the length of a run; up to a few such connections are kept for
-// reuse until Close.
+// ErrInvalid that names them and the fix (a database it cannot reach then
+// is a warning in the log, not an error: the service may start while the
+// server restarts; NewLease and NewElector do the same). The advisory lock
+// is held on a connection taken out of pool for the length of a run; up to
+// a few such connections are kept for reuse until Close.
 func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if pool == nil {
 		return nil, invalid("pool", "must not be nil")
@@ -96,13 +98,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 		tol = DefaultSkewTolerance
 	}
 	q := store.New(readCommitted{pool})
-	if err := checkSchema(q, "pgclaim_ticks", "pgclaim_fence_seq"); err != nil {
+	opts := cfg.Options.withDefaults()
+	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq"); err != nil {
 		return nil, err
 	}
 	return &Gate{
 		pool:      pool,
 		q:         q,
-		opts:      cfg.Options.withDefaults(),
+		opts:      opts,
 		tolerance: tol,
 		wait:      cfg.LockWait,
 		ledger:    cfg.LedgerOnly,

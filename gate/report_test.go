@@ -1,13 +1,17 @@
 package gate_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
@@ -160,4 +164,38 @@ func TestNewUnmigrated(t *testing.T) {
 	check("gate.NewLease", err)
 	_, err = gate.NewElector(db.Pool, "e", gate.ElectorOptions{})
 	check("gate.NewElector", err)
+}
+
+// TestNewUnreachable: a database the constructors cannot reach (a service
+// starting while the server restarts) is a warning, not an error: the
+// check is for a missing schema, and the first statement reports the rest.
+func TestNewUnreachable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@"+addr+"/x?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var buf bytes.Buffer
+	opts := gate.Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))}
+	g, err := gate.New(pool, gate.Config{Options: opts})
+	if err != nil {
+		t.Fatalf("gate.New on an unreachable database: %v; want a warning only", err)
+	}
+	g.Close()
+	if _, err := gate.NewLease(pool, "l", gate.LeaseOptions{Options: opts, AtMost: time.Second}); err != nil {
+		t.Fatalf("gate.NewLease on an unreachable database: %v", err)
+	}
+	if _, err := gate.NewElector(pool, "e", gate.ElectorOptions{Options: opts}); err != nil {
+		t.Fatalf("gate.NewElector on an unreachable database: %v", err)
+	}
+	if n := strings.Count(buf.String(), "could not check pgclaim's tables"); n != 3 {
+		t.Errorf("%d warnings, want 3:\n%s", n, buf.String())
+	}
 }
