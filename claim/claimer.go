@@ -546,13 +546,13 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 		return db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		c.c.emit(Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
+		c.c.emit(ctx, Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
 		return Claim[K]{}, ErrNotClaimed
 	}
 	if err != nil {
 		return Claim[K]{}, fmt.Errorf("claim: Claim: %w", err)
 	}
-	c.c.emit(Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)})
+	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)})
 	cl.Attempts = int(attempts)
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed",
 		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("token", cl.Token))
@@ -604,7 +604,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if err != nil {
 		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
 	}
-	c.c.emit(Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
+	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
 	if len(out) > 0 {
 		c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed batch",
 			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("token", out[0].Token))
@@ -690,12 +690,12 @@ func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Even
 		return fmt.Errorf("claim: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		c.c.emit(Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
+		c.c.emit(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
 		c.lost(ctx, op, cl)
 		return ErrLost
 	}
 	ev.Rows, ev.Duration = 1, time.Since(start)
-	c.c.emit(ev)
+	c.c.emit(ctx, ev)
 	return nil
 }
 
@@ -729,8 +729,8 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 			c.lost(ctx, "FinishBatch", cl)
 		}
 	}
-	c.c.emit(Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
-	c.c.emit(Event{Kind: EventLost, Rows: len(lost), Duration: took})
+	c.c.emit(ctx, Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
+	c.c.emit(ctx, Event{Kind: EventLost, Rows: len(lost), Duration: took})
 	return done, lost, nil
 }
 
@@ -818,7 +818,7 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 		return db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		c.c.emit(Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
+		c.c.emit(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
 		c.lost(ctx, "Extend", cl)
 		return time.Time{}, ErrLost
 	}
@@ -877,6 +877,6 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 			n++
 		}
 	}
-	c.c.emit(Event{Kind: EventLost, Rows: n, Duration: time.Since(start)})
+	c.c.emit(ctx, Event{Kind: EventLost, Rows: n, Duration: time.Since(start)})
 	return lost, nil
 }

@@ -42,7 +42,8 @@
 //     two sweepers never move a row twice. Lost claims and swept rows are
 //     logged (log/slog) and returned to the caller, and every statement that
 //     moves rows or finds claims lost is reported to Options.Hooks (an Event
-//     with its kind, target state, row count and duration) for metrics.
+//     with its kind, target state, row count and duration, with the
+//     caller's context) for metrics and tracing.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
 //   - Any isolation level. The guarantees hold whatever

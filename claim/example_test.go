@@ -283,7 +283,7 @@ func ExampleHooks() {
 
 	var mu sync.Mutex
 	rows := map[string]int{}
-	hooks := claim.HooksFunc(func(e claim.Event) {
+	hooks := claim.HooksFunc(func(_ context.Context, e claim.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		rows[e.Kind.String()+" "+e.State] += e.Rows

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -67,23 +68,26 @@ type Event struct {
 
 // Hooks receives events for metrics and tracing. Observe is called from the
 // goroutine that ran the statement, possibly from several at once, and must
-// not block.
+// not block. ctx is the context of the call that ran the statement (for the
+// Worker's claims, heartbeats, finishes and releases, one carrying the values
+// of the context passed to Worker.Run or Worker.Drain), so a tracer finds
+// the caller's span there and a logger the caller's values.
 type Hooks interface {
-	Observe(Event)
+	Observe(ctx context.Context, e Event)
 }
 
 // HooksFunc adapts a function to Hooks.
-type HooksFunc func(Event)
+type HooksFunc func(ctx context.Context, e Event)
 
-// Observe calls f(e).
-func (f HooksFunc) Observe(e Event) { f(e) }
+// Observe calls f(ctx, e).
+func (f HooksFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
-// emit reports e to the claimer's hooks, if any, filling in the table and
-// holder.
-func (c *core) emit(e Event) {
+// emit reports e to the claimer's hooks, if any, with ctx (the context of
+// the call that ran the statement), filling in the table and holder.
+func (c *core) emit(ctx context.Context, e Event) {
 	if c.hooks == nil || e.Rows == 0 {
 		return
 	}
 	e.Table, e.Holder = c.t.qname, c.holder
-	c.hooks.Observe(e)
+	c.hooks.Observe(ctx, e)
 }

@@ -20,7 +20,7 @@ type recorder struct {
 	ev []Event
 }
 
-func (r *recorder) Observe(e Event) {
+func (r *recorder) Observe(_ context.Context, e Event) {
 	r.mu.Lock()
 	r.ev = append(r.ev, e)
 	r.mu.Unlock()
@@ -146,7 +146,7 @@ func TestHeartbeatFinishedNotLost(t *testing.T) {
 	const rows = 400
 	createJobs(t, db.Pool, "bigint", rows)
 	var lostEvents, finished atomic.Int64
-	hooks := HooksFunc(func(e Event) {
+	hooks := HooksFunc(func(_ context.Context, e Event) {
 		switch e.Kind {
 		case EventLost:
 			lostEvents.Add(int64(e.Rows))
@@ -175,4 +175,104 @@ func TestHeartbeatFinishedNotLost(t *testing.T) {
 	if n := lostEvents.Load(); n != 0 {
 		t.Errorf("EventLost reported %d claims lost, want 0 (%d finished)", n, finished.Load())
 	}
+}
+
+// ctxKey keys the value TestHooksContext puts in each call's context.
+type ctxKey struct{}
+
+// ctxRecorder collects, per event, its kind and the ctxKey value of the
+// context Observe was given.
+type ctxRecorder struct {
+	mu sync.Mutex
+	ev []string
+}
+
+func (r *ctxRecorder) Observe(ctx context.Context, e Event) {
+	v, _ := ctx.Value(ctxKey{}).(string)
+	r.mu.Lock()
+	r.ev = append(r.ev, e.Kind.String()+" @"+v)
+	r.mu.Unlock()
+}
+
+func (r *ctxRecorder) take() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := strings.Join(r.ev, "; ")
+	r.ev = nil
+	return s
+}
+
+// TestHooksContext: Observe gets the context of the call that ran the
+// statement (for the Worker, one carrying the values of Run's context), so
+// a value the caller put there reaches the hooks.
+func TestHooksContext(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 6)
+	rec := &ctxRecorder{}
+	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(name string) context.Context { return context.WithValue(ctx, ctxKey{}, name) }
+	want := func(step, events string) {
+		t.Helper()
+		if got := rec.take(); got != events {
+			t.Errorf("%s: events %q, want %q", step, got, events)
+		}
+	}
+
+	c1, err := c.Claim(call("Claim"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Claim(call("Claim again"), 1); !errors.Is(err, ErrNotClaimed) {
+		t.Fatal(err)
+	}
+	want("Claim", "claimed @Claim; not claimed @Claim again")
+	batch, err := c.ClaimBatch(call("ClaimBatch"), 2)
+	if err != nil || len(batch) != 2 {
+		t.Fatalf("ClaimBatch: %v %v", batch, err)
+	}
+	stale := c1
+	stale.Token = -1
+	if _, _, err := c.FinishBatch(call("FinishBatch"), append(batch, stale), "DONE"); err != nil {
+		t.Fatal(err)
+	}
+	want("ClaimBatch, FinishBatch", "claimed @ClaimBatch; finished @FinishBatch; lost @FinishBatch")
+	if _, err := c.Extend(call("Extend"), stale, time.Minute); !errors.Is(err, ErrLost) {
+		t.Fatal(err)
+	}
+	if err := c.Release(call("Release"), c1); err != nil {
+		t.Fatal(err)
+	}
+	want("Extend, Release", "lost @Extend; released @Release")
+
+	c4, err := c.Claim(call("Claim 4"), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, c4.Key)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sw.Sweep(call("Sweep")); err != nil {
+		t.Fatal(err)
+	}
+	want("Sweep", "claimed @Claim 4; swept @Sweep")
+
+	// The worker: rows 1, 5 and 6 are PAUSED.
+	w, err := NewWorker(c, WorkerConfig[int64]{
+		Work: func(context.Context, pgx.Tx, Claim[int64]) error { return nil },
+		Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Drain(call("Drain")); err != nil {
+		t.Fatal(err)
+	}
+	want("Drain", "claimed @Drain; finished @Drain; finished @Drain; finished @Drain")
 }

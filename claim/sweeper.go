@@ -387,7 +387,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
 	}
 	for state, n := range byState {
-		s.c.c.emit(Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
+		s.c.c.emit(ctx, Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)
