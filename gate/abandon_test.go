@@ -66,7 +66,7 @@ type abandonedEvents struct {
 	events []gate.Event
 }
 
-func (a *abandonedEvents) Observe(e gate.Event) {
+func (a *abandonedEvents) Observe(_ context.Context, e gate.Event) {
 	if e.Kind == gate.EventAbandoned {
 		a.mu.Lock()
 		a.events = append(a.events, e)

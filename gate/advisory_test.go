@@ -234,7 +234,7 @@ func TestLostWhenBackendTerminated(t *testing.T) {
 			db := pgtest.NewDatabase(t)
 			ctx := context.Background()
 			var lostEvents atomic.Int32
-			a := newGate(t, db.Pool, "a", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+			a := newGate(t, db.Pool, "a", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 				if e.Kind == gate.EventLost {
 					lostEvents.Add(1)
 				}
@@ -556,7 +556,7 @@ func TestLostFoundAtRelease(t *testing.T) {
 			db := pgtest.NewDatabase(t)
 			ctx := context.Background()
 			var lost, finished atomic.Int32
-			g := newGate(t, db.Pool, "short", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+			g := newGate(t, db.Pool, "short", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 				switch e.Kind {
 				case gate.EventLost:
 					lost.Add(1)

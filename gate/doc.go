@@ -116,5 +116,8 @@
 //
 // Options.Logger (a *slog.Logger, slog.Default() when nil) and Options.Hooks
 // receive the same events: acquired, skipped, lost, finished with outcome and
-// duration, and abandoned ticks found by a claim.
+// duration, and abandoned ticks found by a claim. Both get the context of the
+// call the event belongs to (for a lock, lease or leadership lost as its
+// watcher finds it, the values of the acquiring call's context), so a tracer
+// or a context-aware log handler finds the caller's span and values there.
 package gate

@@ -330,6 +330,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.obsCtx = context.WithoutCancel(ctx)
 	e.cur.Store(t)
 	e.o.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
 	go t.watch()
@@ -353,6 +354,7 @@ type term struct {
 
 	ctx    context.Context // cancelled when leadership ends
 	cancel context.CancelCauseFunc
+	obsCtx context.Context // the campaign's values, for events found by the watcher
 
 	stopWatch context.CancelFunc // stops the watcher
 	stopCtx   context.Context
@@ -427,7 +429,7 @@ func (t *term) stepDown(why error) {
 	t.mu.Unlock()
 	if why != nil {
 		t.cancel(why)
-		t.e.o.emit(context.Background(), Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
+		t.e.o.emit(t.obsCtx, Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
 	} else {
 		t.cancel(context.Canceled)
 	}
@@ -443,7 +445,7 @@ func (t *term) watch() {
 	}
 	close(t.watchEnd)
 	if t.lostErr() != nil && !t.deferEnd {
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		ctx, cancel := context.WithTimeout(t.obsCtx, releaseTimeout)
 		_ = t.end(ctx, reasonLost)
 		cancel()
 	}

@@ -108,7 +108,7 @@ func (t *term) watchLease() {
 		default:
 			// Soon again: the pool's next connection may well work.
 			next /= 4
-			e.o.Logger.WarnContext(ctx, "gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+			e.o.Logger.WarnContext(t.obsCtx, "gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
 		}
 		timer.Reset(min(next, max(time.Until(t.validUntil()), 0)))
 	}

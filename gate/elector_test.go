@@ -512,7 +512,7 @@ func TestElectorRunReturnsFnError(t *testing.T) {
 		db := pgtest.NewDatabase(t)
 		var kinds []string
 		var mu sync.Mutex
-		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 			mu.Lock()
 			kinds = append(kinds, e.Kind.String())
 			mu.Unlock()

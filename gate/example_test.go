@@ -145,7 +145,7 @@ func ExampleAdvisoryKey() {
 func ExampleHooksFunc() {
 	ctx := context.Background()
 	pool := examplePool()
-	hooks := gate.HooksFunc(func(e gate.Event) {
+	hooks := gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		switch e.Kind {
 		case gate.EventFinished:
 			fmt.Println(e.Kind, e.Name, e.Outcome)

@@ -241,17 +241,22 @@ type Event struct {
 
 // Hooks receives events for metrics and tracing. Observe may be called from
 // several goroutines at once (EventLost comes from the goroutine watching the
-// connection) and must not block.
+// connection) and must not block. ctx is the context of the call the event
+// belongs to (Once, Exclusive, TryAcquire, Do, Campaign, Run, Release,
+// Resign...); for an event found by background work (a lock, lease or
+// leadership lost, seen by its watcher), one carrying the values of the
+// context that acquired it. The log record of the event is written with the
+// same ctx.
 type Hooks interface {
-	Observe(Event)
+	Observe(ctx context.Context, e Event)
 }
 
 // HooksFunc adapts a function to Hooks.
-type HooksFunc func(Event)
+type HooksFunc func(ctx context.Context, e Event)
 
-// Observe calls f(e).
-func (f HooksFunc) Observe(e Event) { f(e) }
+// Observe calls f(ctx, e).
+func (f HooksFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
 type noHooks struct{}
 
-func (noHooks) Observe(Event) {}
+func (noHooks) Observe(context.Context, Event) {}

@@ -7,12 +7,12 @@ import (
 	"time"
 )
 
-// emit reports e to the hooks and writes one log record for it, with ctx
-// (the caller's, where there is one): acquired and skipped at debug level
+// emit reports e to the hooks and writes one log record for it, both with
+// ctx (the caller's; for background work, the acquiring call's values): acquired and skipped at debug level
 // (a tick skipped because its job's lock is held at warn), finished at info
 // (error when the job failed), abandoned at warn, lost at error.
 func (o *Options) emit(ctx context.Context, e Event) {
-	o.Hooks.Observe(e)
+	o.Hooks.Observe(ctx, e)
 	level := slog.LevelDebug
 	switch e.Kind {
 	case EventLost:

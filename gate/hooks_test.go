@@ -20,7 +20,7 @@ type recorder struct {
 	events []gate.Event
 }
 
-func (r *recorder) Observe(e gate.Event) {
+func (r *recorder) Observe(_ context.Context, e gate.Event) {
 	r.mu.Lock()
 	r.events = append(r.events, e)
 	r.mu.Unlock()

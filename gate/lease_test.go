@@ -455,7 +455,7 @@ func TestLeaseTakenOverHolderCancelled(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	var events sync.Map
-	hooks := gate.HooksFunc(func(e gate.Event) {
+	hooks := gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		v, _ := events.LoadOrStore(e.Kind, new(atomic.Int32))
 		v.(*atomic.Int32).Add(1)
 	})
@@ -507,7 +507,7 @@ func TestLeaseDoReportsOutcome(t *testing.T) {
 	pool := pgtest.Pool(t)
 	var mu sync.Mutex
 	var got []gate.Event
-	o := gate.LeaseOptions{AtMost: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(e gate.Event) {
+	o := gate.LeaseOptions{AtMost: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		mu.Lock()
 		got = append(got, e)
 		mu.Unlock()

@@ -55,7 +55,7 @@ func TestOnceSkipBehindLongRunReported(t *testing.T) {
 		recs   []string
 		events []gate.Event
 	)
-	hooks := gate.HooksFunc(func(e gate.Event) {
+	hooks := gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

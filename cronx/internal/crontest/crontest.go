@@ -66,7 +66,7 @@ func (s *Seen) Stop() {
 
 // Hooks returns the gate hooks of instance holder.
 func (s *Seen) Hooks(holder string) gate.Hooks {
-	return gate.HooksFunc(func(e gate.Event) {
+	return gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		abandonedAtStop := s.stopping && e.Kind == gate.EventFinished && e.Outcome == gate.OutcomeAbandoned

@@ -121,7 +121,7 @@ func LogsByDefault(t *testing.T, build Build) {
 	db := pgtest.NewDatabase(t)
 	var mu sync.Mutex
 	var skips []gate.Event
-	g, err := gate.New(db.Pool, gate.Config{Options: gate.Options{Holder: "a", Hooks: gate.HooksFunc(func(e gate.Event) {
+	g, err := gate.New(db.Pool, gate.Config{Options: gate.Options{Holder: "a", Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		if e.Kind == gate.EventSkipped {
 			mu.Lock()
 			skips = append(skips, e)

@@ -128,7 +128,7 @@ func ZoneHelper(t *testing.T, start StartZone) {
 	holder := "TZ=" + os.Getenv("TZ")
 	var mu sync.Mutex
 	fired := map[string][]time.Time{}
-	hooks := gate.HooksFunc(func(e gate.Event) {
+	hooks := gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		if e.Kind == gate.EventAcquired || (e.Kind == gate.EventSkipped && errors.Is(e.Err, gate.ErrSkipped)) {
 			mu.Lock()
 			fired[e.Name] = append(fired[e.Name], e.FireAt)
