@@ -48,7 +48,9 @@ func (r *ctxRecorder) waitFor(t *testing.T, n int) {
 }
 
 // call returns a context carrying name under ctxKey.
-func call(name string) context.Context { return context.WithValue(context.Background(), ctxKey{}, name) }
+func call(name string) context.Context {
+	return context.WithValue(context.Background(), ctxKey{}, name)
+}
 
 // TestHooksContext: Observe gets the context of the call an event belongs
 // to, so a value the caller put there reaches the hooks; an event found by
