@@ -47,8 +47,8 @@ func (r *ctxRecorder) waitFor(t *testing.T, n int) {
 	t.Fatalf("fewer than %d events after 10s: %s", n, r.take())
 }
 
-// call returns a context carrying name under ctxKey.
-func call(name string) context.Context {
+// obsCall returns a context carrying name under ctxKey.
+func obsCall(name string) context.Context {
 	return context.WithValue(context.Background(), ctxKey{}, name)
 }
 
@@ -70,12 +70,12 @@ func TestHooksContext(t *testing.T) {
 		rec := &ctxRecorder{}
 		g := newGate(t, db.Pool, "observed", gate.Config{Options: gate.Options{Hooks: rec}})
 		at := dbNow(t, db.Pool).Truncate(time.Second)
-		if err := g.Once(call("Once"), "ctx-job", at, noop); err != nil {
+		if err := g.Once(obsCall("Once"), "ctx-job", at, noop); err != nil {
 			t.Fatal(err)
 		}
-		_ = g.Once(call("Once again"), "ctx-job", at, noop)
+		_ = g.Once(obsCall("Once again"), "ctx-job", at, noop)
 		want(t, rec, "Once", "acquired @Once; finished @Once; skipped @Once again")
-		if err := g.Exclusive(call("Exclusive"), "ctx-exclusive", noop); err != nil {
+		if err := g.Exclusive(obsCall("Exclusive"), "ctx-exclusive", noop); err != nil {
 			t.Fatal(err)
 		}
 		want(t, rec, "Exclusive", "acquired @Exclusive; finished @Exclusive")
@@ -85,22 +85,22 @@ func TestHooksContext(t *testing.T) {
 		t.Parallel()
 		rec := &ctxRecorder{}
 		l := newLease(t, db.Pool, "ctx-lease", "observed", gate.LeaseOptions{AtMost: 10 * time.Second, KeepAlive: 50 * time.Millisecond, Options: gate.Options{Hooks: rec}})
-		h, err := l.TryAcquire(call("TryAcquire"))
+		h, err := l.TryAcquire(obsCall("TryAcquire"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = l.TryAcquire(call("TryAcquire again"))
-		if err := h.Release(call("Release")); err != nil {
+		_, _ = l.TryAcquire(obsCall("TryAcquire again"))
+		if err := h.Release(obsCall("Release")); err != nil {
 			t.Fatal(err)
 		}
 		want(t, rec, "TryAcquire, Release", "acquired @TryAcquire; skipped @TryAcquire again; released @Release")
-		if err := l.Do(call("Do"), noop); err != nil {
+		if err := l.Do(obsCall("Do"), noop); err != nil {
 			t.Fatal(err)
 		}
 		want(t, rec, "Do", "acquired @Do; released @Do; finished @Do")
 
 		// Lost, as the keep-alive finds it.
-		if _, err = l.TryAcquire(call("TryAcquire to lose")); err != nil {
+		if _, err = l.TryAcquire(obsCall("TryAcquire to lose")); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := db.Pool.Exec(context.Background(), `UPDATE pgclaim_locks SET lock_until = now() - interval '1 second' WHERE name = 'ctx-lease'`); err != nil {
@@ -117,16 +117,16 @@ func TestHooksContext(t *testing.T) {
 			name = "ctx-election-lease"
 		}
 		e := newElector(t, db.Pool, name, "observed", gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: rec}})
-		if _, err := e.Campaign(call("Campaign")); err != nil {
+		if _, err := e.Campaign(obsCall("Campaign")); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Resign(call("Resign")); err != nil {
+		if err := e.Resign(obsCall("Resign")); err != nil {
 			t.Fatal(err)
 		}
 		want(t, rec, "Campaign, Resign", "acquired @Campaign; released @Resign")
 
 		// Lost, as the watcher finds it.
-		lctx, err := e.Campaign(call("Campaign to lose"))
+		lctx, err := e.Campaign(obsCall("Campaign to lose"))
 		if err != nil {
 			t.Fatal(err)
 		}
