@@ -93,14 +93,14 @@ type core struct {
 	log         *slog.Logger
 	hooks       Hooks
 
-	sqlClaim, sqlBatch                               string
-	sqlFinish, sqlFinishBatch, sqlExtend, sqlRelease string
-	sqlHeartbeat, sqlHeld                            string
-	// sqlFinishWith[reason][retry] is Finish that also sets Table.Reason
-	// ($5) and Table.RetryAt ($6 microseconds from now): "" when the table
-	// lacks the column.
-	sqlFinishWith [2][2]string
-	claimArgs     []any // SET arguments shared by Claim and ClaimBatch
+	// The statements, built by build (sql.go).
+	sqlClaim, sqlBatch                    query
+	sqlFinishBatch, sqlExtend, sqlRelease query
+	sqlHeartbeat, sqlHeld                 query
+	// sqlFinish[reason][retry] is Finish, that with reason also sets
+	// Table.Reason and with retry Table.RetryAt: empty when the table lacks
+	// the column.
+	sqlFinish [2][2]query
 }
 
 // DefaultHolder returns the default instance identity, "hostname:pid".
@@ -256,243 +256,8 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }
 
-// countParams returns the highest $N placeholder in a trusted SQL fragment,
-// skipping quoted strings and identifiers.
-func countParams(where string) (int, error) {
-	highest := 0
-	for i := 0; i < len(where); i++ {
-		switch ch := where[i]; ch {
-		case '\'', '"':
-			j := strings.IndexByte(where[i+1:], ch)
-			if j < 0 {
-				return 0, invalid("Options.Where", "unterminated quote")
-			}
-			i += j + 1
-		case '$':
-			j := i + 1
-			for j < len(where) && where[j] >= '0' && where[j] <= '9' {
-				j++
-			}
-			if j > i+1 {
-				n, err := strconv.Atoi(where[i+1 : j])
-				if err != nil || n < 1 {
-					return 0, invalid("Options.Where", fmt.Sprintf("bad placeholder %q", where[i:j]))
-				}
-				highest = max(highest, n)
-			}
-			i = j - 1
-		}
-	}
-	return highest, nil
-}
-
 // micros converts d to whole microseconds for an interval parameter.
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
-
-// claimSet returns the SET list of a claim and its arguments, numbered
-// from $p. Every claimed row gets its own token: nextval is volatile, so it
-// is evaluated once per row. That also lets statements over many claims
-// (FinishBatch, the heartbeat) handle a whole batch in one statement: see
-// matchClaims.
-func (c *core) claimSet(p int) (string, []any) {
-	t := c.t
-	var b strings.Builder
-	args := []any{c.to}
-	fmt.Fprintf(&b, "%s = $%d, %s = statement_timestamp()", t.state, p, t.claimedAt)
-	p++
-	if t.claimedBy != "" {
-		fmt.Fprintf(&b, ", %s = $%d", t.claimedBy, p)
-		args = append(args, c.holder)
-		p++
-	}
-	if t.fence != "" {
-		fmt.Fprintf(&b, ", %s = nextval('pgclaim_fence_seq')", t.fence)
-	}
-	if t.attempts != "" {
-		fmt.Fprintf(&b, ", %s = COALESCE(pgclaim_t.%s, 0) + 1", t.attempts, t.attempts)
-	}
-	if t.leaseUntil != "" {
-		if c.lease > 0 {
-			fmt.Fprintf(&b, ", %s = statement_timestamp() + ($%d::bigint * interval '1 microsecond')", t.leaseUntil, p)
-			args = append(args, micros(c.lease))
-		} else {
-			fmt.Fprintf(&b, ", %s = NULL", t.leaseUntil)
-		}
-	}
-	return b.String(), args
-}
-
-// returning is the RETURNING list shared by Claim and ClaimBatch (after the
-// key): claimed_at, token, attempts.
-func (c *core) returning() string {
-	t := c.t
-	s := "pgclaim_t." + t.claimedAt
-	if t.fence != "" {
-		s += ", pgclaim_t." + t.fence
-	} else {
-		s += ", 0::bigint"
-	}
-	if t.attempts != "" {
-		s += ", pgclaim_t." + t.attempts + "::bigint"
-	} else {
-		s += ", 0::bigint"
-	}
-	return s
-}
-
-// recheck returns cond written so that the planner cannot use it to choose
-// how to find rows: in a WHERE clause, "(cond) IS TRUE" keeps exactly the
-// rows cond keeps (false and NULL both drop a row), but it is neither an
-// index condition nor a proof of a partial index's predicate.
-//
-// Every statement here over rows known in advance — by key, or by the keys
-// a selection has just locked — finds them through the key's unique index,
-// and checks state, token and times with recheck. Written plainly, those
-// checks invite the planner to find the rows through an index on the state
-// or on a time instead, at a cost it estimates from the table's statistics;
-// and a burst of claims makes the statistics wrong exactly there (taken
-// while every row was PAUSED, they say that no row is PROCESSING). Such a
-// plan reads every row in the state, or does so once per row to touch: a
-// sweep or a batch claim of 1,000 rows after a burst of 100,000 took 16 s.
-// Found by key, a statement reads the rows it touches and no others.
-func recheck(cond string) string { return "(" + cond + ") IS TRUE" }
-
-func (c *core) build(opts Options) {
-	t := c.t
-	set, args := c.claimSet(3)
-	c.claimArgs = args
-	// due is the condition that a row may be claimed now, on the row named
-	// by prefix.
-	due := func(prefix string) string {
-		if t.retryAt == "" {
-			return ""
-		}
-		return fmt.Sprintf(" AND (%[1]s%[2]s IS NULL OR %[1]s%[2]s <= statement_timestamp())", prefix, t.retryAt)
-	}
-	c.sqlClaim = fmt.Sprintf(
-		"UPDATE %s AS pgclaim_t SET %s WHERE pgclaim_t.%s = $1 AND %s RETURNING %s",
-		t.qname, set, t.key, recheck("pgclaim_t."+t.state+" = $2"+due("pgclaim_t.")), c.returning())
-
-	order := t.key
-	if strings.TrimSpace(opts.Order) != "" {
-		order = opts.Order
-	}
-	where := ""
-	if strings.TrimSpace(opts.Where) != "" {
-		where = " AND (" + opts.Where + ")"
-	}
-	k := c.whereParams
-	set, _ = c.claimSet(k + 3)
-	// The selection locks the rows; the update finds them by key (see
-	// recheck). The state is re-checked on the locked row.
-	c.sqlBatch = fmt.Sprintf(`WITH pgclaim_c AS (
-  SELECT %[2]s FROM %[1]s WHERE %[3]s = $%[4]d%[11]s%[5]s ORDER BY %[6]s LIMIT $%[7]d FOR UPDATE SKIP LOCKED
-)
-UPDATE %[1]s AS pgclaim_t SET %[8]s
-WHERE pgclaim_t.%[2]s = ANY(ARRAY(SELECT %[2]s FROM pgclaim_c)) AND %[9]s
-RETURNING pgclaim_t.%[2]s, %[10]s`,
-		t.qname, t.key, t.state, k+1, where, order, k+2, set,
-		recheck(fmt.Sprintf("pgclaim_t.%s = $%d", t.state, k+1)), c.returning(), due(""))
-
-	if t.fence == "" {
-		return
-	}
-	fenced := func(state string) string {
-		return recheck(fmt.Sprintf("%s = %s AND %s = $4", t.state, state, t.fence))
-	}
-	c.sqlFinish = fmt.Sprintf("UPDATE %s SET %s = $1 WHERE %s = $2 AND %s",
-		t.qname, t.state, t.key, fenced("$3"))
-	for reason := range 2 {
-		for retry := range 2 {
-			if (reason == 1 && t.reason == "") || (retry == 1 && t.retryAt == "") {
-				continue
-			}
-			set := t.state + " = $1"
-			if reason == 1 {
-				set += ", " + t.reason + " = $5"
-			}
-			if retry == 1 {
-				set += fmt.Sprintf(", %s = statement_timestamp() + ($%d::bigint * interval '1 microsecond')", t.retryAt, 5+reason)
-			}
-			c.sqlFinishWith[reason][retry] = fmt.Sprintf("UPDATE %s SET %s WHERE %s = $2 AND %s",
-				t.qname, set, t.key, fenced("$3"))
-		}
-	}
-	release := fmt.Sprintf("%s = $1", t.state)
-	if t.attempts != "" {
-		release += fmt.Sprintf(", %[1]s = GREATEST(COALESCE(%[1]s, 1) - 1, 0)", t.attempts)
-	}
-	c.sqlRelease = fmt.Sprintf("UPDATE %s SET %s WHERE %s = $2 AND %s",
-		t.qname, release, t.key, fenced("$3"))
-
-	byKeys, isClaim, pos := c.claimsCond()
-	c.sqlFinishBatch = fmt.Sprintf(`UPDATE %[1]s AS pgclaim_t SET %[2]s = $3
-WHERE %[3]s AND %[4]s
-RETURNING %[5]s`, t.qname, t.state, byKeys, recheck("pgclaim_t."+t.state+" = $4 AND "+isClaim), pos)
-	if t.leaseUntil == "" {
-		return
-	}
-	c.sqlExtend = fmt.Sprintf(
-		"UPDATE %s SET %s = statement_timestamp() + ($1::bigint * interval '1 microsecond') WHERE %s = $2 AND %s RETURNING %s",
-		t.qname, t.leaseUntil, t.key, fenced("$3"), t.leaseUntil)
-	// Heartbeat: extend many claims at once, skipping rows locked by
-	// another transaction (typically the worker's own work transaction
-	// touching the row) instead of waiting for it.
-	still := recheck("pgclaim_t." + t.state + " = $3 AND " + isClaim)
-	c.sqlHeartbeat = fmt.Sprintf(`WITH pgclaim_l AS (
-  SELECT pgclaim_t.%[2]s FROM %[1]s AS pgclaim_t
-  WHERE %[3]s AND %[4]s
-  FOR UPDATE OF pgclaim_t SKIP LOCKED
-)
-UPDATE %[1]s AS pgclaim_t SET %[5]s = statement_timestamp() + ($4::bigint * interval '1 microsecond')
-WHERE pgclaim_t.%[2]s = ANY(ARRAY(SELECT %[2]s FROM pgclaim_l)) AND %[4]s
-RETURNING %[6]s`, t.qname, t.key, byKeys, still, t.leaseUntil, pos)
-	c.sqlHeld = fmt.Sprintf(`SELECT %[3]s FROM %[1]s AS pgclaim_t WHERE %[2]s AND %[4]s`,
-		t.qname, byKeys, pos, still)
-}
-
-// claimsCond returns the conditions of statements over many claims, passed
-// as $1 (keys) and $2 (tokens, sorted, none twice; see matchClaims), on the
-// table aliased pgclaim_t:
-//
-//	byKeys:  key = ANY($1)
-//	isClaim: fence = $2[pos] AND key = $1[pos]
-//	pos:     width_bucket(fence, $2)
-//
-// width_bucket(f, $2) is a binary search in the sorted tokens: the number of
-// tokens less than or equal to f. As no token is there twice, when f is the
-// j-th token pos is j, and when f is not among them $2[pos] is another token
-// (or NULL). So isClaim holds exactly when some j has $2[j] = fence and
-// $1[j] = key: it is the pairwise check "(key, token) is one of the
-// claims", at O(log n) per row, and pos names the claim, which the
-// statements return. byKeys is implied by isClaim; it is there for the
-// planner, as the index condition that finds the rows by key (see recheck).
-// A statement over n claims thus reads at most n rows, whatever the
-// statistics say.
-//
-// The pairwise check is also written as a join of the table to
-// unnest($1, $2), but then the plan depends on the planner's estimate of
-// how many rows are in the To state, and statistics from before a burst of
-// claims put it at one: FinishBatch of 1,000 claims on a 200,000-row table
-// scanned the table and compared every PROCESSING row with every claim, in
-// 0.9 to 1.9 s instead of 5 ms.
-//
-// With a token twice in $2 (never sent: see matchClaims), pos would name the
-// last claim with that token, and the check would accept fewer rows than the
-// pairwise check, never more.
-func (c *core) claimsCond() (byKeys, isClaim, pos string) {
-	t := c.t
-	// keys is $1 typed as an array of the key column's type: COALESCE
-	// takes the type of its second argument, which is never evaluated.
-	// This works whether $1 is a bound parameter or a literal (simple
-	// protocol).
-	keys := fmt.Sprintf("COALESCE($1, ARRAY(SELECT %s FROM %s LIMIT 0))", t.key, t.qname)
-	pos = fmt.Sprintf("width_bucket(pgclaim_t.%s, $2::bigint[])", t.fence)
-	byKeys = fmt.Sprintf("pgclaim_t.%s = ANY(%s)", t.key, keys)
-	isClaim = fmt.Sprintf("pgclaim_t.%s = ($2::bigint[])[%s] AND pgclaim_t.%s = (%s)[%s]",
-		t.fence, pos, t.key, keys, pos)
-	return byKeys, isClaim, pos
-}
 
 // WithTx returns a copy of the claimer that runs on db, typically the
 // caller's pgx.Tx, so that a claim or finish commits or rolls back with the
@@ -536,14 +301,12 @@ func (c *Claimer[K]) Verify(ctx context.Context) error {
 // and attempts+1. It returns ErrNotClaimed when the row was not in From
 // (another holder won, or there is no such row).
 func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
-	args := make([]any, 0, 2+len(c.c.claimArgs))
-	args = append(args, key, c.c.from)
-	args = append(args, c.c.claimArgs...)
+	args := c.c.sqlClaim.bind(nil, key)
 	cl := Claim[K]{Key: key}
 	var attempts int64
 	start := time.Now()
 	err := c.stmt(ctx, func(db DBTX) error {
-		return db.QueryRow(ctx, c.c.sqlClaim, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
+		return db.QueryRow(ctx, c.c.sqlClaim.text, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		c.c.emit(ctx, Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
@@ -576,16 +339,12 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if len(where) != c.c.whereParams {
 		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
-	args := make([]any, 0, len(c.plan)+len(where)+2+len(c.c.claimArgs))
-	args = append(args, c.plan...)
-	args = append(args, where...)
-	args = append(args, c.c.from, n)
-	args = append(args, c.c.claimArgs...)
+	args := c.c.sqlBatch.bind(c.plan, append(slices.Clip(where), n)...)
 	start := time.Now()
 	out := make([]Claim[K], 0, n)
 	err := c.stmt(ctx, func(db DBTX) error {
 		out = out[:0]
-		rows, err := db.Query(ctx, c.c.sqlBatch, args...)
+		rows, err := db.Query(ctx, c.c.sqlBatch.text, args...)
 		if err != nil {
 			return err
 		}
@@ -635,7 +394,7 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, c.c.sqlFinish, state, cl.Key, c.c.to, cl.Token)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, &c.c.sqlFinish[0][0], cl.Key, cl.Token, state)
 }
 
 // maxReason is the most bytes of an error's text a worker records in
@@ -651,10 +410,9 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	args := []any{state, cl.Key, c.c.to, cl.Token}
+	var reason *string
 	r, d := 0, 0
 	if c.c.t.reason != "" {
-		var reason *string
 		if cause != nil {
 			text := cause.Error()
 			if len(text) > maxReason {
@@ -663,27 +421,23 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 			reason = &text
 		}
 		r = 1
-		args = append(args, reason)
 	}
 	if retryIn > 0 && c.c.t.retryAt != "" {
 		d = 1
-		args = append(args, micros(retryIn))
 	}
-	q := c.c.sqlFinish
-	if r+d > 0 {
-		q = c.c.sqlFinishWith[r][d]
-	}
-	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, q, args...)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, &c.c.sqlFinish[r][d],
+		cl.Key, cl.Token, state, reason, micros(retryIn))
 }
 
-// finish runs q, a fenced update of cl's row, reports ev (with its
-// duration) when it moved the row, and returns ErrLost when it touched no
-// row.
-func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, q string, args ...any) error {
+// finish runs q, a fenced update of cl's row, with vals (see inKey),
+// reports ev (with its duration) when it moved the row, and returns ErrLost
+// when it touched no row.
+func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, q *query, vals ...any) error {
 	start := time.Now()
+	args := q.bind(nil, vals...)
 	var tag pgconn.CommandTag
 	err := c.stmt(ctx, func(db DBTX) (err error) {
-		tag, err = db.Exec(ctx, q, args...)
+		tag, err = db.Exec(ctx, q.text, args...)
 		return err
 	})
 	if err != nil {
@@ -715,7 +469,7 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 		return nil, nil, nil
 	}
 	start := time.Now()
-	ok, err := c.matchClaims(ctx, c.c.sqlFinishBatch, cls, state, c.c.to)
+	ok, err := c.matchClaims(ctx, &c.c.sqlFinishBatch, cls, state)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim: FinishBatch: %w", err)
 	}
@@ -734,15 +488,15 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 	return done, lost, nil
 }
 
-// matchClaims runs q, a statement over the claims cls passed as $1 (keys)
-// and $2 (tokens), then args, that returns the position of the claim each
+// matchClaims runs q, a statement over the claims cls bound as inKey
+// (keys) and inToken (tokens), then vals, that returns the position of the claim each
 // row it touched matched (see claimsCond), and reports per claim whether it
 // matched. The claims go in sorted by token. A claim whose token is already
 // in the statement (the same claim passed twice, or a token stamped on
 // several rows by the caller's own SQL) goes to a further statement, so that
 // no statement holds a token twice; the same claim passed twice therefore
 // matches at most once in a statement that moves the row.
-func (c *Claimer[K]) matchClaims(ctx context.Context, q string, cls []Claim[K], args ...any) ([]bool, error) {
+func (c *Claimer[K]) matchClaims(ctx context.Context, q *query, cls []Claim[K], vals ...any) ([]bool, error) {
 	order := make([]int, len(cls))
 	for i := range order {
 		order[i] = i
@@ -770,10 +524,11 @@ func (c *Claimer[K]) matchClaims(ctx context.Context, q string, cls []Claim[K], 
 		for i, at := range round {
 			keys[i], toks[i] = cls[at].Key, cls[at].Token
 		}
+		args := q.bind(nil, append([]any{keys, toks}, vals...)...)
 		var matched []int
 		err := c.stmt(ctx, func(db DBTX) error {
 			matched = matched[:0]
-			rows, err := db.Query(ctx, q, append([]any{keys, toks}, args...)...)
+			rows, err := db.Query(ctx, q.text, args...)
 			if err != nil {
 				return err
 			}
@@ -812,10 +567,11 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 	if d < time.Microsecond {
 		return time.Time{}, invalid("Extend: d", "must be positive")
 	}
+	args := c.c.sqlExtend.bind(nil, cl.Key, cl.Token, micros(d))
 	var until time.Time
 	start := time.Now()
 	err := c.stmt(ctx, func(db DBTX) error {
-		return db.QueryRow(ctx, c.c.sqlExtend, micros(d), cl.Key, c.c.to, cl.Token).Scan(&until)
+		return db.QueryRow(ctx, c.c.sqlExtend.text, args...).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		c.c.emit(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
@@ -836,7 +592,7 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
 		return err
 	}
-	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, c.c.sqlRelease, c.c.from, cl.Key, c.c.to, cl.Token); err != nil {
+	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, &c.c.sqlRelease, cl.Key, cl.Token); err != nil {
 		return err
 	}
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
@@ -854,7 +610,7 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 // claim is not lost here. Without finishing, no claim is finishing.
 func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration, finishing ...func(i int) bool) ([]bool, error) {
 	start := time.Now()
-	ext, err := c.matchClaims(ctx, c.c.sqlHeartbeat, cls, c.c.to, micros(d))
+	ext, err := c.matchClaims(ctx, &c.c.sqlHeartbeat, cls, micros(d))
 	if err != nil {
 		return nil, err
 	}
@@ -866,7 +622,7 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 	if all {
 		return lost, nil
 	}
-	held, err := c.matchClaims(ctx, c.c.sqlHeld, cls, c.c.to)
+	held, err := c.matchClaims(ctx, &c.c.sqlHeld, cls)
 	if err != nil {
 		return nil, err
 	}

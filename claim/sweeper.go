@@ -105,8 +105,7 @@ type Sweeper[K any] struct {
 	c     *Claimer[K]
 	cfg   SweeperConfig[K]
 	log   *slog.Logger
-	sql   string
-	args  []any
+	sql   query
 	batch int
 }
 
@@ -170,157 +169,13 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 	if s.log == nil {
 		s.log = c.c.log
 	}
-	s.build(n)
+	s.build()
 	if !cfg.SkipVerify {
 		if err := verifyOnNew("NewSweeper", s.log, t.qname, s.Verify); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
-}
-
-func (s *Sweeper[K]) build(k int) {
-	t := s.c.c.t
-	cfg := s.cfg
-	args := append([]any{}, cfg.Args...)
-	p := k + 1 // placeholders after Where's
-	param := func(v any) string {
-		args = append(args, v)
-		p++
-		return fmt.Sprintf("$%d", p-1)
-	}
-	processing := param(s.c.c.to)
-	limit := param(s.batch)
-	var staleAfter string
-	if cfg.StaleAfter > 0 {
-		staleAfter = param(micros(cfg.StaleAfter))
-	}
-	// stale is the staleness condition on the row named by prefix.
-	stale := func(prefix string) string {
-		old := fmt.Sprintf("%s%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')", prefix, t.claimedAt, staleAfter)
-		switch {
-		case t.leaseUntil == "":
-			return old
-		case staleAfter == "":
-			return fmt.Sprintf("%s%s < statement_timestamp()", prefix, t.leaseUntil)
-		default:
-			return fmt.Sprintf("(%[1]s%[2]s < statement_timestamp() OR (%[1]s%[2]s IS NULL AND %[3]s))", prefix, t.leaseUntil, old)
-		}
-	}
-	newState := param(cfg.Failed)
-	retryAt := ""
-	if cfg.Retry != "" {
-		failed := newState
-		retry := param(cfg.Retry)
-		// attemptsLeft holds for a row that goes to Retry: attempts
-		// remain, and (with FailAfter) it was not claimed too long ago.
-		attemptsLeft := fmt.Sprintf("COALESCE(pgclaim_t.%s, 0) < %s", t.attempts, param(cfg.MaxAttempts))
-		if cfg.FailAfter > 0 {
-			attemptsLeft += fmt.Sprintf(" AND NOT ((pgclaim_t.%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')) IS TRUE)",
-				t.claimedAt, param(micros(cfg.FailAfter)))
-		}
-		if cfg.RetryAfter > 0 {
-			retryAt = fmt.Sprintf("CASE WHEN %s THEN statement_timestamp() + (%s::bigint * interval '1 microsecond') ELSE pgclaim_t.%s END",
-				attemptsLeft, param(micros(cfg.RetryAfter)), t.retryAt)
-		}
-		// The ELSE branch is never taken: it gives the CASE the state
-		// column's type (which may be an enum), so that the two states,
-		// parameters or literals, are read as values of that type.
-		newState = fmt.Sprintf("CASE WHEN %s THEN %s WHEN true THEN %s ELSE pgclaim_t.%s END",
-			attemptsLeft, retry, failed, t.state)
-	}
-	where := ""
-	if strings.TrimSpace(cfg.Where) != "" {
-		where = " AND (" + cfg.Where + ")"
-	}
-	why := s.reasonExpr(staleAfter, param)
-	set := t.state + " = " + newState
-	if retryAt != "" {
-		set += ", " + t.retryAt + " = " + retryAt
-	}
-	if t.reason != "" {
-		set += ", " + t.reason + " = " + why
-	}
-	ret := "pgclaim_t." + t.key + ", pgclaim_t." + t.state + "::text"
-	for _, col := range []struct{ name, zero string }{
-		{t.fence, "0::bigint"}, {t.claimedBy, "''::text"}, {t.claimedAt, ""}, {t.attempts, "0::bigint"},
-	} {
-		switch {
-		case col.name == "":
-			ret += ", " + col.zero
-		case col.name == t.attempts:
-			ret += ", pgclaim_t." + col.name + "::bigint"
-		case col.name == t.claimedBy:
-			ret += ", COALESCE(pgclaim_t." + col.name + "::text, '')"
-		default:
-			ret += ", pgclaim_t." + col.name
-		}
-	}
-	if t.reason != "" {
-		ret += ", pgclaim_t." + t.reason
-	} else {
-		ret += ", " + why
-	}
-	// The selection locks at most a batch of stale rows; the update finds
-	// them by key and re-checks state and staleness on each locked row, so
-	// a row finished since the selection's snapshot is left alone. The
-	// re-check is written with recheck, so that the planner cannot trade
-	// the key index for an index on the state or the times, whose
-	// statistics are typically stale by the time rows go stale.
-	s.sql = fmt.Sprintf(`%[1]spgclaim_c AS (
-  SELECT %[3]s FROM %[2]s
-  WHERE %[4]s = %[5]s AND %[6]s%[7]s
-  ORDER BY %[8]s
-  LIMIT %[9]s
-  FOR UPDATE SKIP LOCKED
-)
-UPDATE %[2]s AS pgclaim_t SET %[10]s
-WHERE pgclaim_t.%[3]s = ANY(ARRAY(SELECT %[3]s FROM pgclaim_c)) AND %[11]s
-RETURNING %[12]s`,
-		"WITH ", t.qname, t.key, t.state, processing, stale(""), where, t.claimedAt, limit,
-		set, recheck(fmt.Sprintf("pgclaim_t.%s = %s AND %s", t.state, processing, stale("pgclaim_t."))), ret)
-	s.args = args
-}
-
-// reasonExpr returns the SQL text expression saying why a row of
-// pgclaim_t is swept, from its values before the sweep: staleAfter is the
-// placeholder of StaleAfter in microseconds ("" when not set), param adds
-// an argument.
-func (s *Sweeper[K]) reasonExpr(staleAfter string, param func(any) string) string {
-	t := s.c.c.t
-	ts := func(col string) string {
-		return fmt.Sprintf(`to_char(pgclaim_t.%s AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`, col)
-	}
-	var claimedLong string
-	if staleAfter != "" {
-		claimedLong = fmt.Sprintf("'claimed at ' || %s || ', more than ' || %s || ' ago'", ts(t.claimedAt), param(s.cfg.StaleAfter.String()))
-	}
-	var what string
-	switch {
-	case t.leaseUntil == "":
-		what = claimedLong
-	case staleAfter == "":
-		what = "'lease expired at ' || " + ts(t.leaseUntil)
-	default:
-		what = fmt.Sprintf("CASE WHEN pgclaim_t.%s IS NOT NULL THEN 'lease expired at ' || %s ELSE %s END", t.leaseUntil, ts(t.leaseUntil), claimedLong)
-	}
-	if s.cfg.FailAfter > 0 {
-		what = fmt.Sprintf("%s || CASE WHEN pgclaim_t.%s < statement_timestamp() - (%s::bigint * interval '1 microsecond') THEN ', claimed more than ' || %s || ' ago' ELSE '' END",
-			what, t.claimedAt, param(micros(s.cfg.FailAfter)), param(s.cfg.FailAfter.String()))
-	}
-	var who []string
-	if t.claimedBy != "" {
-		who = append(who, fmt.Sprintf("COALESCE('claim by ' || pgclaim_t.%s, 'claim')", t.claimedBy))
-	} else {
-		who = append(who, "'claim'")
-	}
-	if t.fence != "" {
-		who = append(who, fmt.Sprintf("COALESCE(', token ' || pgclaim_t.%s, '')", t.fence))
-	}
-	if t.attempts != "" {
-		who = append(who, fmt.Sprintf("COALESCE(', attempt ' || pgclaim_t.%s, '')", t.attempts))
-	}
-	return fmt.Sprintf("('claim: swept: ' || %s || ' (' || %s || ')')", what, strings.Join(who, " || "))
 }
 
 // Sweep moves every stale row, batch by batch, until a batch comes back
@@ -350,7 +205,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 	// its snapshot (40001), and stmt runs it again at read committed.
 	err := s.c.stmt(ctx, func(db DBTX) error {
 		out = out[:0]
-		rows, err := db.Query(ctx, s.sql, append(s.c.plan[:len(s.c.plan):len(s.c.plan)], s.args...)...)
+		rows, err := db.Query(ctx, s.sql.text, s.sql.bind(s.c.plan)...)
 		if err != nil {
 			return err
 		}
