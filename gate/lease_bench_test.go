@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -177,11 +178,7 @@ func BenchmarkElectorTakeover(b *testing.B) {
 func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
 	class, key := gate.ElectionKey(name)
 	for range 1000 {
-		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-			class, key).Scan(&n)
+		n, err := pgprobe.CountAdvisory(context.Background(), pool, pgprobe.Waiting, pgprobe.Pair(class, key))
 		if err != nil && !errors.Is(err, context.Canceled) {
 			b.Fatal(err)
 		}
