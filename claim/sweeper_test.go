@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 )
 
 type rowState struct {
@@ -201,8 +203,10 @@ END $$`)
 			// Wait until the sweeper's statement is blocked in the gate:
 			// its snapshot is taken and it has seen the stale row.
 			for {
-				n := count(t, db.Pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted
-					AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+				n, err := pgprobe.CountAdvisory(ctx, db.Pool, pgprobe.Waiting, pgprobe.Single(4242))
+				if err != nil {
+					t.Fatal(err)
+				}
 				if n == 1 {
 					break
 				}

@@ -2,14 +2,8 @@ package gate_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -57,10 +52,8 @@ func holderPID(t testing.TB, pool *pgxpool.Pool, name string) uint32 {
 // advisoryLocks counts advisory locks held in the database.
 func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+	n, err := pgprobe.CountAdvisory(context.Background(), pool, pgprobe.Granted)
+	if err != nil {
 		t.Fatalf("count advisory locks: %v", err)
 	}
 	return n
@@ -357,7 +350,7 @@ func TestLostOnServerRestart(t *testing.T) {
 func TestRefusesPooler(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
-	cfg := proxyConfig(t, db.Pool, true, nil)
+	cfg := pgprobe.ProxyConfig(t, db.Pool, true, nil)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -381,83 +374,6 @@ func TestRefusesPooler(t *testing.T) {
 	}
 }
 
-// startProxy forwards connections to the server. With rewritePID it changes
-// the backend pid announced in BackendKeyData the way a pooler does. While
-// *silent is true it forwards nothing, like a network that went quiet
-// (connections stay open; closing one side still closes the other).
-func startProxy(t *testing.T, network, target string, rewritePID bool, silent *atomic.Bool) string {
-	t.Helper()
-	if silent == nil {
-		silent = new(atomic.Bool)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial(network, target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			t.Cleanup(func() { c.Close(); s.Close() })
-			wg.Add(2)
-			go func() { defer wg.Done(); forward(s, c, false, silent); s.Close() }()
-			go func() { defer wg.Done(); forward(c, s, rewritePID, silent); c.Close() }()
-		}
-	}()
-	return ln.Addr().String()
-}
-
-// forward copies protocol messages from src to dst, dropping them while
-// silent. With rewritePID (server to client) it flips bit 30 of the pid in
-// BackendKeyData ('K'). The client's first message (startup) has no type
-// byte; it is forwarded as is.
-func forward(dst io.Writer, src io.Reader, rewritePID bool, silent *atomic.Bool) {
-	if !rewritePID {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 && !silent.Load() {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	header := make([]byte, 5)
-	for {
-		if _, err := io.ReadFull(src, header); err != nil {
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(header[1:])-4)
-		if _, err := io.ReadFull(src, body); err != nil {
-			return
-		}
-		if header[0] == 'K' && len(body) >= 4 {
-			binary.BigEndian.PutUint32(body, binary.BigEndian.Uint32(body)^1<<30)
-		}
-		if silent.Load() {
-			continue
-		}
-		if _, err := dst.Write(append(header, body...)); err != nil {
-			return
-		}
-	}
-}
-
 // TestLostWhenNetworkSilent: the network between the gate and the server
 // goes quiet mid-run (nothing is closed, nothing arrives). The watcher's
 // ping goes unanswered, the job's context is cancelled, and once the gate
@@ -466,7 +382,7 @@ func TestLostWhenNetworkSilent(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
 	silent := new(atomic.Bool)
-	cfg := proxyConfig(t, db.Pool, false, silent)
+	cfg := pgprobe.ProxyConfig(t, db.Pool, false, silent)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -493,22 +409,6 @@ func TestLostWhenNetworkSilent(t *testing.T) {
 	if err := standby.Exclusive(context.Background(), "job", func(context.Context, gate.Run) error { return nil }); err != nil {
 		t.Errorf("standby after the silent holder gave up: %v", err)
 	}
-}
-
-// proxyConfig returns a copy of pool's config that connects through a
-// proxy (see startProxy).
-func proxyConfig(t *testing.T, pool *pgxpool.Pool, rewritePID bool, silent *atomic.Bool) *pgxpool.Config {
-	t.Helper()
-	cfg := pool.Config().Copy()
-	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
-		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
-	}
-	host, port, _ := net.SplitHostPort(startProxy(t, network, addr, rewritePID, silent))
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
-	return cfg
 }
 
 // TestIdleSessionTerminated: the backend of a lock connection kept for

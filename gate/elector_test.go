@@ -2,13 +2,9 @@ package gate_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -113,14 +110,7 @@ func checkTerms(t testing.TB, pool *pgxpool.Pool, election string) []termRow {
 
 // electionHolderPID is the backend holding the election's advisory lock.
 func electionHolderPID(ctx context.Context, pool *pgxpool.Pool, name string) (uint32, error) {
-	class, key := gate.ElectionKey(name)
-	var pid uint32
-	err := pool.QueryRow(ctx, `
-		SELECT pid FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = $1::int4::oid AND objid = $2::int4::oid`, class, key).Scan(&pid)
-	return pid, err
+	return pgprobe.AdvisoryHolder(ctx, pool, pgprobe.Pair(gate.ElectionKey(name)))
 }
 
 func TestElectorOneLeaderAndResign(t *testing.T) {
@@ -482,12 +472,11 @@ func TestElectorCampaignCancelled(t *testing.T) {
 			var waiting int
 			deadline := time.Now().Add(2 * time.Second)
 			for {
-				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-					WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid
-					  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-					class, key).Scan(&waiting); err != nil {
+				n, err := pgprobe.CountAdvisory(context.Background(), db.Pool, pgprobe.Waiting, pgprobe.Pair(class, key))
+				if err != nil {
 					t.Fatal(err)
 				}
+				waiting = n
 				if waiting == 0 || time.Now().After(deadline) {
 					break
 				}
@@ -678,15 +667,7 @@ func TestElectorServerRestart(t *testing.T) {
 func TestElectorBehindPooler(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
-	cfg := db.Pool.Config().Copy()
-	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	if len(cfg.ConnConfig.Host) > 0 && cfg.ConnConfig.Host[0] == '/' {
-		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
-	}
-	host, port, _ := net.SplitHostPort(poolerProxy(t, network, addr))
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	cfg := pgprobe.ProxyConfig(t, db.Pool, true, nil)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -709,52 +690,6 @@ func TestElectorBehindPooler(t *testing.T) {
 	if err := l.Do(ctx, func(context.Context, gate.Run) error { return nil }); err != nil {
 		t.Fatalf("lease lock behind a pooler: %v", err)
 	}
-}
-
-// poolerProxy forwards connections to the server at target and, like a
-// pooler, announces a backend pid other than the real one (BackendKeyData).
-// It returns the address it listens on.
-func poolerProxy(t *testing.T, network, target string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial(network, target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			go func() { io.Copy(server, client); server.Close() }()
-			go func() {
-				defer client.Close()
-				for {
-					var hdr [5]byte
-					if _, err := io.ReadFull(server, hdr[:]); err != nil {
-						return
-					}
-					body := make([]byte, int(binary.BigEndian.Uint32(hdr[1:]))-4)
-					if _, err := io.ReadFull(server, body); err != nil {
-						return
-					}
-					if hdr[0] == 'K' && len(body) >= 4 {
-						binary.BigEndian.PutUint32(body, binary.BigEndian.Uint32(body)+1)
-					}
-					if _, err := client.Write(append(hdr[:], body...)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return ln.Addr().String()
 }
 
 // TestElectorPrune: Prune deletes the election's terms that ended before

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/internal/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -27,27 +29,16 @@ func leaseLatency(b *testing.B, ds []time.Duration) {
 // BenchmarkLeaseCycle measures one lock + unlock of a free lock, each
 // variant on the same database: gate.Lease (TryAcquire + Release, with and
 // without its keep-alive goroutine), and the baseline "shedlock-sql": the
-// ShedLock-style cycle written by hand against a table of ShedLock's shape,
-// with database time — an upsert that takes the row only when expired, and
+// ShedLock-style cycle of package internal/shedlock against a table of
+// ShedLock's shape, with database time — an upsert that takes the row only when expired, and
 // an unlock that keeps at-least, scoped by name and holder (no fencing
 // token).
 func BenchmarkLeaseCycle(b *testing.B) {
 	pool := pgtest.Pool(b)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE shedlock (
-		name varchar(64) PRIMARY KEY, lock_until timestamptz NOT NULL,
-		locked_at timestamptz NOT NULL, locked_by varchar(255) NOT NULL)`); err != nil {
+	if err := shedlock.Create(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
-	const lock = `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
-		VALUES ($1, now() + $2::bigint * interval '1 microsecond', now(), $3)
-		ON CONFLICT (name) DO UPDATE
-		SET lock_until = excluded.lock_until, locked_at = excluded.locked_at, locked_by = excluded.locked_by
-		WHERE shedlock.lock_until <= now()`
-	const unlock = `UPDATE shedlock
-		SET lock_until = greatest(now(), locked_at + $2::bigint * interval '1 microsecond')
-		WHERE name = $1 AND locked_by = $3`
-	atMost := time.Minute.Microseconds()
 
 	leaseCycle := func(o gate.LeaseOptions) func() error {
 		l := newLease(b, pool, "bench", "a", o)
@@ -66,15 +57,14 @@ func BenchmarkLeaseCycle(b *testing.B) {
 		{"lease", leaseCycle(gate.LeaseOptions{AtMost: time.Minute})},
 		{"lease-nokeepalive", leaseCycle(gate.LeaseOptions{AtMost: time.Minute, NoKeepAlive: true})},
 		{"shedlock-sql", func() error {
-			tag, err := pool.Exec(ctx, lock, "bench", atMost, "a")
+			took, err := shedlock.Lock(ctx, pool, "bench", "a", time.Minute)
 			if err != nil {
 				return err
 			}
-			if tag.RowsAffected() != 1 {
+			if !took {
 				return errors.New("shedlock row not taken")
 			}
-			_, err = pool.Exec(ctx, unlock, "bench", int64(0), "a")
-			return err
+			return shedlock.Unlock(ctx, pool, "bench", "a", 0)
 		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
@@ -177,11 +167,7 @@ func BenchmarkElectorTakeover(b *testing.B) {
 func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
 	class, key := gate.ElectionKey(name)
 	for range 1000 {
-		var n int
-		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-			WHERE locktype = 'advisory' AND NOT granted AND classid = $1::int4::oid AND objid = $2::int4::oid
-			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-			class, key).Scan(&n)
+		n, err := pgprobe.CountAdvisory(context.Background(), pool, pgprobe.Waiting, pgprobe.Pair(class, key))
 		if err != nil && !errors.Is(err, context.Canceled) {
 			b.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -362,9 +363,7 @@ func TestOnceLedgerOnly(t *testing.T) {
 		t.Errorf("ledger %v", rows)
 	}
 	// No advisory lock is left behind.
-	var n int
-	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil || n != 0 {
+	if n, err := pgprobe.CountAdvisory(context.Background(), db.Pool, pgprobe.Any); err != nil || n != 0 {
 		t.Errorf("advisory locks held: %d (%v)", n, err)
 	}
 }

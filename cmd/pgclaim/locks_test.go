@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -146,9 +147,7 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 
 	// Wait until the standby is queued on the election's lock.
 	waitFor(t, "the standby waiting on the election lock", func() bool {
-		var n int
-		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		n, err := pgprobe.CountAdvisory(ctx, db.Pool, pgprobe.Waiting)
 		return err == nil && n == 1
 	})
 

@@ -1,20 +1,20 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
-	"os/exec"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pgclaim/pgclaim/internal/child"
 )
 
 // proc is one instance process started by the orchestrator.
 type proc struct {
 	label string // shown in the live view and the summary
-	cmd   *exec.Cmd
+	child *child.Process
 	stdin io.WriteCloser
 	pid   int
 
@@ -50,49 +50,28 @@ type procEvent struct {
 // environment. Its events go to events; its standard error is copied to
 // stderr, each line prefixed with label.
 func startProc(label, exe string, args, env []string, events chan<- procEvent, stderr io.Writer) (*proc, error) {
-	cmd := exec.Command(exe, args...)
-	cmd.Env = append(cmd.Environ(), env...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", label, err)
-	}
-	p := &proc{label: label, cmd: cmd, stdin: stdin, pid: cmd.Process.Pid}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		sc := bufio.NewScanner(errPipe)
-		for sc.Scan() {
-			fmt.Fprintf(stderr, "%s| %s\n", label, sc.Text())
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64*1024), 1<<20)
-		for sc.Scan() {
+	p := &proc{label: label}
+	made := make(chan struct{}) // p is complete: its events may be sent
+	c, err := child.Start(child.Config{
+		Exe: exe, Args: args, Env: env,
+		Stderr: func(line []byte) { fmt.Fprintf(stderr, "%s| %s\n", label, line) },
+		Stdout: func(line []byte) {
+			<-made
 			var e event
-			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-				fmt.Fprintf(stderr, "%s| %s\n", label, sc.Text())
-				continue
+			if err := json.Unmarshal(line, &e); err != nil {
+				fmt.Fprintf(stderr, "%s| %s\n", label, line)
+				return
 			}
 			events <- procEvent{p: p, e: e}
-		}
-	}()
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting %s: %w", label, err)
+	}
+	p.child, p.stdin, p.pid = c, c.Stdin, c.Pid()
+	close(made)
 	go func() {
-		wg.Wait()
-		err := cmd.Wait()
+		err := c.Err()
 		events <- procEvent{p: p, exit: true, err: err}
 	}()
 	return p, nil
@@ -115,7 +94,7 @@ func (p *proc) stop() {
 // kill ends the process with SIGKILL: no clean-up of any kind runs.
 func (p *proc) kill() error {
 	p.killed = true
-	return p.cmd.Process.Kill()
+	return p.child.Kill()
 }
 
 // short returns the first line of s.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	childproc "github.com/pgclaim/pgclaim/internal/child"
 )
 
 // Child processes of the failover scenario are this same executable,
@@ -160,10 +160,8 @@ func pollChild(ctx context.Context, out *childOut, url, name string) int {
 
 // child is a failover child process seen from the parent.
 type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	events chan childEvent
-	done   chan struct{}
+	proc   *childproc.Process
+	events chan childEvent // closed when the process has exited
 }
 
 type childEvent struct {
@@ -187,46 +185,31 @@ func (v foVariant) ttlText() string {
 }
 
 func startChild(ctx context.Context, v foVariant, url, election string) (*child, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(),
-		envChild+"=failover", envMode+"="+v.mode, envTTL+"="+v.ttl.String(), envURL+"="+url, envElection+"="+election)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	c := &child{cmd: cmd, stdin: stdin, events: make(chan childEvent, 64), done: make(chan struct{})}
-	go func() {
-		defer close(c.events)
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			f := strings.Fields(s.Text())
+	c := &child{events: make(chan childEvent, 64)}
+	proc, err := childproc.Start(childproc.Config{
+		Env: []string{envChild + "=failover", envMode + "=" + v.mode, envTTL + "=" + v.ttl.String(), envURL + "=" + url, envElection + "=" + election},
+		Stdout: func(line []byte) {
+			f := strings.Fields(string(line))
 			if len(f) == 0 {
-				continue
+				return
 			}
-			ev := childEvent{kind: f[0], text: s.Text()}
+			ev := childEvent{kind: f[0], text: string(line)}
 			if len(f) > 1 {
 				if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
 					ev.at = time.Unix(0, ns)
 				}
 			}
 			c.events <- ev
-		}
-	}()
+		},
+		StderrTo: os.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.proc = proc
 	go func() {
-		_ = cmd.Wait()
-		close(c.done)
+		<-proc.Done()
+		close(c.events)
 	}()
 	return c, nil
 }
@@ -239,24 +222,24 @@ func (c *child) wait(kind string, timeout time.Duration) (childEvent, error) {
 		select {
 		case ev, ok := <-c.events:
 			if !ok {
-				return childEvent{}, fmt.Errorf("child %d exited while waiting for %q", c.cmd.Process.Pid, kind)
+				return childEvent{}, fmt.Errorf("child %d exited while waiting for %q", c.proc.Pid(), kind)
 			}
 			if ev.kind == kind {
 				return ev, nil
 			}
 			if ev.kind == "error" {
-				return childEvent{}, fmt.Errorf("child %d: %s", c.cmd.Process.Pid, ev.text)
+				return childEvent{}, fmt.Errorf("child %d: %s", c.proc.Pid(), ev.text)
 			}
 		case <-t.C:
-			return childEvent{}, fmt.Errorf("child %d: no %q within %s", c.cmd.Process.Pid, kind, timeout)
+			return childEvent{}, fmt.Errorf("child %d: no %q within %s", c.proc.Pid(), kind, timeout)
 		}
 	}
 }
 
 func (c *child) kill() {
-	_ = c.cmd.Process.Kill()
-	_ = c.stdin.Close()
-	<-c.done
+	_ = c.proc.Kill()
+	_ = c.proc.Stdin.Close()
+	<-c.proc.Done()
 }
 
 // runFailover kills the leader process (SIGKILL) or terminates its backend
@@ -391,7 +374,7 @@ WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid AND ob
 		switch v.fault {
 		case "kill":
 			t0 = time.Now()
-			if err := leader.cmd.Process.Kill(); err != nil {
+			if err := leader.proc.Kill(); err != nil {
 				return Result{}, err
 			}
 		case "terminate":
@@ -469,21 +452,21 @@ func nextLeader(old, standby *child, wantLost bool, timeout time.Duration) (*chi
 			if !ok {
 				oldEv = nil
 				if wantLost {
-					return nil, led, lost, fmt.Errorf("child %d exited", old.cmd.Process.Pid)
+					return nil, led, lost, fmt.Errorf("child %d exited", old.proc.Pid())
 				}
 				continue
 			}
 		case ev, ok = <-sbEv:
 			from = standby
 			if !ok {
-				return nil, led, lost, fmt.Errorf("child %d exited", standby.cmd.Process.Pid)
+				return nil, led, lost, fmt.Errorf("child %d exited", standby.proc.Pid())
 			}
 		case <-t.C:
 			return nil, led, lost, fmt.Errorf("no new leader within %s (leader seen: %v, loss seen: %v)", timeout, haveLed, haveL)
 		}
 		switch ev.kind {
 		case "error":
-			return nil, led, lost, fmt.Errorf("child %d: %s", from.cmd.Process.Pid, ev.text)
+			return nil, led, lost, fmt.Errorf("child %d: %s", from.proc.Pid(), ev.text)
 		case "lost":
 			if from == old && !haveL {
 				lost, haveL = ev, true

@@ -11,29 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
-)
-
-// The ShedLock-style lock table: ShedLock's own schema.
-const shedlockDDL = `
-CREATE TABLE shedlock (
-    name       varchar(64)  NOT NULL PRIMARY KEY,
-    lock_until timestamptz  NOT NULL,
-    locked_at  timestamptz  NOT NULL,
-    locked_by  varchar(255) NOT NULL
-)`
-
-// ShedLock's PostgreSQL statements with usingDbTime(): take the row when
-// absent or expired, and on unlock keep it until locked_at + lockAtLeastFor.
-const (
-	shedlockLock = `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
-VALUES ($1, now() + $2::bigint * interval '1 microsecond', now(), $3)
-ON CONFLICT (name) DO UPDATE
-SET lock_until = EXCLUDED.lock_until, locked_at = EXCLUDED.locked_at, locked_by = EXCLUDED.locked_by
-WHERE shedlock.name = EXCLUDED.name AND shedlock.lock_until <= now()`
-	shedlockUnlock = `UPDATE shedlock
-SET lock_until = CASE WHEN locked_at + $2::bigint * interval '1 microsecond' > now()
-                      THEN locked_at + $2::bigint * interval '1 microsecond' ELSE now() END
-WHERE name = $1 AND locked_by = $3`
+	"github.com/pgclaim/pgclaim/internal/shedlock"
 )
 
 // gateHistory is the number of finished ticks the ledger holds before the
@@ -91,18 +69,16 @@ func gateMechs() []gateMech {
 		}},
 		{"baseline", "ShedLock-style lock table", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
 			holder := fmt.Sprintf("c%d", c)
-			atMost := (30 * time.Second).Microseconds()
 			return func(ctx context.Context, i int64) error {
-				tag, err := pool.Exec(ctx, shedlockLock, name, atMost, holder)
+				took, err := shedlock.Lock(ctx, pool, name, holder, 30*time.Second)
 				if err != nil {
 					return err
 				}
-				if tag.RowsAffected() == 0 {
+				if !took {
 					return errHeldBaseline
 				}
 				job(i)
-				_, err = pool.Exec(ctx, shedlockUnlock, name, int64(0), holder)
-				return err
+				return shedlock.Unlock(ctx, pool, name, holder, 0)
 			}, func() {}, nil
 		}},
 		{"baseline", "bare advisory lock (dedicated conn)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
@@ -147,7 +123,7 @@ func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 		return err
 	}
 	defer admin.Close()
-	if _, err := admin.Exec(ctx, shedlockDDL); err != nil {
+	if _, err := admin.Exec(ctx, shedlock.DDL); err != nil {
 		return err
 	}
 	// A ledger in steady state: history of other jobs, and statistics. On a

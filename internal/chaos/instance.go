@@ -1,17 +1,17 @@
 package chaos
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pgclaim/pgclaim/internal/child"
 )
 
 // instanceState says what the harness last did to an instance.
@@ -40,7 +40,7 @@ type instance struct {
 	mu       sync.Mutex
 	cfg      workerConfig // config of the next start
 	state    instanceState
-	cmd      *exec.Cmd
+	proc     *child.Process
 	stdin    io.WriteCloser
 	cur      *incarnation
 	all      []*incarnation
@@ -64,38 +64,20 @@ func (in *instance) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(in.exe, "worker")
-	cmd.Env = append(os.Environ(), envWorker+"="+string(raw))
-	cmd.Stderr = logf
-	// Own process group: a Ctrl-C aimed at the harness does not reach
-	// the instances before the harness stops them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		logf.Close()
-		return err
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		logf.Close()
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("chaos: start instance %s: %w", in.name, err)
-	}
-	logf.Close()
-	inc := &incarnation{holder: fmt.Sprintf("%s#%d:%d", in.name, in.cfg.Incarnation, cmd.Process.Pid)}
+	in.inBatch.Store(false) // before the new process's lines arrive
+	inc := &incarnation{}
 	ready, exited := make(chan struct{}), make(chan struct{})
-	in.cmd, in.stdin, in.cur, in.ready, in.exited = cmd, stdin, inc, ready, exited
-	in.all = append(in.all, inc)
-	in.state = stateRunning
-	in.inBatch.Store(false)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		once := sync.Once{}
-		for sc.Scan() {
-			switch sc.Text() {
+	once := sync.Once{}
+	proc, err := child.Start(child.Config{
+		Exe:      in.exe,
+		Args:     []string{"worker"},
+		Env:      []string{envWorker + "=" + string(raw)},
+		StderrTo: logf,
+		// Own process group: a Ctrl-C aimed at the harness does not reach
+		// the instances before the harness stops them.
+		OwnGroup: true,
+		Stdout: func(line []byte) {
+			switch string(line) {
 			case msgReady:
 				once.Do(func() { close(ready) })
 			case msgBatchStart:
@@ -104,8 +86,18 @@ func (in *instance) start() error {
 			case msgBatchEnd:
 				in.inBatch.Store(false)
 			}
-		}
-		err := cmd.Wait()
+		},
+	})
+	logf.Close()
+	if err != nil {
+		return fmt.Errorf("chaos: start instance %s: %w", in.name, err)
+	}
+	inc.holder = fmt.Sprintf("%s#%d:%d", in.name, in.cfg.Incarnation, proc.Pid())
+	in.proc, in.stdin, in.cur, in.ready, in.exited = proc, proc.Stdin, inc, ready, exited
+	in.all = append(in.all, inc)
+	in.state = stateRunning
+	go func() {
+		err := proc.Err()
 		in.mu.Lock()
 		if inc.end == "" {
 			inc.end = fmt.Sprintf("exited: %v", err)
@@ -141,16 +133,16 @@ func (in *instance) getState() instanceState {
 // kill SIGKILLs the current incarnation; it reports whether it was mid-batch.
 func (in *instance) kill() (midBatch bool, ok bool) {
 	in.mu.Lock()
-	if in.state != stateRunning || in.cmd == nil {
+	if in.state != stateRunning || in.proc == nil {
 		in.mu.Unlock()
 		return false, false
 	}
 	midBatch = in.inBatch.Load()
 	in.cur.end = "killed"
 	in.state = stateKilled
-	cmd, exited := in.cmd, in.exited
+	proc, exited := in.proc, in.exited
 	in.mu.Unlock()
-	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = proc.Signal(syscall.SIGKILL)
 	<-exited
 	return midBatch, true
 }
@@ -159,11 +151,11 @@ func (in *instance) kill() (midBatch bool, ok bool) {
 func (in *instance) pause() (midBatch bool, ok bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.state != stateRunning || in.cmd == nil {
+	if in.state != stateRunning || in.proc == nil {
 		return false, false
 	}
 	midBatch = in.inBatch.Load()
-	if err := in.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := in.proc.Signal(syscall.SIGSTOP); err != nil {
 		return false, false
 	}
 	in.state = statePaused
@@ -177,7 +169,7 @@ func (in *instance) resume() {
 	if in.state != statePaused {
 		return
 	}
-	_ = in.cmd.Process.Signal(syscall.SIGCONT)
+	_ = in.proc.Signal(syscall.SIGCONT)
 	in.state = stateRunning
 }
 
@@ -195,31 +187,31 @@ func (in *instance) setOffset(ms int64) {
 // stop ends the current incarnation with SIGTERM (SIGKILL after timeout).
 func (in *instance) stop(timeout time.Duration) {
 	in.mu.Lock()
-	if in.cmd == nil || in.state == stateStopped {
+	if in.proc == nil || in.state == stateStopped {
 		in.mu.Unlock()
 		return
 	}
 	wasKilled := in.state == stateKilled
 	if in.state == statePaused {
-		_ = in.cmd.Process.Signal(syscall.SIGCONT)
+		_ = in.proc.Signal(syscall.SIGCONT)
 	}
 	in.state = stateStopped
 	if !wasKilled && in.cur.end == "" {
 		in.cur.end = "stopped"
 	}
-	cmd, exited := in.cmd, in.exited
+	proc, exited := in.proc, in.exited
 	in.mu.Unlock()
 	if wasKilled {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = proc.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(timeout):
 		in.mu.Lock()
 		in.cur.end = "killed" // what it left running is a crash's leftovers
 		in.mu.Unlock()
-		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = proc.Signal(syscall.SIGKILL)
 		<-exited
 	}
 }
