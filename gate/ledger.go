@@ -413,9 +413,9 @@ var errLockBusy = fmt.Errorf("%w: the job's lock is held by another run; this ti
 // heldSkip reports a tick that Once skipped because the job's lock is held
 // elsewhere, and returns a *HeldError. It looks at the ledger once more: a
 // tick claimed meanwhile by an instance racing this one is a normal skip
-// (errTaken); otherwise the
-// tick is run nowhere, which is reported at warn level with the run holding
-// the lock (the job's latest running tick), when the ledger shows one.
+// (errTaken); otherwise the tick is run nowhere, which is reported at warn
+// level with the run holding the lock (the job's latest running tick), when
+// the ledger shows one.
 func (g *Gate) heldSkip(ctx context.Context, name string, at time.Time) error {
 	h, err := g.q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: pgtype.Timestamptz{Time: at, Valid: true}})
 	if err == nil && h.Claimed {
