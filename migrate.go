@@ -37,11 +37,12 @@ var ErrNilPool = errors.New("pgclaim: pool is nil")
 // field.
 var ErrInvalid = errors.New("pgclaim: invalid input")
 
-// fieldError is bad input about one named field; it matches ErrInvalid.
+// fieldError reports bad input for one named field. It reads
+// "pgclaim: <field>: <msg>" and unwraps to ErrInvalid.
 type fieldError struct{ field, msg string }
 
-func (e *fieldError) Error() string        { return "pgclaim: " + e.field + ": " + e.msg }
-func (e *fieldError) Is(target error) bool { return target == ErrInvalid }
+func (e *fieldError) Error() string { return "pgclaim: " + e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return ErrInvalid }
 
 // Migration is the state of one of pgclaim's migrations in a database.
 type Migration struct {

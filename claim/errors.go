@@ -24,15 +24,17 @@ var (
 	ErrInvalid = errors.New("claim: invalid input")
 )
 
-// fieldError is bad input about one named field; it matches ErrInvalid.
+// fieldError reports bad input for one named field. It reads
+// "claim: <field>: <msg>" and unwraps to ErrInvalid.
 type fieldError struct {
 	field string
 	msg   string
 }
 
-func (e *fieldError) Error() string        { return "claim: " + e.field + ": " + e.msg }
-func (e *fieldError) Is(target error) bool { return target == ErrInvalid }
+func (e *fieldError) Error() string { return "claim: " + e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return ErrInvalid }
 
+// invalid returns an error naming field that wraps ErrInvalid.
 func invalid(field, msg string) error { return &fieldError{field: field, msg: msg} }
 
 // permanent reports whether err is a server error that running the same

@@ -9,12 +9,14 @@
 //     the shared schedule, and one INSERT … ON CONFLICT DO NOTHING decides
 //     who runs it; the others get ErrSkipped, however early or late their
 //     clocks fire. An instant further from database time than
-//     Config.SkewTolerance is refused with ErrClockSkew. The ledger row
-//     records holder, fencing token, start, finish and outcome.
+//     Config.SkewTolerance is refused with ErrClockSkew (a *SkewError
+//     carrying the database time). The ledger row records holder, fencing
+//     token, start, finish and outcome.
 //   - Advisory exclusion (Gate.Exclusive, and Gate.Once in the same
 //     statement as the ledger insert) holds a session advisory lock for the
 //     length of a run, so runs of a job never overlap. Another run gets
-//     ErrHeld, at once or after Config.LockWait.
+//     ErrHeld, at once or after Config.LockWait; from Once, a *HeldError
+//     naming the run holding the lock.
 //   - Catch-up (Gate.CatchUp) runs, at start-up, the latest instant missed
 //     while every instance was down, once. Gate.Prune keeps the ledger short.
 //   - Lease locks (Lease) and leader election (Elector) cover places where

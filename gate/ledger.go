@@ -147,8 +147,9 @@ func (g *Gate) Close() {
 //
 // Once returns an error wrapping ErrSkipped when the tick was claimed
 // already, ErrHeld when another run of the job holds the lock (the tick is
-// then not recorded), ErrClockSkew when fireAt is further than
-// Config.SkewTolerance from database time, and ErrLockLost when the lock was
+// then not recorded; the error is a *HeldError naming the holder), ErrClockSkew
+// when fireAt is further than Config.SkewTolerance from database time (a
+// *SkewError carrying the database time), and ErrLockLost when the lock was
 // lost while fn ran. The ledger row records holder, fence, start, finish and
 // the outcome (succeeded, failed with the error text, lost, or abandoned
 // when ctx ended first or fn panicked).
@@ -410,33 +411,38 @@ func (g *Gate) skipped(ctx context.Context, name string, at time.Time, why error
 var errLockBusy = fmt.Errorf("%w: the job's lock is held by another run; this tick is not run", ErrHeld)
 
 // heldSkip reports a tick that Once skipped because the job's lock is held
-// elsewhere. It looks at the ledger once more: a tick claimed meanwhile by
-// an instance racing this one is a normal skip (errTaken); otherwise the
-// tick is run nowhere, which is reported at warn level with the run holding
-// the lock (the job's latest running tick), when the ledger shows one.
+// elsewhere, and returns a *HeldError. It looks at the ledger once more: a
+// tick claimed meanwhile by an instance racing this one is a normal skip
+// (errTaken); otherwise the tick is run nowhere, which is reported at warn
+// level with the run holding the lock (the job's latest running tick), when
+// the ledger shows one.
 func (g *Gate) heldSkip(ctx context.Context, name string, at time.Time) error {
 	h, err := g.q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: pgtype.Timestamptz{Time: at, Valid: true}})
 	if err == nil && h.Claimed {
 		return g.skipped(ctx, name, at, errTaken)
 	}
 	var why error
+	held := &HeldError{Name: name, FireAt: at}
 	switch {
 	case err != nil:
 		why = fmt.Errorf("%w (holder unknown: %v)", errLockBusy, err)
 	case h.RunningFireAt.Valid:
 		why = fmt.Errorf("%w: held by the run of %s by %s, running since %s", errLockBusy,
 			h.RunningFireAt.Time.Format(time.RFC3339Nano), h.Holder, h.RunningSince.Time.Format(time.RFC3339Nano))
+		held.Holder, held.HolderFireAt, held.Since = h.Holder, h.RunningFireAt.Time, h.RunningSince.Time
 	default:
 		why = fmt.Errorf("%w: held by a run not in the ledger (an Exclusive run of %q)", errLockBusy, name)
 	}
 	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why, HeldBy: h.Holder})
-	return fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
+	held.err = fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
+	return held
 }
 
-// skewed returns the ErrClockSkew for fireAt at, measured against dbNow.
+// skewed returns the *SkewError for fireAt at, measured against dbNow.
 func (g *Gate) skewed(ctx context.Context, name string, at, dbNow time.Time) error {
-	err := fmt.Errorf("%w: %q at %s is %s from database time %s (tolerance %s)",
-		ErrClockSkew, name, at.Format(time.RFC3339Nano), at.Sub(dbNow), dbNow.Format(time.RFC3339Nano), g.tolerance)
+	err := &SkewError{Name: name, FireAt: at, DBNow: dbNow, Tolerance: g.tolerance,
+		err: fmt.Errorf("%w: %q at %s is %s from database time %s (tolerance %s)",
+			ErrClockSkew, name, at.Format(time.RFC3339Nano), at.Sub(dbNow), dbNow.Format(time.RFC3339Nano), g.tolerance)}
 	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: err})
 	return err
 }
