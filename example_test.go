@@ -142,7 +142,7 @@ func Example_service() {
 	}
 	worker, err := claim.NewWorker(pushes, claim.WorkerConfig[int64]{Done: "SENT", Failed: "FAILED", BatchSize: 100,
 		Work: func(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) error {
-			_, err := tx.Exec(ctx, "INSERT INTO sent_pushes (push_id, fence) VALUES ($1, $2)", c.Key, c.Token)
+			_, err := tx.Exec(ctx, "INSERT INTO sent_pushes (push_id, fence) VALUES ($1, $2)", c.Key, c.Fence)
 			return err // committed with the move to SENT, or not at all
 		}})
 	if err != nil {

@@ -117,20 +117,20 @@ FROM c WHERE j.id = c.id RETURNING j.id, j.fence`, append(mode, "PAUSED", "PROCE
 				if err != nil {
 					return 0, err
 				}
-				var ids, toks []int64
+				var ids, fences []int64
 				for rows.Next() {
-					var id, tok int64
-					if err := rows.Scan(&id, &tok); err != nil {
+					var id, fence int64
+					if err := rows.Scan(&id, &fence); err != nil {
 						return 0, err
 					}
-					ids, toks = append(ids, id), append(toks, tok)
+					ids, fences = append(ids, id), append(fences, fence)
 				}
 				if err := rows.Err(); err != nil || len(ids) == 0 {
 					return 0, err
 				}
 				tag, err := pool.Exec(ctx, `UPDATE jobs j SET state = $3
-FROM unnest($1::bigint[], $2::bigint[]) AS u(id, tok)
-WHERE j.id = u.id AND j.state = $4 AND j.fence = u.tok`, ids, toks, "DONE", "PROCESSING")
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, fence)
+WHERE j.id = u.id AND j.state = $4 AND j.fence = u.fence`, ids, fences, "DONE", "PROCESSING")
 				if err == nil && int(tag.RowsAffected()) != len(ids) {
 					err = fmt.Errorf("finished %d of %d", tag.RowsAffected(), len(ids))
 				}

@@ -64,9 +64,9 @@ type Options struct {
 type Claim[K any] struct {
 	// Key is the claimed row's key.
 	Key K
-	// Token is the fencing token stamped in Table.Fence by this claim; 0
+	// Fence is the fencing token stamped in Table.Fence by this claim; 0
 	// when the table has no Fence column.
-	Token int64
+	Fence int64
 	// ClaimedAt is the database time stamped in Table.ClaimedAt.
 	ClaimedAt time.Time
 	// Attempts is Table.Attempts after this claim (1 on the first claim);
@@ -306,7 +306,7 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 	var attempts int64
 	start := time.Now()
 	err := c.stmt(ctx, func(db DBTX) error {
-		return db.QueryRow(ctx, c.c.sqlClaim.text, args...).Scan(&cl.ClaimedAt, &cl.Token, &attempts)
+		return db.QueryRow(ctx, c.c.sqlClaim.text, args...).Scan(&cl.ClaimedAt, &cl.Fence, &attempts)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		c.c.emit(ctx, Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
@@ -318,7 +318,7 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)})
 	cl.Attempts = int(attempts)
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed",
-		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("token", cl.Token))
+		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("fence", cl.Fence))
 	return cl, nil
 }
 
@@ -351,7 +351,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 		for rows.Next() {
 			var cl Claim[K]
 			var attempts int64
-			if err := rows.Scan(&cl.Key, &cl.ClaimedAt, &cl.Token, &attempts); err != nil {
+			if err := rows.Scan(&cl.Key, &cl.ClaimedAt, &cl.Fence, &attempts); err != nil {
 				rows.Close()
 				return err
 			}
@@ -366,7 +366,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
 	if len(out) > 0 {
 		c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed batch",
-			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("token", out[0].Token))
+			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("fence", out[0].Fence))
 	}
 	return out, nil
 }
@@ -384,7 +384,7 @@ func (c *Claimer[K]) checkState(op, state string) error {
 func (c *Claimer[K]) lost(ctx context.Context, op string, cl Claim[K]) {
 	c.c.log.LogAttrs(ctx, slog.LevelWarn, "claim: claim lost",
 		slog.String("op", op), slog.String("table", c.c.t.qname),
-		slog.Any("key", cl.Key), slog.Int64("token", cl.Token))
+		slog.Any("key", cl.Key), slog.Int64("fence", cl.Fence))
 }
 
 // Finish moves the claimed row from To to state, only if it is still in To
@@ -394,7 +394,7 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, &c.c.sqlFinish[0][0], cl.Key, cl.Token, state)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, &c.c.sqlFinish[0][0], cl.Key, cl.Fence, state)
 }
 
 // maxReason is the most bytes of an error's text a worker records in
@@ -426,7 +426,7 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 		d = 1
 	}
 	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, &c.c.sqlFinish[r][d],
-		cl.Key, cl.Token, state, reason, micros(retryIn))
+		cl.Key, cl.Fence, state, reason, micros(retryIn))
 }
 
 // finish runs q, a fenced update of cl's row, with vals (see inKey),
@@ -489,7 +489,7 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 }
 
 // matchClaims runs q, a statement over the claims cls bound as inKey
-// (keys) and inToken (tokens), then vals, that returns the position of the claim each
+// (keys) and inFence (tokens), then vals, that returns the position of the claim each
 // row it touched matched (see claimsCond), and reports per claim whether it
 // matched. The claims go in sorted by token. A claim whose token is already
 // in the statement (the same claim passed twice, or a token stamped on
@@ -501,12 +501,12 @@ func (c *Claimer[K]) matchClaims(ctx context.Context, q *query, cls []Claim[K], 
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(cls[a].Token, cls[b].Token) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(cls[a].Fence, cls[b].Fence) })
 	// rounds[r] holds the r-th claim of every token, in token order.
 	rounds := [][]int{make([]int, 0, len(cls))}
 	for i := 0; i < len(order); {
 		j := i + 1
-		for j < len(order) && cls[order[j]].Token == cls[order[i]].Token {
+		for j < len(order) && cls[order[j]].Fence == cls[order[i]].Fence {
 			j++
 		}
 		for r := range j - i {
@@ -520,11 +520,11 @@ func (c *Claimer[K]) matchClaims(ctx context.Context, q *query, cls []Claim[K], 
 	ok := make([]bool, len(cls))
 	for _, round := range rounds {
 		keys := make([]K, len(round))
-		toks := make([]int64, len(round))
+		fences := make([]int64, len(round))
 		for i, at := range round {
-			keys[i], toks[i] = cls[at].Key, cls[at].Token
+			keys[i], fences[i] = cls[at].Key, cls[at].Fence
 		}
-		args := q.bind(nil, append([]any{keys, toks}, vals...)...)
+		args := q.bind(nil, append([]any{keys, fences}, vals...)...)
 		var matched []int
 		err := c.stmt(ctx, func(db DBTX) error {
 			matched = matched[:0]
@@ -567,7 +567,7 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 	if d < time.Microsecond {
 		return time.Time{}, invalid("Extend: d", "must be positive")
 	}
-	args := c.c.sqlExtend.bind(nil, cl.Key, cl.Token, micros(d))
+	args := c.c.sqlExtend.bind(nil, cl.Key, cl.Fence, micros(d))
 	var until time.Time
 	start := time.Now()
 	err := c.stmt(ctx, func(db DBTX) error {
@@ -592,11 +592,11 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
 		return err
 	}
-	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, &c.c.sqlRelease, cl.Key, cl.Token); err != nil {
+	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, &c.c.sqlRelease, cl.Key, cl.Fence); err != nil {
 		return err
 	}
 	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
-		slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("token", cl.Token))
+		slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("fence", cl.Fence))
 	return nil
 }
 

@@ -32,7 +32,7 @@ func TestClaimFinishInt64(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cl.Key != 3 || cl.Token == 0 || cl.Attempts != 1 || cl.ClaimedAt.IsZero() {
+	if cl.Key != 3 || cl.Fence == 0 || cl.Attempts != 1 || cl.ClaimedAt.IsZero() {
 		t.Fatalf("claim = %+v", cl)
 	}
 	if _, err := c.Claim(ctx, 3); !errors.Is(err, ErrNotClaimed) {
@@ -45,14 +45,14 @@ func TestClaimFinishInt64(t *testing.T) {
 	if len(batch) != 4 {
 		t.Fatalf("batch = %d rows", len(batch))
 	}
-	tokens := map[int64]bool{}
+	fences := map[int64]bool{}
 	for _, b := range batch {
-		if b.Key == 3 || b.Key > 5 || b.Token <= cl.Token || tokens[b.Token] {
+		if b.Key == 3 || b.Key > 5 || b.Fence <= cl.Fence || fences[b.Fence] {
 			t.Fatalf("batch claim %+v (after %+v)", b, cl)
 		}
-		tokens[b.Token] = true
+		fences[b.Fence] = true
 	}
-	done, lost, err := c.FinishBatch(ctx, append(batch, cl, Claim[int64]{Key: 9, Token: cl.Token}), "DONE")
+	done, lost, err := c.FinishBatch(ctx, append(batch, cl, Claim[int64]{Key: 9, Fence: cl.Fence}), "DONE")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestExecModes(t *testing.T) {
 			if _, err := c.Extend(ctx, one, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			lost, err := c.heartbeat(ctx, append(batch, Claim[string]{Key: "k2", Token: 1}), time.Hour)
+			lost, err := c.heartbeat(ctx, append(batch, Claim[string]{Key: "k2", Fence: 1}), time.Hour)
 			if err != nil || lost[0] || !lost[4] {
 				t.Fatalf("heartbeat lost %v %v", lost, err)
 			}
@@ -281,10 +281,10 @@ func TestFinishBatchPairs(t *testing.T) {
 	for _, cl := range batch {
 		by[cl.Key] = cl
 	}
-	swap := func(a, b int64) Claim[int64] { return Claim[int64]{Key: a, Token: by[b].Token} }
+	swap := func(a, b int64) Claim[int64] { return Claim[int64]{Key: a, Fence: by[b].Fence} }
 	in := []Claim[int64]{
 		swap(2, 3), by[4], by[1], swap(3, 2), by[1],
-		{Key: 5, Token: by[5].Token + 1000}, {Key: 6, Token: 0},
+		{Key: 5, Fence: by[5].Fence + 1000}, {Key: 6, Fence: 0},
 	}
 	// Each key of the swapped pairs and each token is in the batch, but
 	// not as a pair of one claim: the heartbeat extends 4 and 1 only.
@@ -317,7 +317,7 @@ func TestFinishBatchPairs(t *testing.T) {
 
 	// One token on three rows, as one nextval per statement would stamp.
 	mustExec(t, db.Pool, `UPDATE jobs SET fence = 77 WHERE id IN (5, 6, 7)`)
-	shared := []Claim[int64]{{Key: 7, Token: 77}, {Key: 5, Token: 77}, by[2], {Key: 6, Token: 77}, {Key: 3, Token: 77}}
+	shared := []Claim[int64]{{Key: 7, Fence: 77}, {Key: 5, Fence: 77}, by[2], {Key: 6, Fence: 77}, {Key: 3, Fence: 77}}
 	done, gone, err = c.FinishBatch(ctx, shared, "DONE")
 	if err != nil {
 		t.Fatal(err)

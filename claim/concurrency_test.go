@@ -53,12 +53,12 @@ func TestBatchClaimFinishExactlyOnce(t *testing.T) {
 							return err
 						}
 						keys := make([]int64, len(done))
-						toks := make([]int64, len(done))
+						fences := make([]int64, len(done))
 						for i, d := range done {
-							keys[i], toks[i] = d.Key, d.Token
+							keys[i], fences[i] = d.Key, d.Fence
 						}
-						if _, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, token) SELECT k, $3, t FROM unnest($1::bigint[], $2::bigint[]) AS u(k, t)`,
-							keys, toks, holder); err != nil {
+						if _, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, fence) SELECT k, $3, t FROM unnest($1::bigint[], $2::bigint[]) AS u(k, t)`,
+							keys, fences, holder); err != nil {
 							return err
 						}
 						mu.Lock()
@@ -136,7 +136,7 @@ func TestClaimOneContended(t *testing.T) {
 						if err := c.WithTx(tx).Finish(ctx, cl, "DONE"); err != nil {
 							return err
 						}
-						_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, token) VALUES ($1, $2, $3)`, cl.Key, holder, cl.Token)
+						_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, fence) VALUES ($1, $2, $3)`, cl.Key, holder, cl.Fence)
 						return err
 					})
 					if err != nil {
@@ -198,7 +198,7 @@ func TestEachContended(t *testing.T) {
 				return fmt.Errorf("refusing %d", id)
 			}
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, token) VALUES ($1, $2, 0)`, id, holder); err != nil {
+				if _, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, fence) VALUES ($1, $2, 0)`, id, holder); err != nil {
 					return err
 				}
 				_, err := tx.Exec(ctx, `UPDATE jobs SET state = 'DONE' WHERE id = $1 AND state = 'PROCESSING' AND claimed_by = $2`, id, holder)

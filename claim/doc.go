@@ -89,7 +89,7 @@
 // SweeperConfig.Where are SQL, and they are trusted input.
 //
 // Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a
-// fresh token from the sequence. A token is never reused, so it names one
+// fresh token from the sequence (Claim.Fence). A token is never reused, so it names one
 // claim of one row; fenced statements check the pair (key, token). The token
 // also makes a good idempotency key for effects outside the database.
 //

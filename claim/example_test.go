@@ -33,7 +33,7 @@ CREATE TABLE push_requests (
 CREATE INDEX push_requests_paused_idx ON push_requests (id) WHERE status = 'PAUSED';
 -- the sweeper looks for old PROCESSING rows
 CREATE INDEX push_requests_processing_idx ON push_requests (claimed_at) WHERE status = 'PROCESSING';
-CREATE TABLE sent (push_id bigint NOT NULL, token bigint NOT NULL);
+CREATE TABLE sent (push_id bigint NOT NULL, fence bigint NOT NULL);
 INSERT INTO push_requests (id, status) SELECT g, 'PAUSED' FROM generate_series(1, 5) g;
 `
 
@@ -91,7 +91,7 @@ func ExampleClaimer_Claim() {
 	active, standby := newInstance("app-1:8101"), newInstance("app-2:8103")
 
 	c, err := active.Claim(ctx, 1)
-	fmt.Println("active claims push 1:", err == nil, "fenced:", c.Token > 0)
+	fmt.Println("active claims push 1:", err == nil, "fenced:", c.Fence > 0)
 	_, err = standby.Claim(ctx, 1)
 	fmt.Println("standby skips push 1:", errors.Is(err, claim.ErrNotClaimed))
 
@@ -130,7 +130,7 @@ func ExampleClaimer_FinishBatch() {
 		}
 		fmt.Println("finished:", len(finished), "lost:", len(lost))
 		for _, f := range finished {
-			if _, err := tx.Exec(ctx, `INSERT INTO sent (push_id, token) VALUES ($1, $2)`, f.Key, f.Token); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO sent (push_id, fence) VALUES ($1, $2)`, f.Key, f.Fence); err != nil {
 				return err // rolls back the finish too
 			}
 		}
@@ -167,7 +167,7 @@ func ExampleWorker_Drain() {
 			if c.Key == 4 && c.Attempts == 1 {
 				return errors.New("push gateway timeout") // retried
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO sent (push_id, token) VALUES ($1, $2)`, c.Key, c.Token)
+			_, err := tx.Exec(ctx, `INSERT INTO sent (push_id, fence) VALUES ($1, $2)`, c.Key, c.Fence)
 			return err
 		},
 		Done:        "DONE",
@@ -240,7 +240,7 @@ func ExampleSweeper_Sweep() {
 	// Output:
 	// push 1 of app-1:8101 (attempts 2) -> PAUSED
 	// push 2 of app-1:8101 (attempts 3) -> FAILED
-	// claim: swept: claimed at 2026-11-28T09:00:00.000000Z, more than 12h0m0s ago (claim by app-1:8101, token 42, attempt 3)
+	// claim: swept: claimed at 2026-11-28T09:00:00.000000Z, more than 12h0m0s ago (claim by app-1:8101, fence 42, attempt 3)
 }
 
 // The field article's loop, with an sqlc-generated compare-and-swap: claim

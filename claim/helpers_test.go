@@ -52,7 +52,7 @@ func createJobs(t testing.TB, pool *pgxpool.Pool, keyType string, n int) {
 		attempts int NOT NULL DEFAULT 0)`, keyType))
 	mustExec(t, pool, `CREATE INDEX jobs_paused_idx ON jobs (id) WHERE state = 'PAUSED'`)
 	mustExec(t, pool, `CREATE INDEX jobs_processing_idx ON jobs (claimed_at) WHERE state = 'PROCESSING'`)
-	mustExec(t, pool, fmt.Sprintf(`CREATE TABLE effects (job_id %s NOT NULL, holder text, token bigint)`, keyType))
+	mustExec(t, pool, fmt.Sprintf(`CREATE TABLE effects (job_id %s NOT NULL, holder text, fence bigint)`, keyType))
 	if n > 0 {
 		gen := "g"
 		switch keyType {
@@ -122,7 +122,7 @@ func exactlyOnce(t testing.TB, pool *pgxpool.Pool, n int) {
 		t.Errorf("%d rows claimed more than once", got)
 	}
 	// Each effect was written by the claim that finished the row.
-	if got := count(t, pool, `SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id WHERE e.token <> j.fence OR e.holder <> j.claimed_by`); got != 0 {
+	if got := count(t, pool, `SELECT count(*) FROM effects e JOIN jobs j ON j.id = e.job_id WHERE e.fence <> j.fence OR e.holder <> j.claimed_by`); got != 0 {
 		t.Errorf("%d effects from a holder other than the finishing one", got)
 	}
 }

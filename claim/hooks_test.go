@@ -82,7 +82,7 @@ func TestHooks(t *testing.T) {
 		t.Fatalf("ClaimBatch: %v %v", batch, err)
 	}
 	stale := c1
-	stale.Token = -1
+	stale.Fence = -1
 	if _, _, err := c.FinishBatch(ctx, append(batch, stale), "DONE"); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestHooksContext(t *testing.T) {
 		t.Fatalf("ClaimBatch: %v %v", batch, err)
 	}
 	stale := c1
-	stale.Token = -1
+	stale.Fence = -1
 	if _, _, err := c.FinishBatch(call("FinishBatch"), append(batch, stale), "DONE"); err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestNilLoggerIsDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Finish(ctx, Claim[int64]{Key: cl.Key, Token: cl.Token + 1000}, "DONE"); !errors.Is(err, ErrLost) {
+	if err := c.Finish(ctx, Claim[int64]{Key: cl.Key, Fence: cl.Fence + 1000}, "DONE"); !errors.Is(err, ErrLost) {
 		t.Fatalf("finish with a wrong token: %v, want ErrLost", err)
 	}
 	if !m.has("claim: claim lost") {

@@ -137,8 +137,8 @@ func TestSweeperReason(t *testing.T) {
 		t.Fatalf("swept %d rows, want 2: %+v", len(swept), swept)
 	}
 	want := map[int64][]string{
-		1: {"claim: swept: lease expired at ", fmt.Sprintf("(claim by app-1:8103, token %d, attempt 1)", c1.Token)},
-		2: {"claim: swept: claimed at ", ", more than 1h0m0s ago", fmt.Sprintf("(claim by app-2:8103, token %d, attempt 1)", c2.Token)},
+		1: {"claim: swept: lease expired at ", fmt.Sprintf("(claim by app-1:8103, fence %d, attempt 1)", c1.Fence)},
+		2: {"claim: swept: claimed at ", ", more than 1h0m0s ago", fmt.Sprintf("(claim by app-2:8103, fence %d, attempt 1)", c2.Fence)},
 	}
 	for _, s := range swept {
 		st, r := readReason(t, db.Pool, s.Key)
@@ -169,7 +169,7 @@ func TestSweeperReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(swept) != 1 || !strings.Contains(swept[0].Reason, "(claim by app-3, token") {
+	if len(swept) != 1 || !strings.Contains(swept[0].Reason, "(claim by app-3, fence") {
 		t.Fatalf("swept without a reason column: %+v", swept)
 	}
 	if _, r := readReason(t, db.Pool, 3); r != nil {

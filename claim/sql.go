@@ -25,7 +25,7 @@ type in int
 // core.build): each statement uses those it needs.
 const (
 	inKey     in = iota // the claim's key; over many claims, their keys ([]K)
-	inToken             // the claim's token; over many claims, their tokens ([]int64)
+	inFence             // the claim's fence; over many claims, their fences ([]int64)
 	inValue             // the new state (Finish, FinishBatch) or the lease in microseconds (Extend, heartbeat)
 	inReason            // Table.Reason: *string, nil for NULL (finishWith)
 	inRetryIn           // microseconds from now to Table.RetryAt (finishWith)
@@ -169,8 +169,8 @@ func (c *core) build(opts Options) {
 	// fenced adds to q the condition on a claim's row: found by key, in
 	// To, with the claim's token.
 	fenced := func(q *builder) string {
-		key, to, token := q.arg(inKey), q.arg(c.to), q.arg(inToken)
-		return t.key + " = " + key + " AND " + recheck(t.state+" = "+to+" AND "+t.fence+" = "+token)
+		key, to, fence := q.arg(inKey), q.arg(c.to), q.arg(inFence)
+		return t.key + " = " + key + " AND " + recheck(t.state+" = "+to+" AND "+t.fence+" = "+fence)
 	}
 	for reason := range 2 {
 		for retry := range 2 {
@@ -285,7 +285,7 @@ func (c *core) returning() string {
 }
 
 // claimsCond adds to q the claims of a statement over many claims, keys
-// (inKey, []K) and tokens (inToken, []int64, sorted, none twice; see
+// (inKey, []K) and tokens (inFence, []int64, sorted, none twice; see
 // matchClaims), as $1 and $2 of a fresh q, and returns its conditions on
 // the table aliased pgclaim_t:
 //
@@ -316,15 +316,15 @@ func (c *core) returning() string {
 // pairwise check, never more.
 func (c *core) claimsCond(q *builder) (byKeys, isClaim, pos string) {
 	t := c.t
-	keys, toks := q.arg(inKey), q.arg(inToken)
+	keys, fences := q.arg(inKey), q.arg(inFence)
 	// keysAs is keys typed as an array of the key column's type: COALESCE
 	// takes the type of its second argument, which is never evaluated.
 	// This works whether keys is a bound parameter or a literal (simple
 	// protocol).
 	keysAs := "COALESCE(" + keys + ", ARRAY(SELECT " + t.key + " FROM " + t.qname + " LIMIT 0))"
-	pos = "width_bucket(pgclaim_t." + t.fence + ", " + toks + "::bigint[])"
+	pos = "width_bucket(pgclaim_t." + t.fence + ", " + fences + "::bigint[])"
 	byKeys = "pgclaim_t." + t.key + " = ANY(" + keysAs + ")"
-	isClaim = "pgclaim_t." + t.fence + " = (" + toks + "::bigint[])[" + pos + "] AND pgclaim_t." + t.key + " = (" + keysAs + ")[" + pos + "]"
+	isClaim = "pgclaim_t." + t.fence + " = (" + fences + "::bigint[])[" + pos + "] AND pgclaim_t." + t.key + " = (" + keysAs + ")[" + pos + "]"
 	return byKeys, isClaim, pos
 }
 
@@ -463,7 +463,7 @@ func (s *Sweeper[K]) reasonExpr(q *builder, staleAfter string) string {
 		who = append(who, "'claim'")
 	}
 	if t.fence != "" {
-		who = append(who, fmt.Sprintf("COALESCE(', token ' || pgclaim_t.%s, '')", t.fence))
+		who = append(who, fmt.Sprintf("COALESCE(', fence ' || pgclaim_t.%s, '')", t.fence))
 	}
 	if t.attempts != "" {
 		who = append(who, fmt.Sprintf("COALESCE(', attempt ' || pgclaim_t.%s, '')", t.attempts))

@@ -103,8 +103,8 @@ func sentSQL[K any](t *testing.T, tc sqlCase[K]) string {
 		}
 		fmt.Fprintf(&out, "== %s (%v)\n%s", name, err, rec.b.String())
 	}
-	cl := Claim[K]{Key: tc.keys[0], Token: 7}
-	cls := []Claim[K]{cl, {Key: tc.keys[1], Token: 9}}
+	cl := Claim[K]{Key: tc.keys[0], Fence: 7}
+	cls := []Claim[K]{cl, {Key: tc.keys[1], Fence: 9}}
 	op("Claim", func() error { _, err := c.Claim(ctx, tc.keys[0]); return err })
 	op("ClaimBatch", func() error { _, err := c.ClaimBatch(ctx, 10, tc.where...); return err })
 	op("Finish", func() error { return c.Finish(ctx, cl, "DONE") })
@@ -333,7 +333,7 @@ WITH pgclaim_c AS (
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN statement_timestamp() + ($8::bigint * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', token ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN statement_timestamp() + ($8::bigint * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
   arg 0: pgx.QueryExecMode cache describe
@@ -356,7 +356,7 @@ WITH pgclaim_c AS (
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "reason" = ('claim: swept: ' || 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', token ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "reason" = ('claim: swept: ' || 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND pgclaim_t."lease_until" < statement_timestamp()) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
   arg 0: pgx.QueryExecMode cache describe
@@ -371,7 +371,7 @@ WITH pgclaim_c AS (
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $7 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', token ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $7 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
   arg 0: pgx.QueryExecMode cache describe
@@ -480,7 +480,7 @@ WITH pgclaim_c AS (
 )
 UPDATE "jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $7 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($8::bigint * interval '1 microsecond')) IS TRUE) THEN $6 WHEN true THEN $5 ELSE pgclaim_t."state" END
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $2 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($4::bigint * interval '1 microsecond')))) IS TRUE
-RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', token ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
   arg 0: pgx.QueryExecMode cache describe
   arg 1: string "acme"
   arg 2: string "PROCESSING"
@@ -568,7 +568,7 @@ WITH pgclaim_c AS (
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "Push Queue" AS pgclaim_t SET "Status" = $4, "why" = ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimedAt" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $5 || ' ago' || ' (' || 'claim' || COALESCE(', token ' || pgclaim_t."fence", '') || ')')
+UPDATE "Push Queue" AS pgclaim_t SET "Status" = $4, "why" = ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimedAt" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $5 || ' ago' || ' (' || 'claim' || COALESCE(', fence ' || pgclaim_t."fence", '') || ')')
 WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = $1 AND pgclaim_t."claimedAt" < statement_timestamp() - ($3::bigint * interval '1 microsecond')) IS TRUE
 RETURNING pgclaim_t."Job ID", pgclaim_t."Status"::text, pgclaim_t."fence", ''::text, pgclaim_t."claimedAt", 0::bigint, pgclaim_t."why"
   arg 0: pgx.QueryExecMode cache describe

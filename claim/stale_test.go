@@ -178,7 +178,7 @@ func staleStatistics(t *testing.T, ddl []string, claimIndexed, sweepIndexed bool
 		// runs its second statement, which tells lost from locked).
 		batch = next()
 		read = readRows(t, pool, mode, func(ctx context.Context, tx pgx.Tx) error {
-			cls := append(batch[:n:n], Claim[int64]{Key: batch[0].Key, Token: batch[0].Token - 1_000_000})
+			cls := append(batch[:n:n], Claim[int64]{Key: batch[0].Key, Fence: batch[0].Fence - 1_000_000})
 			lost, err := c.WithTx(tx).heartbeat(ctx, cls, 2*time.Hour)
 			if err != nil {
 				return err

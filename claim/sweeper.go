@@ -79,9 +79,9 @@ type Swept[K any] struct {
 	Key K
 	// State is the state the row was moved to (Failed or Retry).
 	State string
-	// Token is the fencing token of the claim that went stale (0 without
+	// Fence is the fencing token of the claim that went stale (0 without
 	// Table.Fence); that holder can no longer finish the row.
-	Token int64
+	Fence int64
 	// ClaimedBy is the holder of that claim ("" without Table.ClaimedBy).
 	ClaimedBy string
 	// ClaimedAt is when that claim was made.
@@ -90,7 +90,7 @@ type Swept[K any] struct {
 	Attempts int
 	// Reason says why the row was swept, as recorded in Table.Reason when
 	// the table has that column, for example "claim: swept: lease
-	// expired at 2026-11-29T09:00:05.123456Z (claim by app-1:8103, token
+	// expired at 2026-11-29T09:00:05.123456Z (claim by app-1:8103, fence
 	// 42, attempt 1)".
 	Reason string
 }
@@ -213,13 +213,13 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		for rows.Next() {
 			var sw Swept[K]
 			var attempts int64
-			var token *int64
+			var fence *int64
 			var claimedAt *time.Time
-			if err := rows.Scan(&sw.Key, &sw.State, &token, &sw.ClaimedBy, &claimedAt, &attempts, &sw.Reason); err != nil {
+			if err := rows.Scan(&sw.Key, &sw.State, &fence, &sw.ClaimedBy, &claimedAt, &attempts, &sw.Reason); err != nil {
 				return err
 			}
-			if token != nil {
-				sw.Token = *token
+			if fence != nil {
+				sw.Fence = *fence
 			}
 			if claimedAt != nil {
 				sw.ClaimedAt = *claimedAt
@@ -238,7 +238,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		byState[sw.State]++
 		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
-			slog.Int64("token", sw.Token), slog.String("claimed_by", sw.ClaimedBy),
+			slog.Int64("fence", sw.Fence), slog.String("claimed_by", sw.ClaimedBy),
 			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
 	}
 	for state, n := range byState {

@@ -73,7 +73,7 @@ func TestZombie(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].Key != 1 || got[0].State != "PAUSED" || got[0].Token != ca.Token ||
+	if len(got) != 1 || got[0].Key != 1 || got[0].State != "PAUSED" || got[0].Fence != ca.Fence ||
 		got[0].ClaimedBy != "a" || got[0].Attempts != 1 || len(swept) != 1 {
 		t.Fatalf("swept %+v (callback %+v)", got, swept)
 	}
@@ -81,7 +81,7 @@ func TestZombie(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cb.Token <= ca.Token || cb.Attempts != 2 {
+	if cb.Fence <= ca.Fence || cb.Attempts != 2 {
 		t.Fatalf("reclaim %+v after %+v", cb, ca)
 	}
 	zombie := func(holder *Claimer[int64], cl Claim[int64]) {
@@ -104,13 +104,13 @@ func TestZombie(t *testing.T) {
 		}
 	}
 	zombie(a, ca)
-	if r := readRow(t, db.Pool, 1); r.State != "PROCESSING" || r.ClaimedBy != "b" || r.Fence != cb.Token {
+	if r := readRow(t, db.Pool, 1); r.State != "PROCESSING" || r.ClaimedBy != "b" || r.Fence != cb.Fence {
 		t.Fatalf("row = %+v", r)
 	}
 	// Both transitions were logged: the sweep and the zombie's lost finish.
 	for _, want := range []string{
-		fmt.Sprintf(`level=WARN msg="claim: swept stale row" table="\"jobs\"" key=1 state=PAUSED token=%d claimed_by=a`, ca.Token),
-		fmt.Sprintf(`level=WARN msg="claim: claim lost" op=Finish table="\"jobs\"" key=1 token=%d`, ca.Token),
+		fmt.Sprintf(`level=WARN msg="claim: swept stale row" table="\"jobs\"" key=1 state=PAUSED fence=%d claimed_by=a`, ca.Fence),
+		fmt.Sprintf(`level=WARN msg="claim: claim lost" op=Finish table="\"jobs\"" key=1 fence=%d`, ca.Fence),
 	} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("log lacks %s; log:\n%s", want, logs.String())
@@ -228,8 +228,8 @@ END $$`)
 				t.Fatalf("sweep: %+v %v", r.swept, r.err)
 			}
 			row := readRow(t, db.Pool, 1)
-			if row.State != tc.state || row.Fence != now.Token {
-				t.Fatalf("row = %+v, want state %s token %d", row, tc.state, now.Token)
+			if row.State != tc.state || row.Fence != now.Fence {
+				t.Fatalf("row = %+v, want state %s fence %d", row, tc.state, now.Fence)
 			}
 			if n := count(t, db.Pool, `SELECT count(*) FROM audit WHERE new_state = 'FAILED'`); n != 0 {
 				t.Fatalf("%d rows moved to FAILED", n)

@@ -436,11 +436,11 @@ func (r *run[K]) release(e *entry[K]) {
 			r.fail(refused("Options.From", r.w.c.c.from, err))
 		}
 		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
-			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("error", err))
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", err))
 	default:
 		r.count(func(s *Stats) { s.Released++ })
 		r.w.log.LogAttrs(ctx, slog.LevelInfo, "claim: worker: released on stop",
-			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token))
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
 	}
 }
 
@@ -496,7 +496,7 @@ func (r *run[K]) process(e *entry[K]) {
 	if e.lost.Load() {
 		r.count(func(s *Stats) { s.Lost++ })
 		w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: claim lost during work",
-			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("error", werr))
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr))
 		return
 	}
 	if r.stopping.Err() != nil && ctx.Err() != nil && (errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded)) {
@@ -527,7 +527,7 @@ func (r *run[K]) process(e *entry[K]) {
 			r.fail(refused(field, state, err))
 		}
 		w.log.LogAttrs(cctx, slog.LevelError, "claim: worker: recording failure failed",
-			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Any("work_error", werr), slog.Any("error", err))
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("work_error", werr), slog.Any("error", err))
 	default:
 		r.count(func(s *Stats) {
 			if retry {
@@ -537,7 +537,7 @@ func (r *run[K]) process(e *entry[K]) {
 			}
 		})
 		w.log.LogAttrs(cctx, slog.LevelWarn, "claim: worker: work failed",
-			slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token), slog.Int("attempts", e.cl.Attempts),
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Int("attempts", e.cl.Attempts),
 			slog.String("state", state), slog.Any("error", werr))
 	}
 }
@@ -590,7 +590,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 				cancel()
 			}
 			r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat found claim lost",
-				slog.Any("key", e.cl.Key), slog.Int64("token", e.cl.Token))
+				slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
 		}
 	}
 }

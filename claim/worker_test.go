@@ -16,7 +16,7 @@ import (
 // effectWork writes one effect for the claim in the finishing transaction.
 func effectWork(holder string) func(ctx context.Context, tx pgx.Tx, c Claim[int64]) error {
 	return func(ctx context.Context, tx pgx.Tx, c Claim[int64]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, token) VALUES ($1, $2, $3)`, c.Key, holder, c.Token)
+		_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, fence) VALUES ($1, $2, $3)`, c.Key, holder, c.Fence)
 		return err
 	}
 }

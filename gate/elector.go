@@ -183,9 +183,9 @@ func (e *Elector) IsLeader() bool {
 	return t != nil && !t.stepped.Load()
 }
 
-// Term returns the term number (fencing token) of the current leadership, or
-// 0 when this instance does not lead.
-func (e *Elector) Term() int64 {
+// Fence returns the fencing token of the current term, or 0 when this
+// instance does not lead.
+func (e *Elector) Fence() int64 {
 	t := e.cur.Load()
 	if t == nil || t.stepped.Load() {
 		return 0

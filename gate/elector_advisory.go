@@ -50,7 +50,7 @@ func (e *Elector) warnCollision(ctx context.Context) {
 			continue
 		}
 		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorOptions.Lease",
-			"name", e.name, "holder", e.o.Holder, "colliding_election", o.Election, "colliding_holder", o.Holder, "colliding_term", o.Term)
+			"name", e.name, "holder", e.o.Holder, "colliding_election", o.Election, "colliding_holder", o.Holder, "colliding_fence", o.Term)
 	}
 }
 
@@ -148,7 +148,7 @@ wait:
 			warned = true
 			open, _ := q.OpenTerm(ctx, e.name)
 			e.o.Logger.WarnContext(ctx, "gate: previous leader did not close its term; superseding it",
-				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_term", open.Term)
+				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_fence", open.Term)
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		sent = time.Now()

@@ -139,8 +139,8 @@ func TestElectorOneLeaderAndResign(t *testing.T) {
 				t.Fatalf("IsLeader of %d = %v", i, e.IsLeader())
 			}
 		}
-		if es[first].Term() <= 0 {
-			t.Fatalf("leader's Term() = %d", es[first].Term())
+		if es[first].Fence() <= 0 {
+			t.Fatalf("leader's Fence() = %d", es[first].Fence())
 		}
 		lctx, err := es[first].Campaign(ctx) // already leader: at once
 		if err != nil {
@@ -149,7 +149,7 @@ func TestElectorOneLeaderAndResign(t *testing.T) {
 		if err := es[first].Resign(ctx); err != nil {
 			t.Fatalf("Resign: %v", err)
 		}
-		if lctx.Err() == nil || es[first].IsLeader() || es[first].Term() != 0 {
+		if lctx.Err() == nil || es[first].IsLeader() || es[first].Fence() != 0 {
 			t.Fatal("resigned leader still leads")
 		}
 		start := time.Now()
@@ -728,7 +728,7 @@ func TestElectorPrune(t *testing.T) {
 			t.Fatalf("Prune = %d, %v; want 2 terms deleted", n, err)
 		}
 		terms := checkTerms(t, db.Pool, "scheduler")
-		if len(terms) != 2 || terms[0].EndedAt == nil || terms[1].EndedAt != nil || terms[1].Term != e.Term() {
+		if len(terms) != 2 || terms[0].EndedAt == nil || terms[1].EndedAt != nil || terms[1].Term != e.Fence() {
 			t.Errorf("terms left %v; want the recent ended one and the open one", terms)
 		}
 		if left := checkTerms(t, db.Pool, "other"); len(left) != 1 {

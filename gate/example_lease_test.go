@@ -74,7 +74,7 @@ func ExampleElector_Run() {
 		log.Fatal(err)
 	}
 	err = e.Run(ctx, func(leaderCtx context.Context, run gate.Run) error {
-		log.Printf("%s leads (term %d)", run.Holder, run.Fence)
+		log.Printf("%s leads (fence %d)", run.Holder, run.Fence)
 		// start the scheduler here …
 		<-leaderCtx.Done() // resigned, lost, or shutting down
 		// … and stop it here.

@@ -221,10 +221,10 @@ type LeaseHandle struct {
 	released bool
 }
 
-// Token returns the fencing token of this acquisition: strictly greater than
-// the token of every earlier acquisition of any lease. Pass it to the
+// Fence returns the fencing token of this acquisition: strictly greater than
+// the fencing token of every earlier acquisition of any lease. Pass it to the
 // systems the holder writes to so they can refuse a stale holder.
-func (h *LeaseHandle) Token() int64 { return h.fence }
+func (h *LeaseHandle) Fence() int64 { return h.fence }
 
 // Context returns a context that is cancelled when the lease is released or
 // lost: an extension found it expired or taken over, or AtMost passed since

@@ -90,12 +90,12 @@ func TestLeaseLockUnlock(t *testing.T) {
 	b := newLease(t, pool, "job", "b", manualLease)
 
 	h := mustAcquire(t, a)
-	if h.Token() <= 0 {
-		t.Fatalf("Token = %d; want a positive fencing token", h.Token())
+	if h.Fence() <= 0 {
+		t.Fatalf("Fence = %d; want a positive fencing token", h.Fence())
 	}
 	row := lockRow(t, pool, "job")
-	if !row.Held || row.Holder != "a" || row.Fence != h.Token() {
-		t.Fatalf("row = %+v; want held by a with fence %d", row, h.Token())
+	if !row.Held || row.Holder != "a" || row.Fence != h.Fence() {
+		t.Fatalf("row = %+v; want held by a with fence %d", row, h.Fence())
 	}
 	if got := row.LockUntil.Time.Sub(row.LockedAt.Time); got != manualLease.AtMost {
 		t.Fatalf("lock_until - locked_at = %v; want AtMost %v", got, manualLease.AtMost)
@@ -128,7 +128,7 @@ func TestLeaseSecondLockRefused(t *testing.T) {
 	defer h.Release(context.Background())
 	mustBeHeld(t, b)
 	mustBeHeld(t, a) // the same holder identity is refused too: no re-entrance
-	if row := lockRow(t, pool, "job"); row.Holder != "a" || row.Fence != h.Token() {
+	if row := lockRow(t, pool, "job"); row.Holder != "a" || row.Fence != h.Fence() {
 		t.Fatalf("refused attempts changed the row: %+v", row)
 	}
 }
@@ -140,8 +140,8 @@ func TestLeaseIndependentNames(t *testing.T) {
 	h2 := mustAcquire(t, newLease(t, pool, "two", "a", manualLease))
 	defer h1.Release(context.Background())
 	defer h2.Release(context.Background())
-	if h1.Token() == h2.Token() {
-		t.Fatalf("two acquisitions share token %d", h1.Token())
+	if h1.Fence() == h2.Fence() {
+		t.Fatalf("two acquisitions share fence %d", h1.Fence())
 	}
 	mustBeHeld(t, newLease(t, pool, "one", "b", manualLease))
 	mustBeHeld(t, newLease(t, pool, "two", "b", manualLease))
@@ -155,10 +155,10 @@ func TestLeaseRelockAfterUnlock(t *testing.T) {
 	var last int64
 	for i, l := range []*gate.Lease{a, a, b, a} {
 		h := mustAcquire(t, l)
-		if h.Token() <= last {
-			t.Fatalf("acquisition %d: token %d not above previous %d", i, h.Token(), last)
+		if h.Fence() <= last {
+			t.Fatalf("acquisition %d: fence %d not above previous %d", i, h.Fence(), last)
 		}
-		last = h.Token()
+		last = h.Fence()
 		if err := h.Release(context.Background()); err != nil {
 			t.Fatalf("acquisition %d: Release: %v", i, err)
 		}
@@ -198,7 +198,7 @@ func TestLeaseExpiresAfterAtMost(t *testing.T) {
 	if err := crashed.Release(context.Background()); !errors.Is(err, gate.ErrLockLost) {
 		t.Fatalf("old Release = %v; want ErrLockLost", err)
 	}
-	if row := lockRow(t, pool, "job"); !row.Held || row.Fence != h.Token() || row.Holder != "b" {
+	if row := lockRow(t, pool, "job"); !row.Held || row.Fence != h.Fence() || row.Holder != "b" {
 		t.Fatalf("old holder's release touched the new lease: %+v", row)
 	}
 }
@@ -293,8 +293,8 @@ func TestLeaseOldHandleDeadAfterExtend(t *testing.T) {
 	old := mustAcquire(t, l)
 	time.Sleep(600 * time.Millisecond)
 	cur := mustAcquire(t, l)
-	if cur.Token() <= old.Token() {
-		t.Fatalf("new token %d not above old %d", cur.Token(), old.Token())
+	if cur.Fence() <= old.Fence() {
+		t.Fatalf("new fence %d not above old %d", cur.Fence(), old.Fence())
 	}
 	if err := cur.Extend(context.Background()); err != nil {
 		t.Fatalf("Extend: %v", err)
@@ -306,7 +306,7 @@ func TestLeaseOldHandleDeadAfterExtend(t *testing.T) {
 		t.Fatalf("old Release = %v; want ErrLockLost", err)
 	}
 	row := lockRow(t, pool, "job")
-	if !row.Held || row.Fence != cur.Token() {
+	if !row.Held || row.Fence != cur.Fence() {
 		t.Fatalf("old handle touched the current lease: %+v", row)
 	}
 	if err := cur.Release(context.Background()); err != nil {
@@ -347,7 +347,7 @@ func TestLeaseNeverTakesOverAnotherName(t *testing.T) {
 	// The expired row of its own name is taken over.
 	h3 := mustAcquire(t, newLease(t, pool, "expired-a", "a", o))
 	defer h3.Release(ctx)
-	if row := lockRow(t, pool, "expired-a"); row.Holder != "a" || row.Fence != h3.Token() {
+	if row := lockRow(t, pool, "expired-a"); row.Holder != "a" || row.Fence != h3.Fence() {
 		t.Fatalf("expired row not taken over: %+v", row)
 	}
 }
@@ -492,7 +492,7 @@ func TestLeaseTakenOverHolderCancelled(t *testing.T) {
 	}
 	t.Logf("taken-over holder cancelled %v after the takeover (KeepAlive %v)", cancelledAfter, oa.KeepAlive)
 	row := lockRow(t, pool, "job")
-	if !row.Held || row.Holder != "b" || row.Fence != newHolder.Token() {
+	if !row.Held || row.Holder != "b" || row.Fence != newHolder.Fence() {
 		t.Fatalf("new holder's lease disturbed: %+v", row)
 	}
 	for _, k := range []gate.EventKind{gate.EventAcquired, gate.EventLost, gate.EventFinished, gate.EventReleased} {

@@ -136,7 +136,7 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 	}
 	if len(out.Reasons) > 0 {
 		fmt.Fprintln(e.stdout)
-		t := newTable(e.stdout, "STATE", "ROWS", "REASON (commonest first; times and tokens left out)")
+		t := newTable(e.stdout, "STATE", "ROWS", "REASON (commonest first; times and fences left out)")
 		for _, r := range out.Reasons {
 			t.row(r.State, r.Rows, r.Reason)
 		}
@@ -172,7 +172,7 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 func commonReasons(ctx context.Context, db dbtx, ct *claimedTable) ([]reasonJSON, error) {
 	rows, err := db.Query(ctx, fmt.Sprintf(`
 SELECT coalesce(%[1]s::text, 'NULL'),
-       regexp_replace(regexp_replace(%[2]s, ', token [0-9]+', '', 'g'),
+       regexp_replace(regexp_replace(%[2]s, ', fence [0-9]+', '', 'g'),
                       '[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]+(Z|[+-][0-9:]+)?', '<time>', 'g') AS reason,
        count(*)
 FROM %[3]s WHERE %[2]s IS NOT NULL

@@ -174,10 +174,10 @@ func TestClaimsReasons(t *testing.T) {
 		t.Fatalf("%d swept rows with the sweeper's reason, want 4 (rows 10, 11, 13, 14)", n)
 	}
 	// Two rows a service's sweeper failed: their reasons differ only in
-	// time and token.
+	// time and fence.
 	exec1(t, db, `INSERT INTO push_requests (id, status, why) VALUES
-	 (31, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:00:05.123456Z (claim by host-b:202, token 42, attempt 3)'),
-	 (32, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:01:17.5Z (claim by host-b:202, token 57, attempt 3)')`)
+	 (31, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:00:05.123456Z (claim by host-b:202, fence 42, attempt 3)'),
+	 (32, 'FAILED', 'claim: swept: lease expired at 2026-11-29T09:01:17.5Z (claim by host-b:202, fence 57, attempt 3)')`)
 
 	r = cli(t, "", "claims", "--table", "push_requests", "--reason", "why", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitOK)

@@ -59,7 +59,7 @@ type advisoryJSON struct {
 
 type termJSON struct {
 	Election   string     `json:"election"`
-	Term       int64      `json:"term"`
+	Fence      int64      `json:"fence"`
 	Holder     string     `json:"holder"`
 	Method     string     `json:"method"`
 	StartedAt  time.Time  `json:"started_at"`
@@ -138,7 +138,7 @@ FROM pgclaim_terms WHERE ended_at IS NULL ORDER BY election`)
 	}
 	for rows.Next() {
 		var t termJSON
-		if err := rows.Scan(&t.Election, &t.Term, &t.Holder, &t.Method, &t.StartedAt, &t.LeaseUntil, &t.Expired); err != nil {
+		if err := rows.Scan(&t.Election, &t.Fence, &t.Holder, &t.Method, &t.StartedAt, &t.LeaseUntil, &t.Expired); err != nil {
 			rows.Close()
 			return dbFail("reading pgclaim_terms", err)
 		}
@@ -349,13 +349,13 @@ func printLocks(e *env, out locksJSON) error {
 		fmt.Fprintln(w, "  none")
 		return nil
 	}
-	t := newTable(w, "ELECTION", "TERM", "HOLDER", "METHOD", "SINCE", "LEASE UNTIL")
+	t := newTable(w, "ELECTION", "FENCE", "HOLDER", "METHOD", "SINCE", "LEASE UNTIL")
 	for _, el := range out.Elections {
 		until := fmtTimePtr(el.LeaseUntil)
 		if el.Expired {
 			until += " (expired)"
 		}
-		t.row(el.Election, el.Term, el.Holder, el.Method, fmtTime(el.StartedAt), until)
+		t.row(el.Election, el.Fence, el.Holder, el.Method, fmtTime(el.StartedAt), until)
 	}
 	return t.flush()
 }

@@ -159,7 +159,7 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		t.Fatalf("leases = %+v", out.Leases)
 	}
 	held, old := out.Leases[1], out.Leases[0] // ordered by name
-	if held.Name != "report-lease" || held.Holder != "host-b:202" || held.Fence != h.Token() || held.Expired ||
+	if held.Name != "report-lease" || held.Holder != "host-b:202" || held.Fence != h.Fence() || held.Expired ||
 		held.RemainingSeconds < 3500 || held.RemainingSeconds > 3600 {
 		t.Errorf("held lease = %+v", held)
 	}
@@ -216,7 +216,7 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 	}
 
 	if len(out.Elections) != 1 || out.Elections[0].Election != "notifier" || out.Elections[0].Holder != "host-a:101" ||
-		out.Elections[0].Method != "advisory" || out.Elections[0].Term != el.Term() || out.Elections[0].LeaseUntil != nil {
+		out.Elections[0].Method != "advisory" || out.Elections[0].Fence != el.Fence() || out.Elections[0].LeaseUntil != nil {
 		t.Errorf("elections = %+v", out.Elections)
 	}
 
@@ -236,7 +236,7 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		`^LEASE LOCKS \(pgclaim_locks\)$`,
 		`^NAME +HOLDER +FENCE +LOCKED AT +LOCK UNTIL +STATE$`,
 		`^old-lease +host-c:303 +1 +\S+ \S+ +\S+ \S+ +expired 1h3\dm ago$`,
-		fmt.Sprintf(`^report-lease +host-b:202 +%d +\S+ \S+ +\S+ \S+ +held, (59m\d+s|1h) left$`, h.Token()),
+		fmt.Sprintf(`^report-lease +host-b:202 +%d +\S+ \S+ +\S+ \S+ +held, (59m\d+s|1h) left$`, h.Fence()),
 		`^ADVISORY LOCKS$`,
 		`^NAME +KEY +STATE +PID +APPLICATION +CLIENT +HOLDER +SINCE$`,
 		fmt.Sprintf(`^push-resume \(job\) +%d/%d +held +%d +svc-active +\S+ +host-a:101 +%s$`, jobClass, jobKey, jobPID, regexp.QuoteMeta(fmtTime(ledgerStart))),
@@ -245,8 +245,8 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		fmt.Sprintf(`^\? \(pgclaim; unknown name, try --name\) +%d/%d +held +\d+ +psql +`, adhocClass, adhocKey),
 		`^- \(not pgclaim's\) +42 +held +\d+ +psql +\S+ +- +session `,
 		`^ELECTIONS \(open terms in pgclaim_terms\)$`,
-		`^ELECTION +TERM +HOLDER +METHOD +SINCE +LEASE UNTIL$`,
-		fmt.Sprintf(`^notifier +%d +host-a:101 +advisory +\S+ \S+ +-$`, el.Term()),
+		`^ELECTION +FENCE +HOLDER +METHOD +SINCE +LEASE UNTIL$`,
+		fmt.Sprintf(`^notifier +%d +host-a:101 +advisory +\S+ \S+ +-$`, el.Fence()),
 	} {
 		found := false
 		for _, l := range lines {

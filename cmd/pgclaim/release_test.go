@@ -58,13 +58,13 @@ func TestRelease(t *testing.T) {
 		r := cli(t, stdin, "release", "--lock", "report", "--database-url", db.URL)
 		wantCode(t, r, exitError)
 		wantContains(t, "stderr", r.stderr,
-			fmt.Sprintf("lease \"report\" is held by host-a:101 with fence %d since ", a.Token()),
+			fmt.Sprintf("lease \"report\" is held by host-a:101 with fence %d since ", a.Fence()),
 			"left).\nIf that holder is still running, it stops at its next extension. Release it? [y/N] ",
 			"pgclaim release: not released: no confirmation\nhint: answer y, or pass --yes\n")
 		if r.stdout != "lease \"report\" not released\n" {
 			t.Errorf("stdin %q: stdout = %q", stdin, r.stdout)
 		}
-		if l := lease(t, db, "report"); !l.Held || l.Fence != a.Token() {
+		if l := lease(t, db, "report"); !l.Held || l.Fence != a.Fence() {
 			t.Fatalf("stdin %q: lease changed: %+v", stdin, l)
 		}
 	}
@@ -82,17 +82,17 @@ func TestRelease(t *testing.T) {
 	if want := "pgclaim release: refusing to release a lease without confirmation: stdin is not a terminal\nhint: pass --yes to release a lease without asking\n"; r0.stderr != want {
 		t.Errorf("stdin a pipe: stderr = %q, want %q", r0.stderr, want)
 	}
-	if l := lease(t, db, "report"); !l.Held || l.Fence != a.Token() {
+	if l := lease(t, db, "report"); !l.Held || l.Fence != a.Fence() {
 		t.Fatalf("stdin a pipe: lease changed: %+v", l)
 	}
 
 	// Confirmed: released, and the holder finds out at its next extension.
 	r := cli(t, "y\n", "release", "--lock", "report", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	if want := fmt.Sprintf("released lease \"report\" (holder host-a:101, fence %d)\n", a.Token()); r.stdout != want {
+	if want := fmt.Sprintf("released lease \"report\" (holder host-a:101, fence %d)\n", a.Fence()); r.stdout != want {
 		t.Errorf("stdout = %q, want %q", r.stdout, want)
 	}
-	if l := lease(t, db, "report"); l.Held || l.Fence != a.Token() {
+	if l := lease(t, db, "report"); l.Held || l.Fence != a.Fence() {
 		t.Errorf("lease after release: %+v", l)
 	}
 	if err := a.Extend(ctx); !errors.Is(err, gate.ErrLockLost) {
@@ -105,7 +105,7 @@ func TestRelease(t *testing.T) {
 	r = cli(t, "", "release", "--lock", "report", "--yes", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	out := decodeJSON[releaseJSON](t, r.stdout)
-	if !out.Released || out.Result != "released" || out.Name != "report" || out.Holder != "host-b:202" || out.Fence != b.Token() ||
+	if !out.Released || out.Result != "released" || out.Name != "report" || out.Holder != "host-b:202" || out.Fence != b.Fence() ||
 		out.Current != nil || !out.LockUntil.After(out.LockedAt) {
 		t.Errorf("release JSON = %+v", out)
 	}
@@ -120,7 +120,7 @@ func TestRelease(t *testing.T) {
 	r = cli(t, "", "release", "--lock", "report", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	wantContains(t, "stdout", r.stdout, "lease \"report\" is not held: it expired ",
-		fmt.Sprintf("holder host-b:202, fence %d); nothing to release\n", b.Token()))
+		fmt.Sprintf("holder host-b:202, fence %d); nothing to release\n", b.Fence()))
 	if r.stderr != "" {
 		t.Errorf("stderr = %q", r.stderr)
 	}
@@ -151,14 +151,14 @@ func TestReleaseChangedHands(t *testing.T) {
 	b := acquire(t, db, "report", "host-b:202")
 
 	// The operator read fence a in 'pgclaim locks'; the lease has moved on.
-	r := cli(t, "", "release", "--lock", "report", "--fence", fmt.Sprint(a.Token()), "--yes", "--database-url", db.URL)
+	r := cli(t, "", "release", "--lock", "report", "--fence", fmt.Sprint(a.Fence()), "--yes", "--database-url", db.URL)
 	wantCode(t, r, exitError)
 	if want := fmt.Sprintf("lease \"report\" is held with fence %d by host-b:202, not fence %d: it changed hands; nothing released\n",
-		b.Token(), a.Token()); r.stdout != want {
+		b.Fence(), a.Fence()); r.stdout != want {
 		t.Errorf("stdout = %q, want %q", r.stdout, want)
 	}
 	wantContains(t, "stderr", r.stderr, "pgclaim release: lease \"report\" not released: it changed hands\n")
-	if l := lease(t, db, "report"); !l.Held || l.Fence != b.Token() {
+	if l := lease(t, db, "report"); !l.Held || l.Fence != b.Fence() {
 		t.Fatalf("new holder's lease touched: %+v", l)
 	}
 
@@ -171,10 +171,10 @@ func TestReleaseChangedHands(t *testing.T) {
 	r = cliEnv(t, stdin, map[string]string{}, "release", "--lock", "report", "--database-url", db.URL)
 	wantCode(t, r, exitError)
 	if want := fmt.Sprintf("lease \"report\" changed hands before the release: it is now held by host-c:303 with fence %d "+
-		"(was host-b:202, fence %d); nothing released\n", c.Token(), b.Token()); r.stdout != want {
+		"(was host-b:202, fence %d); nothing released\n", c.Fence(), b.Fence()); r.stdout != want {
 		t.Errorf("stdout = %q, want %q", r.stdout, want)
 	}
-	if l := lease(t, db, "report"); !l.Held || l.Fence != c.Token() || l.Holder != "host-c:303" {
+	if l := lease(t, db, "report"); !l.Held || l.Fence != c.Fence() || l.Holder != "host-c:303" {
 		t.Fatalf("the new holder's lease was touched: %+v", l)
 	}
 
@@ -183,15 +183,15 @@ func TestReleaseChangedHands(t *testing.T) {
 		expire(t, db, "report")
 		c = acquire(t, db, "report", "host-d:404")
 	}}
-	prev := c.Token()
+	prev := c.Fence()
 	r = cliEnv(t, stdin, map[string]string{}, "release", "--lock", "report", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitError)
 	out := decodeJSON[releaseJSON](t, r.stdout)
 	if out.Released || out.Result != "changed_hands" || out.Fence != prev || out.Current == nil ||
-		out.Current.Fence != c.Token() || out.Current.Holder != "host-d:404" || !out.Current.Held {
+		out.Current.Fence != c.Fence() || out.Current.Holder != "host-d:404" || !out.Current.Held {
 		t.Errorf("release JSON = %+v (current %+v)", out, out.Current)
 	}
-	if l := lease(t, db, "report"); !l.Held || l.Fence != c.Token() {
+	if l := lease(t, db, "report"); !l.Held || l.Fence != c.Fence() {
 		t.Fatalf("the new holder's lease was touched: %+v", l)
 	}
 
@@ -199,7 +199,7 @@ func TestReleaseChangedHands(t *testing.T) {
 	stdin = &takeover{answer: "yes\n", fn: func() { expire(t, db, "report") }}
 	r = cliEnv(t, stdin, map[string]string{}, "release", "--lock", "report", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	if want := fmt.Sprintf("lease \"report\" expired before the release (holder host-d:404, fence %d); nothing to release\n", c.Token()); r.stdout != want {
+	if want := fmt.Sprintf("lease \"report\" expired before the release (holder host-d:404, fence %d); nothing to release\n", c.Fence()); r.stdout != want {
 		t.Errorf("stdout = %q, want %q", r.stdout, want)
 	}
 }

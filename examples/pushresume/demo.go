@@ -340,11 +340,11 @@ func (o *orchestrator) handle(pe procEvent) error {
 		p.seen.Terms++
 		switch prev := o.leader; {
 		case prev == nil:
-			o.say(p.label, "elected leader (term %d): the Active", e.Fence)
+			o.say(p.label, "elected leader (fence %d): the Active", e.Fence)
 		case prev.killed:
-			o.say(p.label, "elected leader (term %d): took over from %s", e.Fence, prev.label)
+			o.say(p.label, "elected leader (fence %d): took over from %s", e.Fence, prev.label)
 		default:
-			o.say(p.label, "elected leader (term %d)", e.Fence)
+			o.say(p.label, "elected leader (fence %d)", e.Fence)
 		}
 		o.leader = p
 	case evDemoted:

@@ -14,7 +14,7 @@ const (
 	evSwept      = "swept"       // a sweep moved rows; Rule, N, To, By
 	evCatchUp    = "catch-up"    // start-up catch-up of a missed tick; Msg
 	evCampaign   = "campaigning" // joined the election
-	evElected    = "elected"     // became leader; Fence is the term
+	evElected    = "elected"     // became leader; Fence is the term's fence
 	evDemoted    = "demoted"     // leadership ended; Msg
 	evFired      = "tick-fired"  // the schedule fired; FireAt
 	evTickRun    = "tick-run"    // this instance won the tick; FireAt, Fence

@@ -324,7 +324,7 @@ func (in *instance) close() {
 // finishes the claim in (PROCESSING → SENT, fenced by the claim's token). If
 // the claim was swept meanwhile, the finish fails and the send rolls back.
 func (in *instance) send(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) error {
-	in.rep.emit(event{Ev: evSending, ID: c.Key, Fence: c.Token})
+	in.rep.emit(event{Ev: evSending, ID: c.Key, Fence: c.Fence})
 	if in.cfg.SendDelay > 0 {
 		t := time.NewTimer(in.cfg.SendDelay)
 		select {
@@ -334,7 +334,7 @@ func (in *instance) send(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) e
 			return context.Cause(ctx)
 		}
 	}
-	return in.q.WithTx(tx).RecordSend(ctx, db.RecordSendParams{PushID: c.Key, Fence: c.Token, Instance: in.holder})
+	return in.q.WithTx(tx).RecordSend(ctx, db.RecordSendParams{PushID: c.Key, Fence: c.Fence, Instance: in.holder})
 }
 
 // resume drains due PAUSED rows: claim in batches, send, finish SENT.

@@ -285,7 +285,7 @@ func workerDrain(ctx context.Context, pool *pgxpool.Pool, conc, batch int, timeB
 	}
 	w, err := claim.NewWorker(c, claim.WorkerConfig[int64]{
 		Work: func(ctx context.Context, tx pgx.Tx, cl claim.Claim[int64]) error {
-			_, err := tx.Exec(ctx, "INSERT INTO bench_effects (id, fence, worker) VALUES ($1, $2, 0)", cl.Key, cl.Token)
+			_, err := tx.Exec(ctx, "INSERT INTO bench_effects (id, fence, worker) VALUES ($1, $2, 0)", cl.Key, cl.Fence)
 			if err == nil {
 				rows.Add(1)
 			}

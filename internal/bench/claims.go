@@ -145,8 +145,8 @@ type claimRun struct {
 // its effects in one transaction, until nothing is claimable or the time
 // box ends. claimFn and finishFn are pgclaim's or the hand-written SQL.
 type batchOps struct {
-	claim  func(ctx context.Context, n int) ([]int64, []int64, error) // keys, tokens
-	finish func(ctx context.Context, tx pgx.Tx, keys, tokens []int64) (done []int64, doneTok []int64, err error)
+	claim  func(ctx context.Context, n int) ([]int64, []int64, error) // keys, fences
+	finish func(ctx context.Context, tx pgx.Tx, keys, fences []int64) (done []int64, doneFences []int64, err error)
 }
 
 func drainBatches(ctx context.Context, pool *pgxpool.Pool, workers, batch int, deadline time.Time,
@@ -160,7 +160,7 @@ func drainBatches(ctx context.Context, pool *pgxpool.Pool, workers, batch int, d
 		defer func() { lat.addAll(own) }()
 		for time.Now().Before(deadline) {
 			t0 := time.Now()
-			keys, toks, err := o.claim(ctx, batch)
+			keys, fences, err := o.claim(ctx, batch)
 			if err != nil {
 				return err
 			}
@@ -169,7 +169,7 @@ func drainBatches(ctx context.Context, pool *pgxpool.Pool, workers, batch int, d
 			}
 			var done int
 			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				dk, dt, err := o.finish(ctx, tx, keys, toks)
+				dk, dt, err := o.finish(ctx, tx, keys, fences)
 				if err != nil {
 					return err
 				}
@@ -209,22 +209,22 @@ func pgclaimOps(pool *pgxpool.Pool) (func(w int) batchOps, error) {
 					return nil, nil, err
 				}
 				held = cls
-				keys, toks := make([]int64, len(cls)), make([]int64, len(cls))
+				keys, fences := make([]int64, len(cls)), make([]int64, len(cls))
 				for i, cl := range cls {
-					keys[i], toks[i] = cl.Key, cl.Token
+					keys[i], fences[i] = cl.Key, cl.Fence
 				}
-				return keys, toks, nil
+				return keys, fences, nil
 			},
 			finish: func(ctx context.Context, tx pgx.Tx, _, _ []int64) ([]int64, []int64, error) {
 				done, _, err := c.WithTx(tx).FinishBatch(ctx, held, "DONE")
 				if err != nil {
 					return nil, nil, err
 				}
-				keys, toks := make([]int64, len(done)), make([]int64, len(done))
+				keys, fences := make([]int64, len(done)), make([]int64, len(done))
 				for i, cl := range done {
-					keys[i], toks[i] = cl.Key, cl.Token
+					keys[i], fences[i] = cl.Key, cl.Fence
 				}
-				return keys, toks, nil
+				return keys, fences, nil
 			},
 		}
 	}, nil
@@ -254,19 +254,19 @@ RETURNING id, fence`, append(mode, n, holder)...)
 				if err != nil {
 					return nil, nil, err
 				}
-				var keys, toks []int64
+				var keys, fences []int64
 				var k, t int64
 				_, err = pgx.ForEachRow(rows, []any{&k, &t}, func() error {
-					keys, toks = append(keys, k), append(toks, t)
+					keys, fences = append(keys, k), append(fences, t)
 					return nil
 				})
-				return keys, toks, err
+				return keys, fences, err
 			},
-			finish: func(ctx context.Context, tx pgx.Tx, keys, toks []int64) ([]int64, []int64, error) {
+			finish: func(ctx context.Context, tx pgx.Tx, keys, fences []int64) ([]int64, []int64, error) {
 				rows, err := tx.Query(ctx, `UPDATE bench_push AS b SET status = 'DONE'
 FROM unnest($1::bigint[], $2::bigint[]) AS u(k, t)
 WHERE b.id = u.k AND b.status = 'PROCESSING' AND b.fence = u.t
-RETURNING b.id, b.fence`, keys, toks)
+RETURNING b.id, b.fence`, keys, fences)
 				if err != nil {
 					return nil, nil, err
 				}

@@ -105,7 +105,7 @@ func runChild() int {
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
-			out.emit("leader", time.Now().UnixNano(), el.Term())
+			out.emit("leader", time.Now().UnixNano(), el.Fence())
 			select {
 			case <-lctx.Done():
 				out.emit("lost", time.Now().UnixNano())

@@ -130,13 +130,13 @@ func (c *checker) rows(ctx context.Context) error {
 		}
 		switch state {
 		case "DONE":
-			once.fail("row %d: DONE with token %d, %d effects with tokens %v", id, fence, n, effectFences)
+			once.fail("row %d: DONE with fence %d, %d effects with fences %v", id, fence, n, effectFences)
 		case "FAILED":
 			fail.fail("row %d: FAILED (reason %v) with %d effects %v", id, deref(reason), n, effectFences)
 		case "PAUSED":
 			lost.fail("row %d: still PAUSED after %d attempts (%d effects)", id, attempts, n)
 		case "PROCESSING":
-			stuck.fail("row %d: still PROCESSING with token %d (%d effects)", id, fence, n)
+			stuck.fail("row %d: still PROCESSING with fence %d (%d effects)", id, fence, n)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -202,13 +202,13 @@ func (c *checker) fencing(ctx context.Context) error {
 			return fmt.Errorf("chaos: check fencing: %w", err)
 		}
 		for rows.Next() {
-			var id, tok, final int64
+			var id, fence, final int64
 			var inst string
-			if err := rows.Scan(&id, &tok, &final, &inst); err != nil {
+			if err := rows.Scan(&id, &fence, &final, &inst); err != nil {
 				rows.Close()
 				return err
 			}
-			ck.fail("row %d: %s: token %d by %s, row's token %d", id, q.what, tok, inst, final)
+			ck.fail("row %d: %s: fence %d by %s, row's fence %d", id, q.what, fence, inst, final)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {

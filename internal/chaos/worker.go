@@ -274,7 +274,7 @@ func (w *worker) sweep(ctx context.Context, s *claim.Sweeper[int64]) (int, error
 		var swept []claim.Swept[int64]
 		for rows.Next() {
 			var sw claim.Swept[int64]
-			if err := rows.Scan(&sw.Key, &sw.Token, &sw.State); err != nil {
+			if err := rows.Scan(&sw.Key, &sw.Fence, &sw.State); err != nil {
 				rows.Close()
 				return 0, err
 			}
@@ -304,14 +304,14 @@ func (w *worker) recordSwept(ctx context.Context, swept []claim.Swept[int64]) {
 		return
 	}
 	ids := make([]int64, len(swept))
-	toks := make([]int64, len(swept))
+	fences := make([]int64, len(swept))
 	states := make([]string, len(swept))
 	for i, s := range swept {
-		ids[i], toks[i], states[i] = s.Key, s.Token, s.State
+		ids[i], fences[i], states[i] = s.Key, s.Fence, s.State
 	}
 	_, err := w.pool.Exec(ctx, `INSERT INTO chaos_sweeps (row_id, fence, state, instance)
 		SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], array_fill($4::text, array[cardinality($1::bigint[])]))`,
-		ids, toks, states, w.holder)
+		ids, fences, states, w.holder)
 	if err != nil && ctx.Err() == nil {
 		w.log.Warn("record swept rows", "error", err)
 	}
@@ -561,11 +561,11 @@ func (w *worker) work(ctx context.Context, cls []claim.Claim[int64]) error {
 			mark(result, lost, "lost")
 		}
 		if len(failed) > 0 {
-			ids, toks := keysTokens(failed)
+			ids, fences := keysFences(failed)
 			if _, err := tx.Exec(ctx, `UPDATE chaos_rows r SET reason = $3
-				FROM unnest($1::bigint[], $2::bigint[]) AS x(id, tok)
-				WHERE r.id = x.id AND r.fence = x.tok AND r.state = 'PROCESSING'`,
-				ids, toks, fmt.Sprintf("work failed (instance %s)", w.holder)); err != nil {
+				FROM unnest($1::bigint[], $2::bigint[]) AS x(id, fence)
+				WHERE r.id = x.id AND r.fence = x.fence AND r.state = 'PROCESSING'`,
+				ids, fences, fmt.Sprintf("work failed (instance %s)", w.holder)); err != nil {
 				return err
 			}
 			done, lost, err := cl.FinishBatch(ctx, failed, "FAILED")
@@ -592,13 +592,13 @@ func mark(m map[int64]string, cls []claim.Claim[int64], v string) {
 	}
 }
 
-func keysTokens(cls []claim.Claim[int64]) (ids, toks []int64) {
+func keysFences(cls []claim.Claim[int64]) (ids, fences []int64) {
 	ids = make([]int64, len(cls))
-	toks = make([]int64, len(cls))
+	fences = make([]int64, len(cls))
 	for i, c := range cls {
-		ids[i], toks[i] = c.Key, c.Token
+		ids[i], fences[i] = c.Key, c.Fence
 	}
-	return ids, toks
+	return ids, fences
 }
 
 // finishUnfenced is the broken finish: no token, no state check.
@@ -606,7 +606,7 @@ func finishUnfenced(ctx context.Context, tx pgx.Tx, cls []claim.Claim[int64]) ([
 	if len(cls) == 0 {
 		return nil, nil
 	}
-	ids, _ := keysTokens(cls)
+	ids, _ := keysFences(cls)
 	rows, err := tx.Query(ctx, `UPDATE chaos_rows SET state = 'DONE' WHERE id = ANY($1::bigint[]) RETURNING id`, ids)
 	if err != nil {
 		return nil, err
@@ -632,16 +632,16 @@ func (w *worker) writeEffects(ctx context.Context, tx pgx.Tx, done []claim.Claim
 	if len(done) == 0 {
 		return nil
 	}
-	ids, toks := keysTokens(done)
+	ids, fences := keysFences(done)
 	_, err := tx.Exec(ctx, `INSERT INTO chaos_effects (row_id, fence, instance)
-		SELECT x.id, x.tok, $3 FROM unnest($1::bigint[], $2::bigint[]) AS x(id, tok)`, ids, toks, w.holder)
+		SELECT x.id, x.fence, $3 FROM unnest($1::bigint[], $2::bigint[]) AS x(id, fence)`, ids, fences, w.holder)
 	return err
 }
 
 // audit records every finish attempted (best effort: an instance killed
 // right after its commit leaves no audit, which the checker allows).
 func (w *worker) audit(ctx context.Context, cls []claim.Claim[int64], result map[int64]string) {
-	ids, toks := keysTokens(cls)
+	ids, fences := keysFences(cls)
 	res := make([]string, len(cls))
 	for i, c := range cls {
 		res[i] = result[c.Key]
@@ -652,8 +652,8 @@ func (w *worker) audit(ctx context.Context, cls []claim.Claim[int64], result map
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err := w.pool.Exec(actx, `INSERT INTO chaos_audit (row_id, fence, instance, result)
-		SELECT x.id, x.tok, $3, x.res FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS x(id, tok, res)`,
-		ids, toks, w.holder, res)
+		SELECT x.id, x.fence, $3, x.res FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS x(id, fence, res)`,
+		ids, fences, w.holder, res)
 	if err != nil {
 		w.log.Warn("audit", "error", err)
 	}

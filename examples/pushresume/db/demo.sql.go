@@ -126,7 +126,7 @@ func (q *Queries) DemoTables(ctx context.Context) (DemoTablesRow, error) {
 }
 
 const failReasons = `-- name: FailReasons :many
-SELECT regexp_replace(coalesce(fail_reason, ''), ', token [0-9]+', '')::text AS reason, count(*) AS n
+SELECT regexp_replace(coalesce(fail_reason, ''), ', fence [0-9]+', '')::text AS reason, count(*) AS n
 FROM push_requests WHERE status = 'FAILED' GROUP BY 1 ORDER BY 1
 `
 

@@ -60,7 +60,7 @@ FROM pgclaim_ticks WHERE job = $1 ORDER BY fire_at;
 -- name: FailReasons :many
 -- Why rows failed, as the sweeper or the worker recorded it, without the
 -- fencing token that makes each sweeper reason unique.
-SELECT regexp_replace(coalesce(fail_reason, ''), ', token [0-9]+', '')::text AS reason, count(*) AS n
+SELECT regexp_replace(coalesce(fail_reason, ''), ', fence [0-9]+', '')::text AS reason, count(*) AS n
 FROM push_requests WHERE status = 'FAILED' GROUP BY 1 ORDER BY 1;
 
 -- name: DemoTables :one
