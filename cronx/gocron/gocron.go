@@ -329,11 +329,7 @@ func (j *Job) run(ctx context.Context) error {
 // fire runs the job for the last instant of its schedule at or before the
 // instance's clock.
 func (j *Job) fire(ctx context.Context) error {
-	at, err := tick.Latest(j.sched, j.now(), j.maxDelay)
-	if err != nil {
-		return err
-	}
-	return tick.Once(ctx, j.g, j.name, at, j.fn)
+	return tick.Fire(ctx, j.g, j.name, j.sched, j.now(), j.maxDelay, j.fn)
 }
 
 // RunAt runs the job for instant as if gocron had fired it for that
@@ -351,10 +347,7 @@ func (j *Job) fire(ctx context.Context) error {
 // gate.Gate.Once returns, an error wrapping gate.ErrSkipped when the tick
 // has run already.
 func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
-	if err := tick.IsInstant("gocron", j.sched, instant); err != nil {
-		return err
-	}
-	return tick.Once(ctx, j.g, j.name, instant, j.fn)
+	return tick.RunAt(ctx, "gocron", j.g, j.name, j.sched, instant, j.fn)
 }
 
 // taskFunc returns the function NewTask hands to gocron.

@@ -186,11 +186,7 @@ func (j *Job) Run() {
 
 // fire runs the job for the instant the clock says it was fired for.
 func (j *Job) fire(ctx context.Context) error {
-	at, err := tick.Latest(j.sched, j.now(), j.maxDelay)
-	if err != nil {
-		return err
-	}
-	return tick.Once(ctx, j.g, j.name, at, j.fn)
+	return tick.Fire(ctx, j.g, j.name, j.sched, j.now(), j.maxDelay, j.fn)
 }
 
 // RunAt runs the job for instant as if the cron had fired it for that
@@ -208,10 +204,7 @@ func (j *Job) fire(ctx context.Context) error {
 // gate.Gate.Once returns, an error wrapping gate.ErrSkipped when the tick
 // has run already.
 func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
-	if err := tick.IsInstant("robfig", j.sched, instant); err != nil {
-		return err
-	}
-	return tick.Once(ctx, j.g, j.name, instant, j.fn)
+	return tick.RunAt(ctx, "robfig", j.g, j.name, j.sched, instant, j.fn)
 }
 
 // CatchUp runs the job for the latest instant within window before database

@@ -198,6 +198,27 @@ func Once(ctx context.Context, g *gate.Gate, name string, at time.Time, fn gate.
 	return err
 }
 
+// Fire runs fn through g for the job called name, for the last instant of
+// sched at or before now (see Latest): what both adapters do when their
+// scheduler fires the job.
+func Fire(ctx context.Context, g *gate.Gate, name string, sched gate.Schedule, now time.Time, maxDelay time.Duration, fn gate.Func) error {
+	at, err := Latest(sched, now, maxDelay)
+	if err != nil {
+		return err
+	}
+	return Once(ctx, g, name, at, fn)
+}
+
+// RunAt runs fn through g for the job called name, for instant, which must
+// be an instant of sched (an error for package pkg naming "instant"
+// otherwise): the adapters' RunAt.
+func RunAt(ctx context.Context, pkg string, g *gate.Gate, name string, sched gate.Schedule, instant time.Time, fn gate.Func) error {
+	if err := IsInstant(pkg, sched, instant); err != nil {
+		return err
+	}
+	return Once(ctx, g, name, instant, fn)
+}
+
 // IsInstant returns nil when instant is an instant of sched, and otherwise
 // an error for package pkg naming the field "instant" and wrapping
 // gate.ErrInvalid.
