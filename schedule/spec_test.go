@@ -662,3 +662,63 @@ func FuzzParseSpec(f *testing.F) {
 		checkInstants(t, ins)
 	})
 }
+
+// TestDSTProperty compares between and next, for random specs over the
+// days around 2027's transitions, against the rule computed by brute force
+// (ruleOracle): the instants are the images of the scheduled wall-clock
+// minutes, each once.
+func TestDSTProperty(t *testing.T) {
+	days := []struct{ zone, day string }{
+		{"Europe/Berlin", "2027-03-28"}, {"Europe/Berlin", "2027-10-31"},
+		{"America/New_York", "2027-03-14"}, {"America/New_York", "2027-11-07"},
+		{"Australia/Lord_Howe", "2027-04-04"}, {"Australia/Lord_Howe", "2027-10-03"},
+		{"Pacific/Chatham", "2027-04-04"}, {"Pacific/Chatham", "2027-09-26"},
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	n := 8
+	if testing.Short() {
+		n = 2
+	}
+	for _, d := range days {
+		loc := mustZone(t, d.zone)
+		civil, _, _ := dayRange(t, loc, d.day)
+		oracle := ruleOracle(loc, civil)
+		for range n {
+			mins := randSet(r, 0, 59, 0.2)
+			hours := randSet(r, 0, 23, 0.3)
+			spec := field(mins) + " " + field(hours) + " * * *"
+			s := mustSpec(t, spec, d.zone)
+			var want []time.Time
+			for w, u := range oracle {
+				if in(mins, w.Minute()) && in(hours, w.Hour()) {
+					want = append(want, u)
+				}
+			}
+			slices.SortFunc(want, time.Time.Compare)
+			want = slices.CompactFunc(want, time.Time.Equal)
+			// The day's wall-clock times map into (lo, hi].
+			lo := oracle[civil].Add(-time.Second)
+			hi := oracle[civil.Add(24*time.Hour-time.Minute)]
+			got, _ := s.between(lo, hi, 2000)
+			checkInstants(t, got)
+			if !slices.EqualFunc(got, want, time.Time.Equal) {
+				t.Fatalf("%q in %s on %s: between %v, want %v", spec, d.zone, d.day, fmtSec(got), fmtSec(want))
+			}
+			for range 20 {
+				from := lo.Add(time.Duration(r.Int64N(int64(hi.Sub(lo)))))
+				k, _ := slices.BinarySearchFunc(want, from, func(a, b time.Time) int {
+					if !a.After(b) {
+						return -1
+					}
+					return 1
+				})
+				if k == len(want) {
+					continue
+				}
+				if got := s.next(from); !got.Equal(want[k]) {
+					t.Fatalf("%q in %s: next(%v) = %v, want %v", spec, d.zone, from, got, want[k])
+				}
+			}
+		}
+	}
+}
