@@ -27,8 +27,8 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Options configures a Claimer.
-type Options struct {
+// Config configures a Claimer.
+type Config struct {
 	// From is the state rows are claimed from (for example "PAUSED").
 	// Required.
 	From string
@@ -206,13 +206,13 @@ func (c *Claimer[K]) stmt(ctx context.Context, f func(DBTX) error) error {
 	return tx.Commit(ctx)
 }
 
-// New returns a claimer for rows of tbl moving from opts.From to opts.To,
-// running on db. It validates tbl and opts and returns an error naming the
+// New returns a claimer for rows of tbl moving from cfg.From to cfg.To,
+// running on db. It validates tbl and cfg and returns an error naming the
 // first bad field; it does not contact the database (see Verify).
 //
 // K is the Go type of the key column: int64, string, [16]byte,
 // pgtype.UUID, uuid.UUID or any other type pgx maps to it.
-func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
+func New[K any](db DBTX, tbl Table, cfg Config) (*Claimer[K], error) {
 	if db == nil {
 		return nil, invalid("db", "must not be nil")
 	}
@@ -221,38 +221,38 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 		return nil, err
 	}
 	switch {
-	case opts.From == "":
-		return nil, invalid("Options.From", "must not be empty")
-	case opts.To == "":
-		return nil, invalid("Options.To", "must not be empty")
-	case opts.From == opts.To:
-		return nil, invalid("Options.To", fmt.Sprintf("must differ from Options.From (both %q)", opts.From))
-	case opts.Lease < 0:
-		return nil, invalid("Options.Lease", "must not be negative")
-	case opts.Lease > 0 && t.leaseUntil == "":
-		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Options.Lease")
-	case opts.Lease > 0 && opts.Lease < time.Microsecond:
-		return nil, invalid("Options.Lease", "must be at least 1µs")
+	case cfg.From == "":
+		return nil, invalid("Config.From", "must not be empty")
+	case cfg.To == "":
+		return nil, invalid("Config.To", "must not be empty")
+	case cfg.From == cfg.To:
+		return nil, invalid("Config.To", fmt.Sprintf("must differ from Config.From (both %q)", cfg.From))
+	case cfg.Lease < 0:
+		return nil, invalid("Config.Lease", "must not be negative")
+	case cfg.Lease > 0 && t.leaseUntil == "":
+		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Config.Lease")
+	case cfg.Lease > 0 && cfg.Lease < time.Microsecond:
+		return nil, invalid("Config.Lease", "must be at least 1µs")
 	}
-	n, err := countParams(opts.Where)
+	n, err := countParams(cfg.Where)
 	if err != nil {
 		return nil, err
 	}
 	c := &core{
 		t:           t,
-		from:        opts.From,
-		to:          opts.To,
-		holder:      opts.Holder,
-		lease:       opts.Lease,
+		from:        cfg.From,
+		to:          cfg.To,
+		holder:      cfg.Holder,
+		lease:       cfg.Lease,
 		whereParams: n,
-		log:         opts.Logger,
-		hooks:       opts.Hooks,
+		log:         cfg.Logger,
+		hooks:       cfg.Hooks,
 	}
 	if c.holder == "" {
 		c.holder = DefaultHolder()
 	}
 	c.log = logger(c.log)
-	c.build(opts)
+	c.build(cfg)
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }
 
@@ -286,7 +286,7 @@ func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
 // a usable type (State text, varchar, char or an enum; ClaimedAt,
 // LeaseUntil and RetryAt timestamptz; Fence bigint; Attempts an integer;
 // ClaimedBy text or varchar; Reason text), that Key has a unique index of its own, and that pgclaim's fencing
-// sequence exists when Fence is set; and that Options.From and Options.To
+// sequence exists when Fence is set; and that Config.From and Config.To
 // are allowed by the state column: labels of its enum, and allowed by its
 // CHECK constraints in the simple forms Worker.Verify lists. The error
 // names every field (and state) that is wrong and matches ErrInvalid.
@@ -323,9 +323,9 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 }
 
 // ClaimBatch claims up to n rows in From in one statement, picking them in
-// Options.Order and skipping rows locked by other transactions (FOR UPDATE
+// Config.Order and skipping rows locked by other transactions (FOR UPDATE
 // SKIP LOCKED), so concurrent claimers never receive the same row and never
-// wait for each other. args bind the placeholders of Options.Where. Each
+// wait for each other. args bind the placeholders of Config.Where. Each
 // claimed row gets its own fresh fencing token. The returned claims are in no
 // particular order; an empty slice means nothing was claimable.
 func (c *Claimer[K]) ClaimBatch(ctx context.Context, n int, args ...any) ([]Claim[K], error) {
@@ -337,7 +337,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 		return nil, invalid("ClaimBatch: n", "must be positive")
 	}
 	if len(where) != c.c.whereParams {
-		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
+		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
 	args := c.c.sqlBatch.bind(c.plan, append(slices.Clip(where), n)...)
 	start := time.Now()
@@ -376,7 +376,7 @@ func (c *Claimer[K]) checkState(op, state string) error {
 		return invalid(op+": state", "must not be empty")
 	}
 	if state == c.c.to {
-		return invalid(op+": state", fmt.Sprintf("must differ from Options.To (%q)", state))
+		return invalid(op+": state", fmt.Sprintf("must differ from Config.To (%q)", state))
 	}
 	return c.c.t.needs("Table.Fence", c.c.t.fence, op)
 }

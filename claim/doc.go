@@ -41,7 +41,7 @@
 //     locked row, so a row finished a moment ago is never overwritten, and
 //     two sweepers never move a row twice. Lost claims and swept rows are
 //     logged (log/slog) and returned to the caller, and every statement that
-//     moves rows or finds claims lost is reported to Options.Hooks (an Event
+//     moves rows or finds claims lost is reported to Config.Hooks (an Event
 //     with its kind, target state, row count and duration, with the
 //     caller's context) for metrics and tracing.
 //   - Database time only. Staleness and leases compare the server's clock
@@ -85,7 +85,7 @@
 // their states (Worker.Verify, Sweeper.Verify) unless told to skip it
 // (SkipVerify), and log a warning (ErrMissingIndex) when a partial index
 // of the next section is missing. Names are
-// identifiers, quoted, never SQL; only Options.Order, Options.Where and
+// identifiers, quoted, never SQL; only Config.Order, Config.Where and
 // SweeperConfig.Where are SQL, and they are trusted input.
 //
 // Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a

@@ -18,7 +18,7 @@ func ExampleSweeperConfig_failAfter() {
 	defer done()
 
 	// Workers claim with a lease and extend it while they work.
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING", Lease: 5 * time.Minute})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING", Lease: 5 * time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}

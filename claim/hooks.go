@@ -59,7 +59,7 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind     EventKind
 	Table    string        // the table, quoted as in SQL
-	Holder   string        // the claimer's Options.Holder
+	Holder   string        // the claimer's Config.Holder
 	State    string        // the state the rows moved to ("" for EventNotClaimed and EventLost)
 	Rows     int           // how many rows (claims, for EventLost; 1 for EventNotClaimed)
 	Duration time.Duration // how long the statement took

@@ -39,7 +39,7 @@ func (m *messages) has(msg string) bool {
 	return false
 }
 
-// TestNilLoggerIsDefault: with no Logger in Options or WorkerConfig,
+// TestNilLoggerIsDefault: with no Logger in Config or WorkerConfig,
 // warnings reach slog.Default(). Not parallel: it replaces the default
 // logger.
 func TestNilLoggerIsDefault(t *testing.T) {
@@ -51,7 +51,7 @@ func TestNilLoggerIsDefault(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 3)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h"})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestNilLoggerIsDefault(t *testing.T) {
 		t.Fatalf("finish with a wrong token: %v, want ErrLost", err)
 	}
 	if !m.has("claim: claim lost") {
-		t.Errorf("Options.Logger nil: the lost claim did not reach slog.Default() (got %q)", m.got)
+		t.Errorf("Config.Logger nil: the lost claim did not reach slog.Default() (got %q)", m.got)
 	}
 
 	w, err := NewWorker(c, WorkerConfig[int64]{

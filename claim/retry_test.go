@@ -39,7 +39,7 @@ func testRetryDelay(t *testing.T, withReason bool) {
 	if withReason {
 		tbl.Reason = "reason"
 	}
-	c, err := New[int64](db.Pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Holder: "w"})
+	c, err := New[int64](db.Pool, tbl, Config{From: "PAUSED", To: "PROCESSING", Holder: "w"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestSweeperRetryAfter(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 2)
 	mustExec(t, db.Pool, `ALTER TABLE jobs ADD COLUMN retry_at timestamptz`)
-	c, err := New[int64](db.Pool, retryTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h"})
+	c, err := New[int64](db.Pool, retryTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h"})
 	if err != nil {
 		t.Fatal(err)
 	}

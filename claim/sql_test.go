@@ -71,11 +71,11 @@ func (noRows) RawValues() [][]byte                          { return nil }
 func (noRows) Conn() *pgx.Conn                              { return nil }
 func (noRows) TypeMap() *pgtype.Map                         { return nil }
 
-// sqlCase is one Table/Options configuration and the statements it sends.
+// sqlCase is one Table/Config configuration and the statements it sends.
 type sqlCase[K any] struct {
 	name    string
 	table   Table
-	opts    Options
+	opts    Config
 	keys    [2]K
 	where   []any // ClaimBatch's args
 	sweeper []SweeperConfig[K]
@@ -155,7 +155,7 @@ var sqlInt64Cases = []sqlCase[int64]{
 	{
 		name:    "minimal",
 		table:   Table{Name: "jobs", Key: "id", State: "state", ClaimedAt: "claimed_at"},
-		opts:    Options{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
+		opts:    Config{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
 		keys:    [2]int64{1, 2},
 		sweeper: []SweeperConfig[int64]{{StaleAfter: 5 * time.Minute, Failed: "FAILED", BatchSize: 100}},
 		want:    goldenMinimal,
@@ -164,7 +164,7 @@ var sqlInt64Cases = []sqlCase[int64]{
 		name: "all columns",
 		table: Table{Name: "app.jobs", Key: "id", State: "state", ClaimedAt: "claimed_at", ClaimedBy: "claimed_by",
 			Fence: "fence", LeaseUntil: "lease_until", Attempts: "attempts", RetryAt: "retry_at", Reason: "reason"},
-		opts: Options{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: 30 * time.Second, Order: "created_at, id"},
+		opts: Config{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: 30 * time.Second, Order: "created_at, id"},
 		keys: [2]int64{1, 2},
 		sweeper: []SweeperConfig[int64]{
 			{StaleAfter: 5 * time.Minute, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3,
@@ -177,7 +177,7 @@ var sqlInt64Cases = []sqlCase[int64]{
 	{
 		name:  "where with args",
 		table: jobsTable,
-		opts:  Options{From: "PAUSED", To: "PROCESSING", Holder: "h1", Where: "tenant = $1 AND priority > $2"},
+		opts:  Config{From: "PAUSED", To: "PROCESSING", Holder: "h1", Where: "tenant = $1 AND priority > $2"},
 		keys:  [2]int64{1, 2},
 		where: []any{"acme", 5},
 		sweeper: []SweeperConfig[int64]{{StaleAfter: time.Minute, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2,
@@ -191,7 +191,7 @@ var sqlTextCases = []sqlCase[string]{
 		name: "text key",
 		table: Table{Name: "Push Queue", Key: "Job ID", State: "Status", ClaimedAt: "claimedAt",
 			Fence: "fence", RetryAt: "retry_at", Reason: "why"},
-		opts:    Options{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
+		opts:    Config{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
 		keys:    [2]string{"k1", "k2"},
 		sweeper: []SweeperConfig[string]{{StaleAfter: 2 * time.Minute, Failed: "FAILED", BatchSize: 25}},
 		want:    goldenTextKey,

@@ -14,7 +14,7 @@ type SweeperConfig[K any] struct {
 	// Table.ClaimedAt is older than this (database time). Rows with a lease
 	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
 	// whatever StaleAfter says. Required unless the table has LeaseUntil
-	// and the claimer has an Options.Lease, in which case zero means: sweep
+	// and the claimer has an Config.Lease, in which case zero means: sweep
 	// expired leases only. (A claimer without a Lease sets LeaseUntil to
 	// NULL, so with zero the row of a holder that died would never be
 	// swept; NewSweeper refuses that. A sweeper of rows claimed elsewhere
@@ -26,7 +26,7 @@ type SweeperConfig[K any] struct {
 	// Required.
 	Failed string
 	// Retry, when set, is the state stale rows move to while
-	// Table.Attempts is below MaxAttempts (typically Options.From). Needs
+	// Table.Attempts is below MaxAttempts (typically Config.From). Needs
 	// Table.Attempts and MaxAttempts.
 	Retry string
 	// MaxAttempts is the number of claims a row gets; required with Retry.
@@ -61,7 +61,7 @@ type SweeperConfig[K any] struct {
 	OnSwept func(ctx context.Context, swept []Swept[K])
 	// Logger receives one record per swept row (warn level), failed sweeps
 	// of Run (error level) and missing-index warnings of NewSweeper.
-	// Default: the claimer's logger (Options.Logger, itself slog.Default()
+	// Default: the claimer's logger (Config.Logger, itself slog.Default()
 	// when nil); a discarding logger here silences the sweeper.
 	Logger *slog.Logger
 	// SkipVerify keeps NewSweeper from checking the table and the states
@@ -124,15 +124,15 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 	case cfg.Failed == "":
 		return nil, invalid("SweeperConfig.Failed", "must not be empty")
 	case cfg.Failed == c.c.to:
-		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Options.To (%q)", cfg.Failed))
+		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Config.To (%q)", cfg.Failed))
 	case cfg.Retry != "" && cfg.Retry == c.c.to:
-		return nil, invalid("SweeperConfig.Retry", fmt.Sprintf("must differ from Options.To (%q)", cfg.Retry))
+		return nil, invalid("SweeperConfig.Retry", fmt.Sprintf("must differ from Config.To (%q)", cfg.Retry))
 	case cfg.StaleAfter < 0:
 		return nil, invalid("SweeperConfig.StaleAfter", "must not be negative")
 	case cfg.StaleAfter == 0 && t.leaseUntil == "":
 		return nil, invalid("SweeperConfig.StaleAfter", "must be positive (the table has no LeaseUntil column)")
 	case cfg.StaleAfter == 0 && c.c.lease == 0:
-		return nil, invalid("SweeperConfig.StaleAfter", "must be positive when the claimer's Options.Lease is 0: its claims set Table.LeaseUntil to NULL, so the row of a holder that died would never be swept (sweeping leases set by other claimers: give this claimer their Lease)")
+		return nil, invalid("SweeperConfig.StaleAfter", "must be positive when the claimer's Config.Lease is 0: its claims set Table.LeaseUntil to NULL, so the row of a holder that died would never be swept (sweeping leases set by other claimers: give this claimer their Lease)")
 	case cfg.StaleAfter > 0 && cfg.StaleAfter < time.Microsecond:
 		return nil, invalid("SweeperConfig.StaleAfter", "must be at least 1µs")
 	case cfg.BatchSize <= 0:
@@ -160,7 +160,7 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 	}
 	n, err := countParams(cfg.Where)
 	if err != nil {
-		return nil, invalid("SweeperConfig.Where", strings.TrimPrefix(err.Error(), "claim: Options.Where: "))
+		return nil, invalid("SweeperConfig.Where", strings.TrimPrefix(err.Error(), "claim: Config.Where: "))
 	}
 	if n != len(cfg.Args) {
 		return nil, invalid("SweeperConfig.Args", fmt.Sprintf("Where uses %d parameters, got %d", n, len(cfg.Args)))

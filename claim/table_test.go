@@ -18,7 +18,7 @@ func TestBadInput(t *testing.T) {
 	cases := []struct {
 		name  string
 		tbl   Table
-		opts  Options
+		opts  Config
 		field string
 	}{
 		{"empty name", with(func(t *Table) { t.Name = "" }), pausedOpts, "Table.Name"},
@@ -32,12 +32,12 @@ func TestBadInput(t *testing.T) {
 		{"too long", with(func(t *Table) { t.Attempts = strings.Repeat("a", 64) }), pausedOpts, "Table.Attempts"},
 		{"column used twice", with(func(t *Table) { t.ClaimedBy = "state" }), pausedOpts, "Table.ClaimedBy"},
 		{"reason column used twice", with(func(t *Table) { t.Reason = "claimed_at" }), pausedOpts, "Table.Reason"},
-		{"empty from", ok, Options{To: "PROCESSING"}, "Options.From"},
-		{"empty to", ok, Options{From: "PAUSED"}, "Options.To"},
-		{"from == to", ok, Options{From: "X", To: "X"}, "Options.To"},
-		{"negative lease", ok, Options{From: "A", To: "B", Lease: -time.Second}, "Options.Lease"},
-		{"lease without column", with(func(t *Table) { t.LeaseUntil = "" }), Options{From: "A", To: "B", Lease: time.Second}, "Table.LeaseUntil"},
-		{"unterminated quote in where", ok, Options{From: "A", To: "B", Where: "x = 'a"}, "Options.Where"},
+		{"empty from", ok, Config{To: "PROCESSING"}, "Config.From"},
+		{"empty to", ok, Config{From: "PAUSED"}, "Config.To"},
+		{"from == to", ok, Config{From: "X", To: "X"}, "Config.To"},
+		{"negative lease", ok, Config{From: "A", To: "B", Lease: -time.Second}, "Config.Lease"},
+		{"lease without column", with(func(t *Table) { t.LeaseUntil = "" }), Config{From: "A", To: "B", Lease: time.Second}, "Table.LeaseUntil"},
+		{"unterminated quote in where", ok, Config{From: "A", To: "B", Where: "x = 'a"}, "Config.Where"},
 	}
 	for _, tc := range cases {
 		_, err := New[int64](pool, tc.tbl, tc.opts)
@@ -257,7 +257,7 @@ func TestHostileIdentifiers(t *testing.T) {
 		Attempts:   `attempts\`,
 		Reason:     `why'); --`,
 	}
-	c, err := New[string](pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute,
+	c, err := New[string](pool, tbl, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute,
 		Where: `"Key'); DROP TABLE x; --" <> $1`})
 	if err != nil {
 		t.Fatal(err)

@@ -12,8 +12,8 @@ import (
 
 // ErrMissingIndex is matched by the warning Worker.Verify and
 // Sweeper.Verify return when a partial index they rely on is missing: the
-// index on the claim state (Options.From) that batch claims select rows
-// through, or the one on the processing state (Options.To) that sweeps
+// index on the claim state (Config.From) that batch claims select rows
+// through, or the one on the processing state (Config.To) that sweeps
 // select through. Without it every batch rescans the rows already finished,
 // and a long run slows down as it goes; nothing else goes wrong. Such a
 // warning is returned only when the table has no other problem, so an
@@ -66,7 +66,7 @@ const verifyTimeout = 10 * time.Second
 // verify runs the checks of Claimer.Verify with the From and To states and
 // those in extra.
 func (c *Claimer[K]) verify(ctx context.Context, extra verifySpec) error {
-	extra.states = append([]stateRef{{"Options.From", c.c.from}, {"Options.To", c.c.to}}, extra.states...)
+	extra.states = append([]stateRef{{"Config.From", c.c.from}, {"Config.To", c.c.to}}, extra.states...)
 	return c.c.t.verify(ctx, c.db, extra)
 }
 
@@ -77,7 +77,7 @@ func (c *Claimer[K]) verify(ctx context.Context, extra verifySpec) error {
 // combinations of them; a constraint of another form is not checked). Any
 // problem is an error matching ErrInvalid naming the field. When all that
 // holds, it returns a warning matching ErrMissingIndex if no valid partial
-// index restricted to Options.From exists (batch claims need it), and nil
+// index restricted to Config.From exists (batch claims need it), and nil
 // otherwise. NewWorker calls it unless WorkerConfig.SkipVerify is set.
 func (w *Worker[K]) Verify(ctx context.Context) error {
 	t := w.c.c.t
@@ -87,18 +87,18 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 			{"WorkerConfig.Failed", w.cfg.Failed},
 			{"WorkerConfig.Retry", w.cfg.Retry},
 		},
-		indexed: []indexNeed{{stateRef: stateRef{"Options.From", w.c.c.from}, by: "batch claims", cols: t.key,
-			note: " (index the Options.Order columns)"}},
+		indexed: []indexNeed{{stateRef: stateRef{"Config.From", w.c.c.from}, by: "batch claims", cols: t.key,
+			note: " (index the Config.Order columns)"}},
 	})
 }
 
 // Verify checks the table against its spec like Claimer.Verify, and that
-// Options.To and the sweeper's Failed and Retry states are allowed by the
+// Config.To and the sweeper's Failed and Retry states are allowed by the
 // state column (enum labels and simple CHECK constraints, as for
 // Worker.Verify; the claimer's From is not checked, a sweeper does not use
 // it). Any problem is an error matching ErrInvalid naming the field. When
 // all that holds, it returns a warning matching ErrMissingIndex if no valid
-// partial index restricted to Options.To exists (sweeps select through it),
+// partial index restricted to Config.To exists (sweeps select through it),
 // and nil otherwise. NewSweeper calls it unless SweeperConfig.SkipVerify is
 // set.
 func (s *Sweeper[K]) Verify(ctx context.Context) error {
@@ -109,11 +109,11 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 	}
 	return s.c.c.t.verify(ctx, s.c.db, verifySpec{
 		states: []stateRef{
-			{"Options.To", s.c.c.to},
+			{"Config.To", s.c.c.to},
 			{"SweeperConfig.Failed", s.cfg.Failed},
 			{"SweeperConfig.Retry", s.cfg.Retry},
 		},
-		indexed: []indexNeed{{stateRef: stateRef{"Options.To", s.c.c.to}, by: "sweeps", cols: hint}},
+		indexed: []indexNeed{{stateRef: stateRef{"Config.To", s.c.c.to}, by: "sweeps", cols: hint}},
 	})
 }
 

@@ -59,13 +59,13 @@ func TestVerifyEnumLabel(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	stateTable(t, db.Pool, "job_state", `CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE', 'FAILED')`)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "Paused", To: "PROCESSING"})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "Paused", To: "PROCESSING"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantInvalid(t, "Verify", c.Verify(ctx), "Options.From", `"Paused"`)
+	wantInvalid(t, "Verify", c.Verify(ctx), "Config.From", `"Paused"`)
 	_, err = NewWorker(c, okWorker())
-	wantInvalid(t, "NewWorker", err, "Options.From", `"Paused"`)
+	wantInvalid(t, "NewWorker", err, "Config.From", `"Paused"`)
 }
 
 // TestVerifyCheckFailed: a Failed state that the table's CHECK constraint
@@ -174,8 +174,8 @@ func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
-	wantInvalid(t, "NewSweeper", err, "SweeperConfig.StaleAfter", "Options.Lease")
-	leased, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
+	wantInvalid(t, "NewSweeper", err, "SweeperConfig.StaleAfter", "Config.Lease")
+	leased, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
 }
 
 // TestSweeperDefaultLogger: with neither SweeperConfig.Logger nor
-// Options.Logger set, swept rows are logged to slog.Default().
+// Config.Logger set, swept rows are logged to slog.Default().
 func TestSweeperDefaultLogger(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
@@ -246,7 +246,7 @@ func TestVerifyIndexes(t *testing.T) {
 	stateTable(t, db.Pool, "text")
 	buf := &syncWriter{w: new(bytes.Buffer)}
 	logger := slog.New(slog.NewTextHandler(buf, nil))
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Logger: logger})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,10 +266,10 @@ func TestVerifyIndexes(t *testing.T) {
 			t.Fatalf("%s = %v; want ErrMissingIndex only", name, err)
 		}
 	}
-	if err := w.Verify(ctx); !strings.Contains(err.Error(), `Options.From: no partial index of "jobs" is restricted to state "PAUSED"`) {
+	if err := w.Verify(ctx); !strings.Contains(err.Error(), `Config.From: no partial index of "jobs" is restricted to state "PAUSED"`) {
 		t.Errorf("Worker.Verify = %v", err)
 	}
-	if err := sw.Verify(ctx); !strings.Contains(err.Error(), `Options.To: no partial index of "jobs" is restricted to state "PROCESSING"`) {
+	if err := sw.Verify(ctx); !strings.Contains(err.Error(), `Config.To: no partial index of "jobs" is restricted to state "PROCESSING"`) {
 		t.Errorf("Sweeper.Verify = %v", err)
 	}
 	logs := buf.String()
@@ -403,7 +403,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 4)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +525,7 @@ func TestVerifyUnreachable(t *testing.T) {
 	}
 	defer pool.Close()
 	buf := &syncWriter{w: new(bytes.Buffer)}
-	c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Logger: slog.New(slog.NewTextHandler(buf, nil))})
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: slog.New(slog.NewTextHandler(buf, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

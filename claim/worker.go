@@ -47,7 +47,7 @@ type WorkerConfig[K any] struct {
 	// 2,000 bytes) is recorded with the move to Failed or Retry.
 	Failed string
 	// Retry, when set, is the state of a row whose work failed while
-	// Table.Attempts is below MaxAttempts; typically Options.From, so the
+	// Table.Attempts is below MaxAttempts; typically Config.From, so the
 	// row is claimed again. Needs Table.Attempts and MaxAttempts.
 	Retry string
 	// MaxAttempts is the number of claims a row gets before a failure is
@@ -63,7 +63,7 @@ type WorkerConfig[K any] struct {
 	RetryDelay func(attempts int) time.Duration
 	// BatchSize is the most rows claimed by one statement. Required.
 	BatchSize int
-	// Args bind the placeholders of the claimer's Options.Where.
+	// Args bind the placeholders of the claimer's Config.Where.
 	Args []any
 	// SkipVerify keeps NewWorker from checking the table and the states
 	// against the database. By default NewWorker runs Worker.Verify and
@@ -85,7 +85,7 @@ type WorkerConfig[K any] struct {
 	// released, not failed.
 	StopTimeout time.Duration
 	// Logger receives failures, lost claims and releases. Default: the
-	// claimer's logger (Options.Logger, itself slog.Default() when nil).
+	// claimer's logger (Config.Logger, itself slog.Default() when nil).
 	Logger *slog.Logger
 }
 
@@ -135,7 +135,7 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		case s == "" && required:
 			return invalid(field, "must not be empty")
 		case s != "" && s == c.c.to:
-			return invalid(field, fmt.Sprintf("must differ from Options.To (%q)", s))
+			return invalid(field, fmt.Sprintf("must differ from Config.To (%q)", s))
 		}
 		return nil
 	}
@@ -172,7 +172,7 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	case cfg.StopTimeout < 0:
 		return nil, invalid("WorkerConfig.StopTimeout", "must not be negative")
 	case len(cfg.Args) != c.c.whereParams:
-		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
+		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
@@ -204,7 +204,7 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 // A failure that retrying cannot cure ends the run the same way, and Run
 // returns an error matching ErrInvalid that names the state or the option
 // at fault and wraps the server's error: a claim statement the table
-// refuses (a column Options.Where, Order or the Table names that does not
+// refuses (a column Config.Where, Order or the Table names that does not
 // exist, a From or To state the column's enum or CHECK constraint
 // rejects), or a finish to Done, Failed or Retry that the table refuses. A
 // claim whose work succeeded but whose move to Done was refused is not
@@ -353,7 +353,7 @@ loop:
 				break
 			}
 			if permanent(err) {
-				r.fail(fmt.Errorf("claim: worker: claiming rows from Options.From %q to Options.To %q: %w: the table refuses the statement: %w",
+				r.fail(fmt.Errorf("claim: worker: claiming rows from Config.From %q to Config.To %q: %w: the table refuses the statement: %w",
 					w.c.c.from, w.c.c.to, ErrInvalid, err))
 				break
 			}
@@ -433,7 +433,7 @@ func (r *run[K]) release(e *entry[K]) {
 	case err != nil:
 		r.count(func(s *Stats) { s.Unrecorded++ })
 		if permanent(err) {
-			r.fail(refused("Options.From", r.w.c.c.from, err))
+			r.fail(refused("Config.From", r.w.c.c.from, err))
 		}
 		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
 			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", err))

@@ -251,7 +251,7 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 // build wires pgclaim's pieces for this instance.
 func (in *instance) build() error {
 	cfg := in.cfg
-	claimer, err := claim.New[int64](in.pool, pushTable, claim.Options{
+	claimer, err := claim.New[int64](in.pool, pushTable, claim.Config{
 		From:   "PAUSED",
 		To:     "PROCESSING",
 		Holder: in.holder,

@@ -179,7 +179,7 @@ func sweepRun(ctx context.Context, e *env, dbName, url string, k int, p *params)
 			return Result{}, 0, Profile{}, err
 		}
 		pools[i] = pl
-		c, err := claim.New[int64](pl, staleTable, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("sweeper-%d", i)})
+		c, err := claim.New[int64](pl, staleTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("sweeper-%d", i)})
 		if err != nil {
 			return Result{}, 0, Profile{}, err
 		}

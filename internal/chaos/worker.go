@@ -192,7 +192,7 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	}
 	defer w.pool.Close()
 
-	w.claimer, err = claim.New[int64](w.pool, rowsTable, claim.Options{
+	w.claimer, err = claim.New[int64](w.pool, rowsTable, claim.Config{
 		From: "PAUSED", To: "PROCESSING", Holder: w.holder, Lease: cfg.RowLease, Logger: w.log,
 	})
 	if err != nil {
