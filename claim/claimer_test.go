@@ -215,7 +215,7 @@ func TestExecModes(t *testing.T) {
 				t.Fatalf("finish batch: %v %v %v", done, gone, err)
 			}
 			mustExec(t, pool, fmt.Sprintf(`UPDATE %s SET lease_until = now() - interval '1 second' WHERE id = 'k1'`, name))
-			sw, err := NewSweeper(c, SweeperConfig[string]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+			sw, err := NewSweeper(c, SweeperConfig[string]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 			if err != nil {
 				t.Fatal(err)
 			}

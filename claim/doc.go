@@ -73,7 +73,7 @@
 // Features that need an optional column report which one when it is missing:
 // Finish, FinishBatch, Release and the Worker need Fence; Extend and leases
 // need LeaseUntil; retries need Attempts, and delayed retries
-// (WorkerConfig.RetryDelay) RetryAt: a row is not claimed before its RetryAt.
+// (RetryPolicy.Backoff) RetryAt: a row is not claimed before its RetryAt.
 // With Reason, the Worker records the error of a failed attempt and the
 // Sweeper why it moved a stale row (its holder, token and attempt, and
 // whether its lease expired), so a FAILED row always says why. Without

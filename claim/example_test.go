@@ -172,8 +172,7 @@ func ExampleWorker_Drain() {
 		},
 		Done:        "DONE",
 		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: 3,
+		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: 3},
 		BatchSize:   100,
 		Concurrency: 2,
 	})
@@ -211,11 +210,10 @@ func ExampleSweeper_Sweep() {
 		log.Fatal(err)
 	}
 	s, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{
-		StaleAfter:  12 * time.Hour,
-		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: 3,
-		BatchSize:   1000,
+		StaleAfter: 12 * time.Hour,
+		Failed:     "FAILED",
+		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: 3},
+		BatchSize:  1000,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -18,7 +18,7 @@ const (
 	// won, or there is no such row).
 	EventNotClaimed
 	// EventFinished: claimed rows moved to State (Finish, FinishBatch, and
-	// the Worker's finishes: Done on success, Failed or Retry on failure,
+	// the Worker's finishes: Done on success, Failed or Retry.State on failure,
 	// with the work's error in Err).
 	EventFinished
 	// EventReleased: claimed rows given back to From (Release, and the

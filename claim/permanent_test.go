@@ -63,7 +63,7 @@ func TestWorkerDoneRejectedByEnum(t *testing.T) {
 			t.Fatal(err)
 		}
 		w, err := NewWorker(c, WorkerConfig[int64]{Work: effectWork("w"), Done: "DONE", Failed: "FAILED",
-			Retry: "PAUSED", MaxAttempts: 3, BatchSize: 5, Concurrency: 2, PollInterval: 10 * time.Millisecond})
+			Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, BatchSize: 5, Concurrency: 2, PollInterval: 10 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

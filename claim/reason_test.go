@@ -68,7 +68,7 @@ func TestWorkerReason(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2,
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2},
 		BatchSize: 10, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -358,19 +358,27 @@ func (s *Sweeper[K]) build() {
 	}
 	newState := q.arg(cfg.Failed)
 	retryAt := ""
-	if cfg.Retry != "" {
+	if p := cfg.Retry; p.State != "" {
 		failed := newState
-		retry := q.arg(cfg.Retry)
-		// attemptsLeft holds for a row that goes to Retry: attempts
+		retry := q.arg(p.State)
+		// attemptsLeft holds for a row that goes to Retry.State: attempts
 		// remain, and (with FailAfter) it was not claimed too long ago.
-		attemptsLeft := "COALESCE(pgclaim_t." + t.attempts + ", 0) < " + q.arg(cfg.MaxAttempts)
+		attemptsLeft := "COALESCE(pgclaim_t." + t.attempts + ", 0) < " + q.arg(p.MaxAttempts)
 		if cfg.FailAfter > 0 {
 			attemptsLeft += " AND NOT ((pgclaim_t." + t.claimedAt + " < statement_timestamp() - (" +
 				q.arg(micros(cfg.FailAfter)) + "::bigint * interval '1 microsecond')) IS TRUE)"
 		}
-		if cfg.RetryAfter > 0 {
-			retryAt = "CASE WHEN " + attemptsLeft + " THEN statement_timestamp() + (" + q.arg(micros(cfg.RetryAfter)) +
-				"::bigint * interval '1 microsecond') ELSE pgclaim_t." + t.retryAt + " END"
+		if p.Backoff > 0 {
+			// wait is RetryPolicy.wait of the row's attempts, in
+			// microseconds: Backoff doubled attempts-1 times (at most
+			// maxDoublings), capped at MaxBackoff.
+			wait := q.arg(micros(p.Backoff)) + "::bigint"
+			if p.doubles() {
+				wait = "LEAST(" + wait + " << LEAST(GREATEST(COALESCE(pgclaim_t." + t.attempts + ", 0) - 1, 0), " +
+					q.arg(p.maxDoublings()) + "::int)::int, " + q.arg(micros(p.MaxBackoff)) + "::bigint)"
+			}
+			retryAt = "CASE WHEN " + attemptsLeft + " THEN statement_timestamp() + (" + wait +
+				" * interval '1 microsecond') ELSE pgclaim_t." + t.retryAt + " END"
 		}
 		// The ELSE branch is never taken: it gives the CASE the state
 		// column's type (which may be an enum), so that the two states,

@@ -25,27 +25,24 @@ type SweeperConfig[K any] struct {
 	// Failed is the state stale rows move to when no attempts remain.
 	// Required.
 	Failed string
-	// Retry, when set, is the state stale rows move to while
-	// Table.Attempts is below MaxAttempts (typically Config.From). Needs
-	// Table.Attempts and MaxAttempts.
-	Retry string
-	// MaxAttempts is the number of claims a row gets; required with Retry.
-	MaxAttempts int
-	// RetryAfter, when positive, keeps a row moved to Retry from being
-	// claimed again before database time plus RetryAfter (it sets
+	// Retry, when its State is set, sends a stale row whose Table.Attempts
+	// is below Retry.MaxAttempts to Retry.State (typically Config.From),
+	// not to Failed. With Retry.Backoff the row is not claimed again before
+	// database time plus the wait computed from its attempts (it sets
 	// Table.RetryAt), so that a row whose work keeps killing its holder is
-	// not picked up again at once by every instance. Needs Retry and
-	// Table.RetryAt.
-	RetryAfter time.Duration
+	// not picked up again at once by every instance. The zero value: every
+	// stale row goes to Failed.
+	Retry RetryPolicy
 	// FailAfter, when positive, sends a stale row claimed longer than
 	// FailAfter ago (Table.ClaimedAt, database time) to Failed whatever
-	// its attempts; younger stale rows go to Retry while attempts remain.
+	// its attempts; younger stale rows go to Retry.State while attempts
+	// remain.
 	// It only chooses where a stale row goes: it does not make a row stale,
 	// and a row under a live lease is never swept. With a leased claimer,
 	// StaleAfter zero and FailAfter 24h, one Sweeper sends rows whose lease
 	// expired back for a retry and fails those claimed more than a day
 	// ago, with no Where. The choice is re-checked on the locked row like
-	// staleness. Needs Retry.
+	// staleness. Needs Retry.State.
 	FailAfter time.Duration
 	// BatchSize is the most rows one statement moves (and locks), for
 	// example 1000. Required.
@@ -77,7 +74,7 @@ type SweeperConfig[K any] struct {
 type Swept[K any] struct {
 	// Key is the row's key.
 	Key K
-	// State is the state the row was moved to (Failed or Retry).
+	// State is the state the row was moved to (Failed or Retry.State).
 	State string
 	// Fence is the fencing token of the claim that went stale (0 without
 	// Table.Fence); that holder can no longer finish the row.
@@ -125,8 +122,6 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		return nil, invalid("SweeperConfig.Failed", "must not be empty")
 	case cfg.Failed == c.c.to:
 		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Config.To (%q)", cfg.Failed))
-	case cfg.Retry != "" && cfg.Retry == c.c.to:
-		return nil, invalid("SweeperConfig.Retry", fmt.Sprintf("must differ from Config.To (%q)", cfg.Retry))
 	case cfg.StaleAfter < 0:
 		return nil, invalid("SweeperConfig.StaleAfter", "must not be negative")
 	case cfg.StaleAfter == 0 && t.leaseUntil == "":
@@ -137,24 +132,15 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 		return nil, invalid("SweeperConfig.StaleAfter", "must be at least 1µs")
 	case cfg.BatchSize <= 0:
 		return nil, invalid("SweeperConfig.BatchSize", "must be positive")
-	case cfg.MaxAttempts < 0:
-		return nil, invalid("SweeperConfig.MaxAttempts", "must not be negative")
-	case cfg.Retry != "" && cfg.MaxAttempts == 0:
-		return nil, invalid("SweeperConfig.MaxAttempts", "must be positive when Retry is set")
-	case cfg.Retry == "" && cfg.MaxAttempts > 0:
-		return nil, invalid("SweeperConfig.Retry", "must be set when MaxAttempts is")
-	case cfg.Retry != "" && t.attempts == "":
-		return nil, t.needs("Table.Attempts", t.attempts, "SweeperConfig.Retry")
-	case cfg.RetryAfter < 0:
-		return nil, invalid("SweeperConfig.RetryAfter", "must not be negative")
-	case cfg.RetryAfter > 0 && cfg.Retry == "":
-		return nil, invalid("SweeperConfig.Retry", "must be set when RetryAfter is")
-	case cfg.RetryAfter > 0 && t.retryAt == "":
-		return nil, t.needs("Table.RetryAt", t.retryAt, "SweeperConfig.RetryAfter")
+	}
+	if err := cfg.Retry.check("SweeperConfig.Retry", c.c); err != nil {
+		return nil, err
+	}
+	switch {
 	case cfg.FailAfter < 0:
 		return nil, invalid("SweeperConfig.FailAfter", "must not be negative")
-	case cfg.FailAfter > 0 && cfg.Retry == "":
-		return nil, invalid("SweeperConfig.Retry", "must be set when FailAfter is (without Retry every stale row goes to Failed)")
+	case cfg.FailAfter > 0 && cfg.Retry.State == "":
+		return nil, invalid("SweeperConfig.Retry.State", "must be set when FailAfter is (without it every stale row goes to Failed)")
 	case cfg.FailAfter > 0 && cfg.FailAfter < time.Microsecond:
 		return nil, invalid("SweeperConfig.FailAfter", "must be at least 1µs")
 	}

@@ -54,7 +54,7 @@ func TestZombie(t *testing.T) {
 	a, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: logger})
 	b, _ := New[int64](db.NewPool(t), jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "b"})
 	var swept []Swept[int64]
-	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10, Logger: logger,
+	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10, Logger: logger,
 		OnSwept: func(_ context.Context, s []Swept[int64]) { swept = append(swept, s...) }})
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +257,7 @@ func TestTwoSweepers(t *testing.T) {
 	errs := make([]error, 2)
 	for i := range 2 {
 		c, _ := New[int64](db.NewPool(t), jobsTable, pausedOpts)
-		sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: batch})
+		sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: batch})
 		if err != nil {
 			t.Fatal(err)
 		}

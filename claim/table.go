@@ -44,14 +44,13 @@ type Table struct {
 	// RetryAt is an optional timestamptz column holding the earliest
 	// database time a row may be claimed again. A row whose RetryAt is in
 	// the future is passed over by ClaimBatch, and Claim returns
-	// ErrNotClaimed for it; NULL means at once. A Worker with
-	// WorkerConfig.RetryDelay sets it when it moves a failed row to Retry,
-	// and a Sweeper with SweeperConfig.RetryAfter when it moves a stale row
-	// there; nothing else writes it.
+	// ErrNotClaimed for it; NULL means at once. A Worker or a Sweeper
+	// whose RetryPolicy has a Backoff sets it when it moves a failed or
+	// stale row to the policy's State; nothing else writes it.
 	RetryAt string
 	// Reason is an optional text column saying why a row last left the To
 	// state other than by success. A Worker writes the error of a failed
-	// attempt there (moving the row to Failed or Retry) and clears it when
+	// attempt there (moving the row to Failed or Retry.State) and clears it when
 	// work succeeds; a Sweeper writes why it moved a stale row (the
 	// holder, token and attempt of the stale claim, and whether its lease
 	// expired or it was claimed too long ago). Claim, Finish, FinishBatch,

@@ -104,8 +104,8 @@ func TestBadInput(t *testing.T) {
 		{"WorkerConfig.BatchSize", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED"}},
 		{"WorkerConfig.BatchSize", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: -5}},
 		{"WorkerConfig.Concurrency", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, Concurrency: -1}},
-		{"WorkerConfig.MaxAttempts", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", BatchSize: 1}},
-		{"WorkerConfig.Retry", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", MaxAttempts: 3, BatchSize: 1}},
+		{"WorkerConfig.Retry.MaxAttempts", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED"}, BatchSize: 1}},
+		{"WorkerConfig.Retry.State", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{MaxAttempts: 3}, BatchSize: 1}},
 		{"WorkerConfig.PollInterval", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, PollInterval: -time.Second}},
 		{"WorkerConfig.StopTimeout", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, StopTimeout: -time.Second}},
 		{"WorkerConfig.Args", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, Args: []any{1}}},
@@ -126,8 +126,8 @@ func TestBadInput(t *testing.T) {
 		{"SweeperConfig.StaleAfter", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: -time.Hour, BatchSize: 10}},
 		{"SweeperConfig.BatchSize", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour}},
 		{"SweeperConfig.BatchSize", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour, BatchSize: -1}},
-		{"SweeperConfig.MaxAttempts", SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", StaleAfter: time.Hour, BatchSize: 10}},
-		{"SweeperConfig.Retry", SweeperConfig[int64]{Failed: "FAILED", MaxAttempts: 2, StaleAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.MaxAttempts", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED"}, StaleAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.State", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{MaxAttempts: 2}, StaleAfter: time.Hour, BatchSize: 10}},
 		{"SweeperConfig.Args", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour, BatchSize: 10, Where: "id > $1"}},
 	}
 	for _, tc := range scases {
@@ -295,7 +295,7 @@ func TestHostileIdentifiers(t *testing.T) {
 		t.Fatalf("claim to go stale: %v %v", stale, err)
 	}
 	mustExec(t, pool, `UPDATE "My ""Schema"""."""; DROP TABLE x; --" SET "claimed at" = "claimed at" - interval '2 hours', "lease; until" = NULL`)
-	sw, err := NewSweeper(c, SweeperConfig[string]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[string]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

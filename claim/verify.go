@@ -71,7 +71,7 @@ func (c *Claimer[K]) verify(ctx context.Context, extra verifySpec) error {
 }
 
 // Verify checks everything Claimer.Verify checks, and also that the
-// worker's Done, Failed and Retry states are allowed by the state column
+// worker's Done, Failed and Retry.State states are allowed by the state column
 // (its enum labels and its CHECK constraints of the forms
 // "col IN (...)", "col = ANY (ARRAY[...])", "col = '...'" and OR or AND
 // combinations of them; a constraint of another form is not checked). Any
@@ -85,7 +85,7 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 		states: []stateRef{
 			{"WorkerConfig.Done", w.cfg.Done},
 			{"WorkerConfig.Failed", w.cfg.Failed},
-			{"WorkerConfig.Retry", w.cfg.Retry},
+			{"WorkerConfig.Retry.State", w.cfg.Retry.State},
 		},
 		indexed: []indexNeed{{stateRef: stateRef{"Config.From", w.c.c.from}, by: "batch claims", cols: t.key,
 			note: " (index the Config.Order columns)"}},
@@ -93,7 +93,7 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 }
 
 // Verify checks the table against its spec like Claimer.Verify, and that
-// Config.To and the sweeper's Failed and Retry states are allowed by the
+// Config.To and the sweeper's Failed and Retry.State states are allowed by the
 // state column (enum labels and simple CHECK constraints, as for
 // Worker.Verify; the claimer's From is not checked, a sweeper does not use
 // it). Any problem is an error matching ErrInvalid naming the field. When
@@ -111,7 +111,7 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 		states: []stateRef{
 			{"Config.To", s.c.c.to},
 			{"SweeperConfig.Failed", s.cfg.Failed},
-			{"SweeperConfig.Retry", s.cfg.Retry},
+			{"SweeperConfig.Retry.State", s.cfg.Retry.State},
 		},
 		indexed: []indexNeed{{stateRef: stateRef{"Config.To", s.c.c.to}, by: "sweeps", cols: hint}},
 	})

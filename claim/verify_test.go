@@ -34,7 +34,7 @@ func stateTable(t *testing.T, db DBTX, stateType string, ddl ...string) {
 func nopWork(context.Context, pgx.Tx, Claim[int64]) error { return nil }
 
 func okWorker() WorkerConfig[int64] {
-	return WorkerConfig[int64]{Work: nopWork, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, BatchSize: 10}
+	return WorkerConfig[int64]{Work: nopWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, BatchSize: 10}
 }
 
 func wantInvalid(t *testing.T, what string, err error, words ...string) {
@@ -326,7 +326,7 @@ func TestVerifyAllRight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days' WHERE id IN (2, 3)`)
 	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (1, 2, 4)`)
 	mustExec(t, db.Pool, `UPDATE jobs SET attempts = 3 WHERE id = 4`)
-	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: 24 * time.Hour, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +456,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	}
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours', attempts = 1 WHERE id = 1`)
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days', attempts = 1 WHERE id = 2`)
-	sw, err = NewSweeper(plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	sw, err = NewSweeper(plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: 24 * time.Hour, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,8 +471,8 @@ func TestSweeperFailAfter(t *testing.T) {
 		field string
 		cfg   SweeperConfig[int64]
 	}{
-		{"SweeperConfig.FailAfter", SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: -time.Hour, BatchSize: 10}},
-		{"SweeperConfig.Retry", SweeperConfig[int64]{Failed: "FAILED", FailAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.FailAfter", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: -time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.State", SweeperConfig[int64]{Failed: "FAILED", FailAfter: time.Hour, BatchSize: 10}},
 	} {
 		if _, err := NewSweeper(c, tc.cfg); !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "claim: "+tc.field+": ") {
 			t.Errorf("NewSweeper(%+v) = %v; want ErrInvalid naming %s", tc.cfg, err, tc.field)

@@ -44,23 +44,15 @@ type WorkerConfig[K any] struct {
 	Done string
 	// Failed is the state of a row whose work failed and has no attempts
 	// left. Required. With Table.Reason, the work's error text (at most
-	// 2,000 bytes) is recorded with the move to Failed or Retry.
+	// 2,000 bytes) is recorded with the move to Failed or Retry.State.
 	Failed string
-	// Retry, when set, is the state of a row whose work failed while
-	// Table.Attempts is below MaxAttempts; typically Config.From, so the
-	// row is claimed again. Needs Table.Attempts and MaxAttempts.
-	Retry string
-	// MaxAttempts is the number of claims a row gets before a failure is
-	// final. Required with Retry.
-	MaxAttempts int
-	// RetryDelay, when set, is how long a row moved to Retry waits before
-	// it may be claimed again, given the number of claims it has had (1
-	// after its first failure): the worker sets Table.RetryAt to database
-	// time plus that delay (zero or negative: at once). For example
-	// func(n int) time.Duration { return time.Second << min(n, 10) }.
-	// Drain does not wait for delayed rows: it returns once nothing is
-	// claimable. Needs Retry and Table.RetryAt.
-	RetryDelay func(attempts int) time.Duration
+	// Retry, when its State is set, sends a row whose work failed while
+	// Table.Attempts is below Retry.MaxAttempts to Retry.State (typically
+	// Config.From, so the row is claimed again), not to Failed; with
+	// Retry.Backoff the row waits before it may be claimed again, the wait
+	// computed from the claim's Attempts. The zero value: every failure
+	// is final.
+	Retry RetryPolicy
 	// BatchSize is the most rows claimed by one statement. Required.
 	BatchSize int
 	// Args bind the placeholders of the claimer's Config.Where.
@@ -92,7 +84,7 @@ type WorkerConfig[K any] struct {
 // Worker drains rows in the claimer's From state: it claims batches, runs
 // the work for each claim in its own transaction with bounded concurrency,
 // extends leases while work runs (when the claimer has a Lease), and
-// finishes each claim as Done, Retry or Failed. A Worker may be run more
+// finishes each claim as Done, Retry.State or Failed. A Worker may be run more
 // than once, but each run is independent.
 type Worker[K any] struct {
 	c     *Claimer[K]
@@ -130,19 +122,19 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if err := t.needs("Table.Fence", t.fence, "Worker"); err != nil {
 		return nil, err
 	}
-	state := func(field, s string, required bool) error {
+	state := func(field, s string) error {
 		switch {
-		case s == "" && required:
+		case s == "":
 			return invalid(field, "must not be empty")
-		case s != "" && s == c.c.to:
+		case s == c.c.to:
 			return invalid(field, fmt.Sprintf("must differ from Config.To (%q)", s))
 		}
 		return nil
 	}
 	for _, e := range []error{
-		state("WorkerConfig.Done", cfg.Done, true),
-		state("WorkerConfig.Failed", cfg.Failed, true),
-		state("WorkerConfig.Retry", cfg.Retry, false),
+		state("WorkerConfig.Done", cfg.Done),
+		state("WorkerConfig.Failed", cfg.Failed),
+		cfg.Retry.check("WorkerConfig.Retry", c.c),
 	} {
 		if e != nil {
 			return nil, e
@@ -155,18 +147,6 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		return nil, invalid("WorkerConfig.BatchSize", "must be positive")
 	case cfg.Concurrency < 0:
 		return nil, invalid("WorkerConfig.Concurrency", "must not be negative")
-	case cfg.MaxAttempts < 0:
-		return nil, invalid("WorkerConfig.MaxAttempts", "must not be negative")
-	case cfg.Retry != "" && cfg.MaxAttempts == 0:
-		return nil, invalid("WorkerConfig.MaxAttempts", "must be positive when Retry is set")
-	case cfg.Retry == "" && cfg.MaxAttempts > 0:
-		return nil, invalid("WorkerConfig.Retry", "must be set when MaxAttempts is")
-	case cfg.Retry != "" && t.attempts == "":
-		return nil, t.needs("Table.Attempts", t.attempts, "WorkerConfig.Retry")
-	case cfg.RetryDelay != nil && cfg.Retry == "":
-		return nil, invalid("WorkerConfig.Retry", "must be set when RetryDelay is")
-	case cfg.RetryDelay != nil && t.retryAt == "":
-		return nil, t.needs("Table.RetryAt", t.retryAt, "WorkerConfig.RetryDelay")
 	case cfg.PollInterval < 0:
 		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
 	case cfg.StopTimeout < 0:
@@ -206,10 +186,10 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 // at fault and wraps the server's error: a claim statement the table
 // refuses (a column Config.Where, Order or the Table names that does not
 // exist, a From or To state the column's enum or CHECK constraint
-// rejects), or a finish to Done, Failed or Retry that the table refuses. A
+// rejects), or a finish to Done, Failed or Retry.State that the table refuses. A
 // claim whose work succeeded but whose move to Done was refused is not
 // counted as succeeded: its transaction rolls back and the row is moved to
-// Failed (not Retry: the same finish would be refused again). Other
+// Failed (not Retry.State: the same finish would be refused again). Other
 // failures of a claim statement (a lost connection, a timeout) are logged
 // and retried after PollInterval.
 func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
@@ -217,7 +197,7 @@ func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
 }
 
 // Drain works on claims until nothing is left to claim and no work is in
-// flight (rows moved to a Retry state equal to From are claimed again), then
+// flight (rows moved to a Retry.State equal to From are claimed again), then
 // returns. Cancelling ctx stops it like Run, and Drain then returns
 // ctx.Err(); a failure that cannot go away ends it with an error as it
 // ends Run. It suits a scheduled job: "at 09:00, resume every paused row".
@@ -505,11 +485,8 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	state, retry := w.cfg.Failed, false
 	var retryIn time.Duration
-	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts && !final {
-		state, retry = w.cfg.Retry, true
-		if w.cfg.RetryDelay != nil {
-			retryIn = w.cfg.RetryDelay(e.cl.Attempts)
-		}
+	if p := w.cfg.Retry; p.State != "" && e.cl.Attempts < p.MaxAttempts && !final {
+		state, retry, retryIn = p.State, true, p.wait(e.cl.Attempts)
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
@@ -522,7 +499,7 @@ func (r *run[K]) process(e *entry[K]) {
 		if permanent(err) {
 			field := "WorkerConfig.Failed"
 			if retry {
-				field = "WorkerConfig.Retry"
+				field = "WorkerConfig.Retry.State"
 			}
 			r.fail(refused(field, state, err))
 		}

@@ -106,7 +106,7 @@ func TestWorkerFailures(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3,
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3},
 		BatchSize: 16, Concurrency: 3, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

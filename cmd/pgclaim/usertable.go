@@ -82,8 +82,8 @@ var flagNames = strings.NewReplacer(
 	"Table.Reason", "--reason",
 	"Config.To", "--processing",
 	"SweeperConfig.Failed", "--to",
-	"SweeperConfig.Retry", "--retry",
-	"SweeperConfig.MaxAttempts", "--max-attempts",
+	"SweeperConfig.Retry.State", "--retry",
+	"SweeperConfig.Retry.MaxAttempts", "--max-attempts",
 	"SweeperConfig.BatchSize", "--batch",
 	"SweeperConfig.StaleAfter", "--older-than",
 )

@@ -267,8 +267,7 @@ func (in *instance) build() error {
 		Work:        in.send,
 		Done:        "SENT",
 		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: cfg.MaxAttempts,
+		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
 		BatchSize:   cfg.Batch,
 		Concurrency: 1,
 	})
@@ -292,13 +291,12 @@ func (in *instance) build() error {
 		return err
 	}
 	in.expired, err = claim.NewSweeper(claimer, claim.SweeperConfig[int64]{
-		StaleAfter:  cfg.StaleAfter,
-		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: cfg.MaxAttempts,
-		BatchSize:   500,
-		Where:       youngerThan,
-		Args:        []any{cfg.StaleAfter.Seconds()},
+		StaleAfter: cfg.StaleAfter,
+		Failed:     "FAILED",
+		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
+		BatchSize:  500,
+		Where:      youngerThan,
+		Args:       []any{cfg.StaleAfter.Seconds()},
 	})
 	if err != nil {
 		return err

@@ -199,7 +199,7 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 		return err
 	}
 	sweeper, err := claim.NewSweeper(w.claimer, claim.SweeperConfig[int64]{
-		Failed: "FAILED", Retry: "PAUSED", MaxAttempts: cfg.MaxAttempts, BatchSize: 500,
+		Failed: "FAILED", Retry: claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts}, BatchSize: 500,
 		OnSwept: w.recordSwept, Logger: w.log,
 	})
 	if err != nil {
