@@ -40,10 +40,11 @@
 //     attempts remain. The sweeper re-checks state and staleness on the
 //     locked row, so a row finished a moment ago is never overwritten, and
 //     two sweepers never move a row twice. Lost claims and swept rows are
-//     logged (log/slog) and returned to the caller, and every statement that
-//     moves rows or finds claims lost is reported to Config.Hooks (an Event
-//     with its kind, target state, row count and duration, with the
-//     caller's context) for metrics and tracing.
+//     logged (log/slog, to Config.Logger) and returned to the caller, and
+//     every statement that moves rows or finds claims lost is reported to
+//     Config.Hooks (an Event with its kind, target state, row count and
+//     duration) for metrics and tracing; records and events alike carry the
+//     caller's context.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
 //   - Any isolation level. The guarantees hold whatever

@@ -453,7 +453,7 @@ func TestIsolationSweeper(t *testing.T) {
 			const rows = 300
 			db := isolationDB(t, level, rows)
 			pool := levelPool(t, db, level, 4)
-			c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "gone"})
+			c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "gone", Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -461,8 +461,7 @@ func TestIsolationSweeper(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours'`)
-			sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 5,
-				Logger: slog.New(slog.DiscardHandler)})
+			sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 5})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -56,11 +56,6 @@ type SweeperConfig[K any] struct {
 	// OnSwept, when set, is called after each batch with the rows it
 	// moved (already committed when the sweeper runs on a pool).
 	OnSwept func(ctx context.Context, swept []Swept[K])
-	// Logger receives one record per swept row (warn level), failed sweeps
-	// of Run (error level) and missing-index warnings of NewSweeper.
-	// Default: the claimer's logger (Config.Logger, itself slog.Default()
-	// when nil); a discarding logger here silences the sweeper.
-	Logger *slog.Logger
 	// SkipVerify keeps NewSweeper from checking the table and the states
 	// against the database. By default NewSweeper runs Sweeper.Verify and
 	// returns what it finds wrong (an error matching ErrInvalid: build it
@@ -101,7 +96,6 @@ type Swept[K any] struct {
 type Sweeper[K any] struct {
 	c     *Claimer[K]
 	cfg   SweeperConfig[K]
-	log   *slog.Logger
 	sql   query
 	batch int
 }
@@ -151,13 +145,10 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 	if n != len(cfg.Args) {
 		return nil, invalid("SweeperConfig.Args", fmt.Sprintf("Where uses %d parameters, got %d", n, len(cfg.Args)))
 	}
-	s := &Sweeper[K]{c: c, cfg: cfg, log: cfg.Logger, batch: cfg.BatchSize}
-	if s.log == nil {
-		s.log = c.c.log
-	}
+	s := &Sweeper[K]{c: c, cfg: cfg, batch: cfg.BatchSize}
 	s.build()
 	if !cfg.SkipVerify {
-		if err := verifyOnNew("NewSweeper", s.log, t.qname, s.Verify); err != nil {
+		if err := verifyOnNew("NewSweeper", c.c, s.Verify); err != nil {
 			return nil, err
 		}
 	}
@@ -219,16 +210,22 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
 	}
 	took := time.Since(start)
-	byState := map[string]int{}
+	// One event per state the rows moved to, each with the records of its
+	// rows, in the order the statement returned them.
+	var states []string
+	byState := map[string][]record{}
 	for _, sw := range out {
-		byState[sw.State]++
-		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
+		if _, ok := byState[sw.State]; !ok {
+			states = append(states, sw.State)
+		}
+		byState[sw.State] = append(byState[sw.State], rec(slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
 			slog.Int64("fence", sw.Fence), slog.String("claimed_by", sw.ClaimedBy),
-			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
+			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason)))
 	}
-	for state, n := range byState {
-		s.c.c.emit(ctx, Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
+	for _, state := range states {
+		logs := byState[state]
+		s.c.c.report(ctx, Event{Kind: EventSwept, State: state, Rows: len(logs), Duration: took}, logs...)
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)
@@ -251,8 +248,8 @@ func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 	defer t.Stop()
 	for {
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.log.LogAttrs(ctx, slog.LevelError, "claim: sweep failed",
-				slog.String("table", s.c.c.t.qname), slog.Any("error", err))
+			s.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: sweep failed",
+				slog.String("table", s.c.c.t.qname), slog.Any("error", err)))
 		}
 		select {
 		case <-ctx.Done():

@@ -52,9 +52,9 @@ func TestZombie(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	a, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: logger})
-	b, _ := New[int64](db.NewPool(t), jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "b"})
+	b, _ := New[int64](db.NewPool(t), jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "b", Logger: logger})
 	var swept []Swept[int64]
-	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10, Logger: logger,
+	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10,
 		OnSwept: func(_ context.Context, s []Swept[int64]) { swept = append(swept, s...) }})
 	if err != nil {
 		t.Fatal(err)

@@ -123,7 +123,7 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 // is a failure to ask the database at all (it is unreachable, or slower
 // than verifyTimeout): the constructor does not fail for those, and the
 // statements that later run into the same trouble report it as before.
-func verifyOnNew(ctor string, log *slog.Logger, table string, verify func(context.Context) error) error {
+func verifyOnNew(ctor string, c *core, verify func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
 	defer cancel()
 	err := verify(ctx)
@@ -133,11 +133,11 @@ func verifyOnNew(ctor string, log *slog.Logger, table string, verify func(contex
 	case errors.Is(err, ErrInvalid):
 		return err
 	case errors.Is(err, ErrMissingIndex):
-		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": missing partial index",
-			slog.String("table", table), slog.Any("warning", err))
+		c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: "+ctor+": missing partial index",
+			slog.String("table", c.t.qname), slog.Any("warning", err)))
 	default:
-		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": could not verify the table and states",
-			slog.String("table", table), slog.Any("error", err))
+		c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: "+ctor+": could not verify the table and states",
+			slog.String("table", c.t.qname), slog.Any("error", err)))
 	}
 	return nil
 }

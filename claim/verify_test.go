@@ -184,8 +184,8 @@ func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
 	}
 }
 
-// TestSweeperDefaultLogger: with neither SweeperConfig.Logger nor
-// Config.Logger set, swept rows are logged to slog.Default().
+// TestSweeperDefaultLogger: with no Config.Logger set, swept rows are
+// logged to slog.Default().
 func TestSweeperDefaultLogger(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
@@ -487,14 +487,16 @@ func TestSweeperRunSweepsAtOnce(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 1)
-	c, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	quiet := pausedOpts
+	quiet.Logger = slog.New(slog.DiscardHandler)
+	c, _ := New[int64](db.Pool, jobsTable, quiet)
 	if _, err := c.Claim(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	makeStale(t, db.Pool, 1)
 	swept := make(chan []Swept[int64], 1)
 	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10,
-		Logger: slog.New(slog.DiscardHandler), OnSwept: func(_ context.Context, s []Swept[int64]) { swept <- s }})
+		OnSwept: func(_ context.Context, s []Swept[int64]) { swept <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,9 +76,6 @@ type WorkerConfig[K any] struct {
 	// (0: wait for it to finish). Work ended by that cancellation is
 	// released, not failed.
 	StopTimeout time.Duration
-	// Logger receives failures, lost claims and releases. Default: the
-	// claimer's logger (Config.Logger, itself slog.Default() when nil).
-	Logger *slog.Logger
 }
 
 // Worker drains rows in the claimer's From state: it claims batches, runs
@@ -90,7 +87,6 @@ type Worker[K any] struct {
 	c     *Claimer[K]
 	begin func(context.Context) (pgx.Tx, error)
 	cfg   WorkerConfig[K]
-	log   *slog.Logger
 }
 
 type beginner interface {
@@ -160,15 +156,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = time.Second
 	}
-	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
+	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg}
 	if tb, ok := c.db.(txBeginner); ok {
 		w.begin = func(ctx context.Context) (pgx.Tx, error) { return tb.BeginTx(ctx, readCommitted) }
 	}
-	if w.log == nil {
-		w.log = c.c.log
-	}
 	if !cfg.SkipVerify {
-		if err := verifyOnNew("NewWorker", w.log, t.qname, w.Verify); err != nil {
+		if err := verifyOnNew("NewWorker", c.c, w.Verify); err != nil {
 			return nil, err
 		}
 	}
@@ -243,7 +236,7 @@ func (r *run[K]) fail(err error) {
 	}
 	r.mu.Unlock()
 	if first {
-		r.w.log.LogAttrs(r.workCtx, slog.LevelError, "claim: worker: stopping on a failure that cannot go away", slog.Any("error", err))
+		r.w.c.c.report(r.workCtx, Event{}, rec(slog.LevelError, "claim: worker: stopping on a failure that cannot go away", slog.Any("error", err)))
 	}
 	r.stop()
 }
@@ -337,7 +330,7 @@ loop:
 					w.c.c.from, w.c.c.to, ErrInvalid, err))
 				break
 			}
-			w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err))
+			w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err)))
 			wait(w.cfg.PollInterval, false)
 			continue
 		}
@@ -406,21 +399,29 @@ func (r *run[K]) release(e *entry[K]) {
 	e.finishing.Store(true)
 	ctx, cancel := r.cleanupCtx()
 	defer cancel()
-	err := r.w.c.Release(ctx, e.cl)
+	err := r.w.c.release(ctx, e.cl, rec(slog.LevelInfo, "claim: worker: released on stop",
+		slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence)))
+	r.settle(ctx, e, err, "Config.From", r.w.c.c.from, func(s *Stats) { s.Released++ }, "claim: worker: release failed")
+}
+
+// settle counts how a statement that gave e's claim back, or recorded its
+// failure, moving the row to state (the value of field), ended: ErrLost as
+// lost; another error as unrecorded, logged at error level as msg with
+// attrs (a refusal by the table also ends the run: see refused); nil
+// through done.
+func (r *run[K]) settle(ctx context.Context, e *entry[K], err error, field, state string, done func(*Stats), msg string, attrs ...slog.Attr) {
 	switch {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })
 	case err != nil:
 		r.count(func(s *Stats) { s.Unrecorded++ })
 		if permanent(err) {
-			r.fail(refused("Config.From", r.w.c.c.from, err))
+			r.fail(refused(field, state, err))
 		}
-		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", err))
+		attrs = append([]slog.Attr{slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence)}, append(attrs, slog.Any("error", err))...)
+		r.w.c.c.report(ctx, Event{}, rec(slog.LevelError, msg, attrs...))
 	default:
-		r.count(func(s *Stats) { s.Released++ })
-		r.w.log.LogAttrs(ctx, slog.LevelInfo, "claim: worker: released on stop",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
+		r.count(done)
 	}
 }
 
@@ -443,7 +444,7 @@ func (r *run[K]) process(e *entry[K]) {
 
 	tx, err := w.begin(ctx)
 	if err != nil {
-		w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: begin failed", slog.Any("key", e.cl.Key), slog.Any("error", err))
+		w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: begin failed", slog.Any("key", e.cl.Key), slog.Any("error", err)))
 		r.release(e)
 		return
 	}
@@ -475,8 +476,8 @@ func (r *run[K]) process(e *entry[K]) {
 
 	if e.lost.Load() {
 		r.count(func(s *Stats) { s.Lost++ })
-		w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: claim lost during work",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr))
+		w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: claim lost during work",
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr)))
 		return
 	}
 	if r.stopping.Err() != nil && ctx.Err() != nil && (errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded)) {
@@ -490,33 +491,20 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
-	err = w.c.finishWith(cctx, e.cl, state, werr, retryIn)
-	switch {
-	case errors.Is(err, ErrLost):
-		r.count(func(s *Stats) { s.Lost++ })
-	case err != nil:
-		r.count(func(s *Stats) { s.Unrecorded++ })
-		if permanent(err) {
-			field := "WorkerConfig.Failed"
-			if retry {
-				field = "WorkerConfig.Retry.State"
-			}
-			r.fail(refused(field, state, err))
-		}
-		w.log.LogAttrs(cctx, slog.LevelError, "claim: worker: recording failure failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("work_error", werr), slog.Any("error", err))
-	default:
-		r.count(func(s *Stats) {
-			if retry {
-				s.Retried++
-			} else {
-				s.Failed++
-			}
-		})
-		w.log.LogAttrs(cctx, slog.LevelWarn, "claim: worker: work failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Int("attempts", e.cl.Attempts),
-			slog.String("state", state), slog.Any("error", werr))
+	err = w.c.finishWith(cctx, e.cl, state, werr, retryIn, rec(slog.LevelWarn, "claim: worker: work failed",
+		slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Int("attempts", e.cl.Attempts),
+		slog.String("state", state), slog.Any("error", werr)))
+	field := "WorkerConfig.Failed"
+	if retry {
+		field = "WorkerConfig.Retry.State"
 	}
+	r.settle(cctx, e, err, field, state, func(s *Stats) {
+		if retry {
+			s.Retried++
+		} else {
+			s.Failed++
+		}
+	}, "claim: worker: recording failure failed", slog.Any("work_error", werr))
 }
 
 func (r *run[K]) rollback(tx pgx.Tx) {
@@ -550,7 +538,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 		lost, err := r.w.c.heartbeat(ctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
 		if err != nil {
 			if ctx.Err() == nil {
-				r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err))
+				r.w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err)))
 			}
 			continue
 		}
@@ -566,8 +554,6 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 			if cancel != nil {
 				cancel()
 			}
-			r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat found claim lost",
-				slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
 		}
 	}
 }

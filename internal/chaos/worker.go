@@ -200,7 +200,7 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	}
 	sweeper, err := claim.NewSweeper(w.claimer, claim.SweeperConfig[int64]{
 		Failed: "FAILED", Retry: claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts}, BatchSize: 500,
-		OnSwept: w.recordSwept, Logger: w.log,
+		OnSwept: w.recordSwept,
 	})
 	if err != nil {
 		return err
