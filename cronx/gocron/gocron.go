@@ -319,7 +319,7 @@ func (j *Job) run(ctx context.Context) error {
 		ctx = run
 	}
 	err := j.fire(ctx)
-	tick.Report(j.log, "gocron", j.name, err)
+	tick.Report(ctx, j.log, "gocron", j.name, err)
 	if errors.Is(err, gate.ErrSkipped) {
 		return nil
 	}

@@ -181,7 +181,7 @@ func (j *Job) Name() string { return j.name }
 // for, unless another instance has claimed that instant. What it cannot
 // return goes to Config.Logger (see there).
 func (j *Job) Run() {
-	tick.Report(j.log, "robfig", j.name, j.fire(j.ctx))
+	tick.Report(j.ctx, j.log, "robfig", j.name, j.fire(j.ctx))
 }
 
 // fire runs the job for the instant the clock says it was fired for.
