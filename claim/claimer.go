@@ -80,7 +80,7 @@ type Claim[K any] struct {
 }
 
 // Claimer claims rows of one table from one state to another and finishes
-// them, fenced by token. It is safe for concurrent use. Every method runs on
+// them, fenced by each claim's fencing token (Claim.Fence). It is safe for concurrent use. Every method runs on
 // the DBTX the claimer is bound to; WithTx binds a copy to a transaction.
 type Claimer[K any] struct {
 	db   DBTX

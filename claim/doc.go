@@ -6,9 +6,9 @@
 //
 // A row's life is described by a handful of states in one column:
 //
-//	From (e.g. PAUSED) --claim--> To (e.g. PROCESSING) --finish--> Done / Failed / Retry
+//	From (e.g. PAUSED) --claim--> To (e.g. PROCESSING) --finish--> Done / Failed / Retry.State
 //	                      ^                |
-//	                      +----release-----+     (and the sweeper: To --> Failed or Retry)
+//	                      +----release-----+     (and the sweeper: To --> Failed or Retry.State)
 //
 // A Claimer moves a row from From to To only if it is still in From
 // (Claimer.Claim for one key, Claimer.ClaimBatch for up to n rows picked with
@@ -76,7 +76,7 @@
 // need LeaseUntil; retries need Attempts, and delayed retries
 // (RetryPolicy.Backoff) RetryAt: a row is not claimed before its RetryAt.
 // With Reason, the Worker records the error of a failed attempt and the
-// Sweeper why it moved a stale row (its holder, token and attempt, and
+// Sweeper why it moved a stale row (its holder, fence and attempt, and
 // whether its lease expired), so a FAILED row always says why. Without
 // Fence, Claim and ClaimBatch still work as plain compare-and-swap claims,
 // and finishing is left to the caller's own statements (see Each).
@@ -125,7 +125,7 @@
 //     leaves no row of its own in To.
 //   - Each: for compare-and-swap statements you already have (for example
 //     sqlc-generated :execrows methods): claim each candidate, skip the ones
-//     another instance won, run the work, count.
+//     another holder won, run the work, count.
 //
 // Run a Sweeper in every instance: Sweeper.Run sweeps at start-up and then
 // periodically (Sweeper.Sweep is a single sweep, for a start-up that must

@@ -14,7 +14,7 @@ type SweeperConfig[K any] struct {
 	// Table.ClaimedAt is older than this (database time). Rows with a lease
 	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
 	// whatever StaleAfter says. Required unless the table has LeaseUntil
-	// and the claimer has an Config.Lease, in which case zero means: sweep
+	// and the claimer has a Config.Lease, in which case zero means: sweep
 	// expired leases only. (A claimer without a Lease sets LeaseUntil to
 	// NULL, so with zero the row of a holder that died would never be
 	// swept; NewSweeper refuses that. A sweeper of rows claimed elsewhere
@@ -234,7 +234,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 }
 
 // Run sweeps at once and then every interval until ctx is cancelled, when
-// it returns nil. Failed sweeps are logged and retried at the next tick.
+// it returns nil. Failed sweeps are logged and retried an interval later.
 // Its first sweep is the start-up sweep: there is no need to call Sweep
 // before it. A service that must wait for the start-up sweep before it
 // starts work calls Sweep and then Run; Run's own first sweep then finds

@@ -314,7 +314,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		}
-		// Work still in flight may yet put rows back (Retry); only a claim
+		// Work still in flight may yet put rows back (Retry.State); only a claim
 		// that finds nothing after all work has ended means drained.
 		busy := inflight() > 1
 		// Claims use workCtx, not ctx: a claim statement cancelled half-way

@@ -117,8 +117,8 @@ type Job struct {
 }
 
 // NewJob returns a Job running fn for the job called name, whose instants
-// are those of sched, through g. fn's Run carries the instant (FireAt) and
-// the fencing token of the run.
+// are those of sched, through g. fn's gate.Run carries the instant
+// (Run.FireAt) and the run's fencing token (Run.Fence).
 func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, cfg Config) (*Job, error) {
 	if g == nil {
 		return nil, tick.Invalid("robfig", "g", "must not be nil")
@@ -157,7 +157,7 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, cfg Co
 // per job: every job it wraps shares name, and so its ticks.
 //
 // The wrapped cron.Job sees neither a context nor the run's fencing token;
-// when it should stop on a lost lock or use the token, use NewJob.
+// when it should stop on a lost lock or use the fencing token, use NewJob.
 func Wrap(g *gate.Gate, name string, sched cron.Schedule, cfg Config) (cron.JobWrapper, error) {
 	noop := func(context.Context, gate.Run) error { return nil }
 	base, err := NewJob(g, name, sched, noop, cfg)
