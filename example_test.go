@@ -127,7 +127,7 @@ func Example_service() {
 	}
 	pushes, err := claim.New[int64](pool, claim.Table{Name: "push_requests", Key: "id", State: "status",
 		ClaimedAt: "claimed_at", ClaimedBy: "claimed_by", Fence: "fence", Attempts: "attempts"},
-		claim.Options{From: "PAUSED", To: "PROCESSING"})
+		claim.Config{From: "PAUSED", To: "PROCESSING"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -152,14 +152,14 @@ func Example_service() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	sched, err := cron.ParseStandard("CRON_TZ=Asia/Seoul 0 9 * * *") // a spec without CRON_TZ needs robfig.Options.Location
+	sched, err := cron.ParseStandard("CRON_TZ=Asia/Seoul 0 9 * * *") // a spec without CRON_TZ needs robfig.Config.Location
 	if err != nil {
 		log.Fatal(err)
 	}
 	job, err := robfig.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		_, err := worker.Drain(ctx) // once per 09:00 tick, across all instances
 		return err
-	}, robfig.Options{})
+	}, robfig.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -27,8 +27,8 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Options configures a Claimer.
-type Options struct {
+// Config configures a Claimer.
+type Config struct {
 	// From is the state rows are claimed from (for example "PAUSED").
 	// Required.
 	From string
@@ -50,9 +50,14 @@ type Options struct {
 	// trusted SQL: never build it from user input; pass values as
 	// parameters $1, $2, ... bound by ClaimBatch's args.
 	Where string
-	// Logger receives claim transitions (at Debug) and lost claims (at
-	// Warn). Default: slog.Default() as of New; pass a logger with
-	// slog.DiscardHandler to silence it.
+	// Logger receives what the claimer and the workers and sweepers built
+	// on it log, each record with the context of the call it is about:
+	// claims and releases at Debug; lost claims, failed work, swept rows
+	// and missing indexes at Warn; a worker's releases on stop at Info; and
+	// failures of the worker's and the sweeper's own statements at Error.
+	// Default: slog.Default() as of New; pass a logger with
+	// slog.DiscardHandler to silence it (a claimer is cheap: give a worker
+	// or a sweeper that should log elsewhere a claimer of its own).
 	Logger *slog.Logger
 	// Hooks, when set, receives an Event for every statement that moves
 	// rows or finds claims lost, for metrics and tracing; sweepers and
@@ -75,7 +80,7 @@ type Claim[K any] struct {
 }
 
 // Claimer claims rows of one table from one state to another and finishes
-// them, fenced by token. It is safe for concurrent use. Every method runs on
+// them, fenced by each claim's fencing token (Claim.Fence). It is safe for concurrent use. Every method runs on
 // the DBTX the claimer is bound to; WithTx binds a copy to a transaction.
 type Claimer[K any] struct {
 	db   DBTX
@@ -206,13 +211,13 @@ func (c *Claimer[K]) stmt(ctx context.Context, f func(DBTX) error) error {
 	return tx.Commit(ctx)
 }
 
-// New returns a claimer for rows of tbl moving from opts.From to opts.To,
-// running on db. It validates tbl and opts and returns an error naming the
+// New returns a claimer for rows of tbl moving from cfg.From to cfg.To,
+// running on db. It validates tbl and cfg and returns an error naming the
 // first bad field; it does not contact the database (see Verify).
 //
 // K is the Go type of the key column: int64, string, [16]byte,
 // pgtype.UUID, uuid.UUID or any other type pgx maps to it.
-func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
+func New[K any](db DBTX, tbl Table, cfg Config) (*Claimer[K], error) {
 	if db == nil {
 		return nil, invalid("db", "must not be nil")
 	}
@@ -221,38 +226,38 @@ func New[K any](db DBTX, tbl Table, opts Options) (*Claimer[K], error) {
 		return nil, err
 	}
 	switch {
-	case opts.From == "":
-		return nil, invalid("Options.From", "must not be empty")
-	case opts.To == "":
-		return nil, invalid("Options.To", "must not be empty")
-	case opts.From == opts.To:
-		return nil, invalid("Options.To", fmt.Sprintf("must differ from Options.From (both %q)", opts.From))
-	case opts.Lease < 0:
-		return nil, invalid("Options.Lease", "must not be negative")
-	case opts.Lease > 0 && t.leaseUntil == "":
-		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Options.Lease")
-	case opts.Lease > 0 && opts.Lease < time.Microsecond:
-		return nil, invalid("Options.Lease", "must be at least 1µs")
+	case cfg.From == "":
+		return nil, invalid("Config.From", "must not be empty")
+	case cfg.To == "":
+		return nil, invalid("Config.To", "must not be empty")
+	case cfg.From == cfg.To:
+		return nil, invalid("Config.To", fmt.Sprintf("must differ from Config.From (both %q)", cfg.From))
+	case cfg.Lease < 0:
+		return nil, invalid("Config.Lease", "must not be negative")
+	case cfg.Lease > 0 && t.leaseUntil == "":
+		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Config.Lease")
+	case cfg.Lease > 0 && cfg.Lease < time.Microsecond:
+		return nil, invalid("Config.Lease", "must be at least 1µs")
 	}
-	n, err := countParams(opts.Where)
+	n, err := countParams(cfg.Where)
 	if err != nil {
 		return nil, err
 	}
 	c := &core{
 		t:           t,
-		from:        opts.From,
-		to:          opts.To,
-		holder:      opts.Holder,
-		lease:       opts.Lease,
+		from:        cfg.From,
+		to:          cfg.To,
+		holder:      cfg.Holder,
+		lease:       cfg.Lease,
 		whereParams: n,
-		log:         opts.Logger,
-		hooks:       opts.Hooks,
+		log:         cfg.Logger,
+		hooks:       cfg.Hooks,
 	}
 	if c.holder == "" {
 		c.holder = DefaultHolder()
 	}
 	c.log = logger(c.log)
-	c.build(opts)
+	c.build(cfg)
 	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
 }
 
@@ -286,7 +291,7 @@ func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
 // a usable type (State text, varchar, char or an enum; ClaimedAt,
 // LeaseUntil and RetryAt timestamptz; Fence bigint; Attempts an integer;
 // ClaimedBy text or varchar; Reason text), that Key has a unique index of its own, and that pgclaim's fencing
-// sequence exists when Fence is set; and that Options.From and Options.To
+// sequence exists when Fence is set; and that Config.From and Config.To
 // are allowed by the state column: labels of its enum, and allowed by its
 // CHECK constraints in the simple forms Worker.Verify lists. The error
 // names every field (and state) that is wrong and matches ErrInvalid.
@@ -309,23 +314,22 @@ func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
 		return db.QueryRow(ctx, c.c.sqlClaim.text, args...).Scan(&cl.ClaimedAt, &cl.Fence, &attempts)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		c.c.emit(ctx, Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
+		c.c.report(ctx, Event{Kind: EventNotClaimed, Rows: 1, Duration: time.Since(start)})
 		return Claim[K]{}, ErrNotClaimed
 	}
 	if err != nil {
 		return Claim[K]{}, fmt.Errorf("claim: Claim: %w", err)
 	}
-	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)})
 	cl.Attempts = int(attempts)
-	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed",
-		slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("fence", cl.Fence))
+	c.c.report(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: 1, Duration: time.Since(start)},
+		rec(slog.LevelDebug, "claim: claimed", slog.String("table", c.c.t.qname), slog.Any("key", key), slog.Int64("fence", cl.Fence)))
 	return cl, nil
 }
 
 // ClaimBatch claims up to n rows in From in one statement, picking them in
-// Options.Order and skipping rows locked by other transactions (FOR UPDATE
+// Config.Order and skipping rows locked by other transactions (FOR UPDATE
 // SKIP LOCKED), so concurrent claimers never receive the same row and never
-// wait for each other. args bind the placeholders of Options.Where. Each
+// wait for each other. args bind the placeholders of Config.Where. Each
 // claimed row gets its own fresh fencing token. The returned claims are in no
 // particular order; an empty slice means nothing was claimable.
 func (c *Claimer[K]) ClaimBatch(ctx context.Context, n int, args ...any) ([]Claim[K], error) {
@@ -337,7 +341,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 		return nil, invalid("ClaimBatch: n", "must be positive")
 	}
 	if len(where) != c.c.whereParams {
-		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
+		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
 	args := c.c.sqlBatch.bind(c.plan, append(slices.Clip(where), n)...)
 	start := time.Now()
@@ -363,11 +367,13 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if err != nil {
 		return nil, fmt.Errorf("claim: ClaimBatch: %w", err)
 	}
-	c.c.emit(ctx, Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)})
-	if len(out) > 0 {
-		c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: claimed batch",
-			slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("fence", out[0].Fence))
+	ev := Event{Kind: EventClaimed, State: c.c.to, Rows: len(out), Duration: time.Since(start)}
+	if len(out) == 0 {
+		c.c.report(ctx, ev)
+		return out, nil
 	}
+	c.c.report(ctx, ev, rec(slog.LevelDebug, "claim: claimed batch",
+		slog.String("table", c.c.t.qname), slog.Int("rows", len(out)), slog.Int64("fence", out[0].Fence)))
 	return out, nil
 }
 
@@ -376,14 +382,14 @@ func (c *Claimer[K]) checkState(op, state string) error {
 		return invalid(op+": state", "must not be empty")
 	}
 	if state == c.c.to {
-		return invalid(op+": state", fmt.Sprintf("must differ from Options.To (%q)", state))
+		return invalid(op+": state", fmt.Sprintf("must differ from Config.To (%q)", state))
 	}
 	return c.c.t.needs("Table.Fence", c.c.t.fence, op)
 }
 
-func (c *Claimer[K]) lost(ctx context.Context, op string, cl Claim[K]) {
-	c.c.log.LogAttrs(ctx, slog.LevelWarn, "claim: claim lost",
-		slog.String("op", op), slog.String("table", c.c.t.qname),
+// lost is the log record of a claim op found no longer held.
+func (c *Claimer[K]) lost(op string, cl Claim[K]) record {
+	return rec(slog.LevelWarn, "claim: claim lost", slog.String("op", op), slog.String("table", c.c.t.qname),
 		slog.Any("key", cl.Key), slog.Int64("fence", cl.Fence))
 }
 
@@ -394,7 +400,7 @@ func (c *Claimer[K]) Finish(ctx context.Context, cl Claim[K], state string) erro
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
-	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, &c.c.sqlFinish[0][0], cl.Key, cl.Fence, state)
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state}, nil, &c.c.sqlFinish[0][0], cl.Key, cl.Fence, state)
 }
 
 // maxReason is the most bytes of an error's text a worker records in
@@ -405,8 +411,9 @@ const maxReason = 2000
 // (nil on success). It also sets Table.Reason, when the table has that
 // column, to the text of cause (NULL when nil), cut at maxReason bytes on a
 // character boundary; and, when retryIn is positive, Table.RetryAt to
-// database time plus retryIn.
-func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, cause error, retryIn time.Duration) error {
+// database time plus retryIn. logs are the records that go with the move
+// (see finish).
+func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, cause error, retryIn time.Duration, logs ...record) error {
 	if err := c.checkState("Finish", state); err != nil {
 		return err
 	}
@@ -425,14 +432,14 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 	if retryIn > 0 && c.c.t.retryAt != "" {
 		d = 1
 	}
-	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, &c.c.sqlFinish[r][d],
+	return c.finish(ctx, "Finish", cl, Event{Kind: EventFinished, State: state, Err: cause}, logs, &c.c.sqlFinish[r][d],
 		cl.Key, cl.Fence, state, reason, micros(retryIn))
 }
 
 // finish runs q, a fenced update of cl's row, with vals (see inKey),
-// reports ev (with its duration) when it moved the row, and returns ErrLost
-// when it touched no row.
-func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, q *query, vals ...any) error {
+// reports ev (with its duration) and logs when it moved the row, and
+// returns ErrLost, reported as lost, when it touched no row.
+func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, logs []record, q *query, vals ...any) error {
 	start := time.Now()
 	args := q.bind(nil, vals...)
 	var tag pgconn.CommandTag
@@ -444,12 +451,11 @@ func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Even
 		return fmt.Errorf("claim: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		c.c.emit(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
-		c.lost(ctx, op, cl)
+		c.c.report(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)}, c.lost(op, cl))
 		return ErrLost
 	}
 	ev.Rows, ev.Duration = 1, time.Since(start)
-	c.c.emit(ctx, ev)
+	c.c.report(ctx, ev, logs...)
 	return nil
 }
 
@@ -475,16 +481,17 @@ func (c *Claimer[K]) FinishBatch(ctx context.Context, cls []Claim[K], state stri
 	}
 	took := time.Since(start)
 	done = make([]Claim[K], 0, len(cls))
+	var logs []record
 	for i, cl := range cls {
 		if ok[i] {
 			done = append(done, cl)
 		} else {
 			lost = append(lost, cl)
-			c.lost(ctx, "FinishBatch", cl)
+			logs = append(logs, c.lost("FinishBatch", cl))
 		}
 	}
-	c.c.emit(ctx, Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
-	c.c.emit(ctx, Event{Kind: EventLost, Rows: len(lost), Duration: took})
+	c.c.report(ctx, Event{Kind: EventFinished, State: state, Rows: len(done), Duration: took})
+	c.c.report(ctx, Event{Kind: EventLost, Rows: len(lost), Duration: took}, logs...)
 	return done, lost, nil
 }
 
@@ -574,8 +581,7 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 		return db.QueryRow(ctx, c.c.sqlExtend.text, args...).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		c.c.emit(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)})
-		c.lost(ctx, "Extend", cl)
+		c.c.report(ctx, Event{Kind: EventLost, Rows: 1, Duration: time.Since(start)}, c.lost("Extend", cl))
 		return time.Time{}, ErrLost
 	}
 	if err != nil {
@@ -589,15 +595,18 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 // decremented, so a released claim does not count as an attempt. It needs
 // Table.Fence.
 func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
+	return c.release(ctx, cl)
+}
+
+// release is Release, writing logs (the worker's) after its own record
+// when the row moved.
+func (c *Claimer[K]) release(ctx context.Context, cl Claim[K], logs ...record) error {
 	if err := c.c.t.needs("Table.Fence", c.c.t.fence, "Release"); err != nil {
 		return err
 	}
-	if err := c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, &c.c.sqlRelease, cl.Key, cl.Fence); err != nil {
-		return err
-	}
-	c.c.log.LogAttrs(ctx, slog.LevelDebug, "claim: released",
-		slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("fence", cl.Fence))
-	return nil
+	released := rec(slog.LevelDebug, "claim: released", slog.String("table", c.c.t.qname), slog.Any("key", cl.Key), slog.Int64("fence", cl.Fence))
+	return c.finish(ctx, "Release", cl, Event{Kind: EventReleased, State: c.c.from}, append([]record{released}, logs...),
+		&c.c.sqlRelease, cl.Key, cl.Fence)
 }
 
 // heartbeat extends the leases of many claims in one statement. It returns,
@@ -607,7 +616,9 @@ func (c *Claimer[K]) Release(ctx context.Context, cl Claim[K]) error {
 // after the statements, reports that claim i's holder has begun finishing
 // it: a finish that commits meanwhile also leaves the row neither extended
 // nor held, and the finish itself reports a claim it finds lost; such a
-// claim is not lost here. Without finishing, no claim is finishing.
+// claim is not lost here. Without finishing, no claim is finishing. Each
+// lost claim is reported and logged (the worker's heartbeat is the only
+// caller).
 func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Duration, finishing ...func(i int) bool) ([]bool, error) {
 	start := time.Now()
 	ext, err := c.matchClaims(ctx, &c.c.sqlHeartbeat, cls, micros(d))
@@ -626,13 +637,14 @@ func (c *Claimer[K]) heartbeat(ctx context.Context, cls []Claim[K], d time.Durat
 	if err != nil {
 		return nil, err
 	}
-	n := 0
+	var logs []record
 	for i := range lost {
 		lost[i] = !ext[i] && !held[i] && (len(finishing) == 0 || !finishing[0](i))
 		if lost[i] {
-			n++
+			logs = append(logs, rec(slog.LevelWarn, "claim: worker: heartbeat found claim lost",
+				slog.Any("key", cls[i].Key), slog.Int64("fence", cls[i].Fence)))
 		}
 	}
-	c.c.emit(ctx, Event{Kind: EventLost, Rows: n, Duration: time.Since(start)})
+	c.c.report(ctx, Event{Kind: EventLost, Rows: len(logs), Duration: time.Since(start)}, logs...)
 	return lost, nil
 }

@@ -74,7 +74,7 @@ func keyRoundTrip[K comparable](t *testing.T, keyType string, key func(i int) K)
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, keyType, 6)
-	c, err := New[K](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: time.Minute})
+	c, err := New[K](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestExecModes(t *testing.T) {
 			mustExec(t, pool, fmt.Sprintf(`INSERT INTO %s (id, state) SELECT 'k' || g, 'PAUSED' FROM generate_series(1, 10) g`, name))
 			tbl := jobsTable
 			tbl.Name = name
-			c, err := New[string](pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute, Where: "id <> $1"})
+			c, err := New[string](pool, tbl, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute, Where: "id <> $1"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -215,7 +215,7 @@ func TestExecModes(t *testing.T) {
 				t.Fatalf("finish batch: %v %v %v", done, gone, err)
 			}
 			mustExec(t, pool, fmt.Sprintf(`UPDATE %s SET lease_until = now() - interval '1 second' WHERE id = 'k1'`, name))
-			sw, err := NewSweeper(c, SweeperConfig[string]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+			sw, err := NewSweeper(c, SweeperConfig[string]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -233,14 +233,14 @@ func TestExecModes(t *testing.T) {
 	}
 }
 
-// TestOrderAndWhere: ClaimBatch takes rows in Options.Order, filtered by
-// Options.Where with its arguments.
+// TestOrderAndWhere: ClaimBatch takes rows in Config.Order, filtered by
+// Config.Where with its arguments.
 func TestOrderAndWhere(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 20)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Order: "id DESC", Where: "id % $1 = $2"})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Order: "id DESC", Where: "id % $1 = $2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestFinishBatchPairs(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 8)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestBatchClaimFinishExactlyOnce(t *testing.T) {
 	for w := range workers {
 		pool := db.NewPool(t)
 		holder := fmt.Sprintf("w%d", w)
-		c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: holder})
+		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +110,7 @@ func TestClaimOneContended(t *testing.T) {
 	for w := range workers {
 		pool := db.NewPool(t)
 		holder := fmt.Sprintf("w%d", w)
-		c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: holder})
+		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,9 +6,9 @@
 //
 // A row's life is described by a handful of states in one column:
 //
-//	From (e.g. PAUSED) --claim--> To (e.g. PROCESSING) --finish--> Done / Failed / Retry
+//	From (e.g. PAUSED) --claim--> To (e.g. PROCESSING) --finish--> Done / Failed / Retry.State
 //	                      ^                |
-//	                      +----release-----+     (and the sweeper: To --> Failed or Retry)
+//	                      +----release-----+     (and the sweeper: To --> Failed or Retry.State)
 //
 // A Claimer moves a row from From to To only if it is still in From
 // (Claimer.Claim for one key, Claimer.ClaimBatch for up to n rows picked with
@@ -40,10 +40,11 @@
 //     attempts remain. The sweeper re-checks state and staleness on the
 //     locked row, so a row finished a moment ago is never overwritten, and
 //     two sweepers never move a row twice. Lost claims and swept rows are
-//     logged (log/slog) and returned to the caller, and every statement that
-//     moves rows or finds claims lost is reported to Options.Hooks (an Event
-//     with its kind, target state, row count and duration, with the
-//     caller's context) for metrics and tracing.
+//     logged (log/slog, to Config.Logger) and returned to the caller, and
+//     every statement that moves rows or finds claims lost is reported to
+//     Config.Hooks (an Event with its kind, target state, row count and
+//     duration) for metrics and tracing; records and events alike carry the
+//     caller's context.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
 //   - Any isolation level. The guarantees hold whatever
@@ -73,9 +74,9 @@
 // Features that need an optional column report which one when it is missing:
 // Finish, FinishBatch, Release and the Worker need Fence; Extend and leases
 // need LeaseUntil; retries need Attempts, and delayed retries
-// (WorkerConfig.RetryDelay) RetryAt: a row is not claimed before its RetryAt.
+// (RetryPolicy.Backoff) RetryAt: a row is not claimed before its RetryAt.
 // With Reason, the Worker records the error of a failed attempt and the
-// Sweeper why it moved a stale row (its holder, token and attempt, and
+// Sweeper why it moved a stale row (its holder, fence and attempt, and
 // whether its lease expired), so a FAILED row always says why. Without
 // Fence, Claim and ClaimBatch still work as plain compare-and-swap claims,
 // and finishing is left to the caller's own statements (see Each).
@@ -85,7 +86,7 @@
 // their states (Worker.Verify, Sweeper.Verify) unless told to skip it
 // (SkipVerify), and log a warning (ErrMissingIndex) when a partial index
 // of the next section is missing. Names are
-// identifiers, quoted, never SQL; only Options.Order, Options.Where and
+// identifiers, quoted, never SQL; only Config.Order, Config.Where and
 // SweeperConfig.Where are SQL, and they are trusted input.
 //
 // Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a
@@ -124,7 +125,7 @@
 //     leaves no row of its own in To.
 //   - Each: for compare-and-swap statements you already have (for example
 //     sqlc-generated :execrows methods): claim each candidate, skip the ones
-//     another instance won, run the work, count.
+//     another holder won, run the work, count.
 //
 // Run a Sweeper in every instance: Sweeper.Run sweeps at start-up and then
 // periodically (Sweeper.Sweep is a single sweep, for a start-up that must

@@ -19,7 +19,7 @@ type Stats struct {
 	// Failed is the number of claims whose work failed (or panicked): the
 	// Worker moved them to its Failed state; Each returns their errors.
 	Failed int
-	// Retried is the number of failed claims moved to the retry state
+	// Retried is the number of failed claims moved to Retry.State
 	// because attempts remained.
 	Retried int
 	// Lost is the number of claims found lost before they could be
@@ -29,7 +29,7 @@ type Stats struct {
 	// Released is the number of claims given back unfinished on shutdown.
 	Released int
 	// Unrecorded is the number of claims (Worker only) whose outcome could
-	// not be written: recording a failure (the move to Failed or Retry) or
+	// not be written: recording a failure (the move to Failed or Retry.State) or
 	// a release failed. Each such row stays in To under its claim until a
 	// Sweeper moves it, and each is logged; when the cause cannot go away,
 	// Run and Drain also return an error (see Worker.Run).
@@ -40,7 +40,7 @@ type Stats struct {
 // their own (typically an sqlc-generated :execrows method such as
 // "UPDATE push SET status = 'PROCESSING' WHERE id = $1 AND status = 'PAUSED'").
 // For every key in order, it calls cas; 1 row affected means this caller won
-// the row and work runs, 0 means another instance won and the key is
+// the row and work runs, 0 means another holder won and the key is
 // skipped. Each stops at the first cas error (or when ctx is done) and
 // returns it with the counts so far; more than one row affected is reported
 // as an error, since the key is then not unique. Errors from work are

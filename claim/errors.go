@@ -44,7 +44,7 @@ func invalid(field, msg string) error { return &fieldError{field: field, msg: ms
 //
 //   - class 42, syntax error or access rule violation: an undefined column
 //     (42703), table (42P01) or function (42883), a datatype mismatch
-//     (42804), a syntax error in Options.Where or Order (42601), a missing
+//     (42804), a syntax error in Config.Where or Order (42601), a missing
 //     privilege (42501), and the like;
 //   - 3F000 invalid schema name (a Table.Schema that does not exist);
 //   - 22P02 invalid text representation: a state that is not a label of the

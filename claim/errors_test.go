@@ -8,8 +8,8 @@ import (
 // A field error reads "claim: <field>: <msg>" and unwraps to ErrInvalid, as
 // gate's does.
 func TestFieldErrorUnwrapsToErrInvalid(t *testing.T) {
-	err := invalid("Options.To", "must not be empty")
-	if got := err.Error(); got != "claim: Options.To: must not be empty" {
+	err := invalid("Config.To", "must not be empty")
+	if got := err.Error(); got != "claim: Config.To: must not be empty" {
 		t.Errorf("text %q", got)
 	}
 	if errors.Unwrap(err) != ErrInvalid || !errors.Is(err, ErrInvalid) {

@@ -18,7 +18,7 @@ func ExampleSweeperConfig_failAfter() {
 	defer done()
 
 	// Workers claim with a lease and extend it while they work.
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING", Lease: 5 * time.Minute})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING", Lease: 5 * time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -36,11 +36,10 @@ func ExampleSweeperConfig_failAfter() {
 
 	s, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{
 		// StaleAfter zero: a row is stale when its lease has passed.
-		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: 5,
-		FailAfter:   24 * time.Hour,
-		BatchSize:   1000,
+		Failed:    "FAILED",
+		Retry:     claim.RetryPolicy{State: "PAUSED", MaxAttempts: 5},
+		FailAfter: 24 * time.Hour,
+		BatchSize: 1000,
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -82,7 +82,7 @@ func ExampleClaimer_Claim() {
 	defer done()
 
 	newInstance := func(holder string) *claim.Claimer[int64] {
-		c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: holder})
+		c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: holder})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func ExampleClaimer_FinishBatch() {
 	pool, done := exampleDB(ctx)
 	defer done()
 
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING"})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func ExampleWorker_Drain() {
 	pool, done := exampleDB(ctx)
 	defer done()
 
-	c, err := claim.New[int64](pool, pushes, claim.Options{
+	c, err := claim.New[int64](pool, pushes, claim.Config{
 		From: "PAUSED", To: "PROCESSING",
 		Lease: time.Minute, // the worker extends it while work runs
 	})
@@ -172,8 +172,7 @@ func ExampleWorker_Drain() {
 		},
 		Done:        "DONE",
 		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: 3,
+		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: 3},
 		BatchSize:   100,
 		Concurrency: 2,
 	})
@@ -206,16 +205,15 @@ func ExampleSweeper_Sweep() {
 		log.Fatal(err)
 	}
 
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING"})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	s, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{
-		StaleAfter:  12 * time.Hour,
-		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: 3,
-		BatchSize:   1000,
+		StaleAfter: 12 * time.Hour,
+		Failed:     "FAILED",
+		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: 3},
+		BatchSize:  1000,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -288,7 +286,7 @@ func ExampleHooks() {
 		defer mu.Unlock()
 		rows[e.Kind.String()+" "+e.State] += e.Rows
 	})
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING", Hooks: hooks})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING", Hooks: hooks})
 	if err != nil {
 		log.Fatal(err)
 	}

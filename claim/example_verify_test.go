@@ -24,7 +24,7 @@ func ExampleWorker_Verify() {
 		log.Fatal(err)
 	}
 
-	c, err := claim.New[int64](pool, pushes, claim.Options{From: "PAUSED", To: "PROCESSING"})
+	c, err := claim.New[int64](pool, pushes, claim.Config{From: "PAUSED", To: "PROCESSING"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -23,7 +23,7 @@ var jobsTable = Table{
 	Attempts:   "attempts",
 }
 
-var pausedOpts = Options{From: "PAUSED", To: "PROCESSING", Holder: "test"}
+var pausedOpts = Config{From: "PAUSED", To: "PROCESSING", Holder: "test"}
 
 func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

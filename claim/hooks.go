@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -18,7 +19,7 @@ const (
 	// won, or there is no such row).
 	EventNotClaimed
 	// EventFinished: claimed rows moved to State (Finish, FinishBatch, and
-	// the Worker's finishes: Done on success, Failed or Retry on failure,
+	// the Worker's finishes: Done on success, Failed or Retry.State on failure,
 	// with the work's error in Err).
 	EventFinished
 	// EventReleased: claimed rows given back to From (Release, and the
@@ -59,7 +60,7 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind     EventKind
 	Table    string        // the table, quoted as in SQL
-	Holder   string        // the claimer's Options.Holder
+	Holder   string        // the claimer's Config.Holder
 	State    string        // the state the rows moved to ("" for EventNotClaimed and EventLost)
 	Rows     int           // how many rows (claims, for EventLost; 1 for EventNotClaimed)
 	Duration time.Duration // how long the statement took
@@ -82,12 +83,31 @@ type HooksFunc func(ctx context.Context, e Event)
 // Observe calls f(ctx, e).
 func (f HooksFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 
-// emit reports e to the claimer's hooks, if any, with ctx (the context of
-// the call that ran the statement), filling in the table and holder.
-func (c *core) emit(ctx context.Context, e Event) {
-	if c.hooks == nil || e.Rows == 0 {
-		return
+// record is one log record: its level, message and attributes.
+type record struct {
+	level slog.Level
+	msg   string
+	attrs []slog.Attr
+}
+
+// rec returns the log record of msg at level with attrs.
+func rec(level slog.Level, msg string, attrs ...slog.Attr) record {
+	return record{level: level, msg: msg, attrs: attrs}
+}
+
+// report is the package's one path for telling what happened, used by the
+// claimer and by the workers and sweepers built on it: it hands e to the
+// claimer's Hooks (when e.Rows is positive, filling in the table and the
+// holder), then writes logs, the records that go with it, to the claimer's
+// Logger (Config.Logger); both with ctx, the context of the call that ran
+// the statement (see Hooks). A record that goes with no statement (a
+// failure, a warning) comes with the zero Event.
+func (c *core) report(ctx context.Context, e Event, logs ...record) {
+	if c.hooks != nil && e.Rows > 0 {
+		e.Table, e.Holder = c.t.qname, c.holder
+		c.hooks.Observe(ctx, e)
 	}
-	e.Table, e.Holder = c.t.qname, c.holder
-	c.hooks.Observe(ctx, e)
+	for _, r := range logs {
+		c.log.LogAttrs(ctx, r.level, r.msg, r.attrs...)
+	}
 }

@@ -57,7 +57,7 @@ func TestHooks(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 6)
 	rec := &recorder{}
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestHeartbeatFinishedNotLost(t *testing.T) {
 	})
 	// The lease is long enough never to expire between heartbeats, and the
 	// heartbeat (every lease/3) races the finish of short works.
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: 30 * time.Millisecond, Hooks: hooks})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: 30 * time.Millisecond, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestHooksContext(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 6)
 	rec := &ctxRecorder{}
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: time.Minute, Hooks: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

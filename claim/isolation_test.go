@@ -77,7 +77,7 @@ func TestIsolationWorker(t *testing.T) {
 			for i := range stats {
 				holder := fmt.Sprintf("w%d", i)
 				pool := levelPool(t, db, level, 6)
-				c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 90 * time.Millisecond})
+				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 90 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -153,7 +153,7 @@ func TestIsolationClaimBatchContended(t *testing.T) {
 			var errs []error
 			for i := range 4 {
 				pool := levelPool(t, db, level, 2)
-				c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprint("c", i)})
+				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprint("c", i)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -208,7 +208,7 @@ func TestIsolationContendedRow(t *testing.T) {
 			db := isolationDB(t, level, 10)
 			pool := levelPool(t, db, level, 4)
 			other := levelPool(t, db, level, 2)
-			opts := Options{From: "PAUSED", To: "PROCESSING", Holder: "test", Lease: time.Minute}
+			opts := Config{From: "PAUSED", To: "PROCESSING", Holder: "test", Lease: time.Minute}
 			c, err := New[int64](pool, jobsTable, opts)
 			if err != nil {
 				t.Fatal(err)
@@ -317,7 +317,7 @@ func TestIsolationWithTx(t *testing.T) {
 			ctx := testCtx(t)
 			db := isolationDB(t, level, 10)
 			pool := levelPool(t, db, level, 4)
-			c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "test", Lease: time.Minute})
+			c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "test", Lease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -407,7 +407,7 @@ func TestIsolationClaimContended(t *testing.T) {
 			var errs []error
 			for i := range 4 {
 				pool := levelPool(t, db, level, 2)
-				c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprint("c", i)})
+				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprint("c", i)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -453,7 +453,7 @@ func TestIsolationSweeper(t *testing.T) {
 			const rows = 300
 			db := isolationDB(t, level, rows)
 			pool := levelPool(t, db, level, 4)
-			c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "gone"})
+			c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "gone", Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -461,8 +461,7 @@ func TestIsolationSweeper(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours'`)
-			sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 5,
-				Logger: slog.New(slog.DiscardHandler)})
+			sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 5})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -58,12 +58,12 @@ func TestWorkerDoneRejectedByEnum(t *testing.T) {
 		pool.Reset()
 	}
 	mk := func() *Worker[int64] {
-		c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: time.Minute})
+		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
 		w, err := NewWorker(c, WorkerConfig[int64]{Work: effectWork("w"), Done: "DONE", Failed: "FAILED",
-			Retry: "PAUSED", MaxAttempts: 3, BatchSize: 5, Concurrency: 2, PollInterval: 10 * time.Millisecond})
+			Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, BatchSize: 5, Concurrency: 2, PollInterval: 10 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func TestWorkerFailedRejectedByCheck(t *testing.T) {
 		pool.Reset()
 	}
 	mk := func() *Worker[int64] {
-		c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w"})
+		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +133,7 @@ func TestWorkerFailedRejectedByCheck(t *testing.T) {
 }
 
 // TestWorkerClaimFailsForGood: a claim statement that cannot succeed — a
-// column Options.Where names that the table lacks, or a From state that is
+// column Config.Where names that the table lacks, or a From state that is
 // not a label of the column's enum — ends Drain and Run at once with an
 // error matching ErrInvalid that names the column or the state, instead of
 // being retried every PollInterval.
@@ -143,15 +143,15 @@ func TestWorkerClaimFailsForGood(t *testing.T) {
 	pool := newWorkerPool(t, db, 6)
 	cases := []struct {
 		name  string
-		opts  Options
+		opts  Config
 		alter string
 		names []string
 	}{
-		{"undefined column", Options{From: "PAUSED", To: "PROCESSING", Where: "tenant = 1"}, "", []string{`"tenant"`}},
-		{"enum", Options{From: "Paused", To: "PROCESSING"},
+		{"undefined column", Config{From: "PAUSED", To: "PROCESSING", Where: "tenant = 1"}, "", []string{`"tenant"`}},
+		{"enum", Config{From: "Paused", To: "PROCESSING"},
 			`CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE', 'FAILED');
 			 DROP INDEX jobs_paused_idx, jobs_processing_idx;
-			 ALTER TABLE jobs ALTER COLUMN state TYPE job_state USING state::job_state`, []string{`"Paused"`, "Options.From"}},
+			 ALTER TABLE jobs ALTER COLUMN state TYPE job_state USING state::job_state`, []string{`"Paused"`, "Config.From"}},
 	}
 	for _, tc := range cases {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {

@@ -47,7 +47,7 @@ func TestWorkerReason(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := reasonJobs(t, 3)
-	c, err := New[int64](db.Pool, reasonTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w"})
+	c, err := New[int64](db.Pool, reasonTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestWorkerReason(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2,
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2},
 		BatchSize: 10, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +112,8 @@ func TestSweeperReason(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := reasonJobs(t, 3)
-	leased, _ := New[int64](db.Pool, reasonTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "app-1:8103", Lease: time.Minute})
-	plain, _ := New[int64](db.Pool, reasonTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "app-2:8103"})
+	leased, _ := New[int64](db.Pool, reasonTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "app-1:8103", Lease: time.Minute})
+	plain, _ := New[int64](db.Pool, reasonTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "app-2:8103"})
 	c1, err := leased.Claim(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ func TestSweeperReason(t *testing.T) {
 		}
 	}
 	// A sweeper on a table without the column still reports why.
-	bare, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "app-3"})
+	bare, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "app-3"})
 	if _, err := bare.Claim(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestReasonLost(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	db := reasonJobs(t, 1)
-	a, _ := New[int64](db.Pool, reasonTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "a"})
+	a, _ := New[int64](db.Pool, reasonTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "a"})
 	cl, err := a.Claim(ctx, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,7 @@ func countParams(where string) (int, error) {
 		case '\'', '"':
 			j := strings.IndexByte(where[i+1:], ch)
 			if j < 0 {
-				return 0, invalid("Options.Where", "unterminated quote")
+				return 0, invalid("Config.Where", "unterminated quote")
 			}
 			i += j + 1
 		case '$':
@@ -89,7 +89,7 @@ func countParams(where string) (int, error) {
 			if j > i+1 {
 				n, err := strconv.Atoi(where[i+1 : j])
 				if err != nil || n < 1 {
-					return 0, invalid("Options.Where", fmt.Sprintf("bad placeholder %q", where[i:j]))
+					return 0, invalid("Config.Where", fmt.Sprintf("bad placeholder %q", where[i:j]))
 				}
 				highest = max(highest, n)
 			}
@@ -117,7 +117,7 @@ func countParams(where string) (int, error) {
 func recheck(cond string) string { return "(" + cond + ") IS TRUE" }
 
 // build builds the claimer's statements.
-func (c *core) build(opts Options) {
+func (c *core) build(cfg Config) {
 	t := c.t
 	// due is the condition that a row may be claimed now, on the row named
 	// by prefix.
@@ -136,14 +136,14 @@ func (c *core) build(opts Options) {
 	c.sqlClaim = q.done()
 
 	order := t.key
-	if strings.TrimSpace(opts.Order) != "" {
-		order = opts.Order
+	if strings.TrimSpace(cfg.Order) != "" {
+		order = cfg.Order
 	}
 	where := ""
-	if strings.TrimSpace(opts.Where) != "" {
-		where = " AND (" + opts.Where + ")"
+	if strings.TrimSpace(cfg.Where) != "" {
+		where = " AND (" + cfg.Where + ")"
 	}
-	// Options.Where's own $1..$k come first, then the limit: claimBatch
+	// Config.Where's own $1..$k come first, then the limit: claimBatch
 	// binds its where values, then n.
 	q = builder{}
 	for i := range c.whereParams {
@@ -358,19 +358,27 @@ func (s *Sweeper[K]) build() {
 	}
 	newState := q.arg(cfg.Failed)
 	retryAt := ""
-	if cfg.Retry != "" {
+	if p := cfg.Retry; p.State != "" {
 		failed := newState
-		retry := q.arg(cfg.Retry)
-		// attemptsLeft holds for a row that goes to Retry: attempts
+		retry := q.arg(p.State)
+		// attemptsLeft holds for a row that goes to Retry.State: attempts
 		// remain, and (with FailAfter) it was not claimed too long ago.
-		attemptsLeft := "COALESCE(pgclaim_t." + t.attempts + ", 0) < " + q.arg(cfg.MaxAttempts)
+		attemptsLeft := "COALESCE(pgclaim_t." + t.attempts + ", 0) < " + q.arg(p.MaxAttempts)
 		if cfg.FailAfter > 0 {
 			attemptsLeft += " AND NOT ((pgclaim_t." + t.claimedAt + " < statement_timestamp() - (" +
 				q.arg(micros(cfg.FailAfter)) + "::bigint * interval '1 microsecond')) IS TRUE)"
 		}
-		if cfg.RetryAfter > 0 {
-			retryAt = "CASE WHEN " + attemptsLeft + " THEN statement_timestamp() + (" + q.arg(micros(cfg.RetryAfter)) +
-				"::bigint * interval '1 microsecond') ELSE pgclaim_t." + t.retryAt + " END"
+		if p.Backoff > 0 {
+			// wait is RetryPolicy.wait of the row's attempts, in
+			// microseconds: Backoff doubled attempts-1 times (at most
+			// maxDoublings), capped at MaxBackoff.
+			wait := q.arg(micros(p.Backoff)) + "::bigint"
+			if p.doubles() {
+				wait = "LEAST(" + wait + " << LEAST(GREATEST(COALESCE(pgclaim_t." + t.attempts + ", 0) - 1, 0), " +
+					q.arg(p.maxDoublings()) + "::int)::int, " + q.arg(micros(p.MaxBackoff)) + "::bigint)"
+			}
+			retryAt = "CASE WHEN " + attemptsLeft + " THEN statement_timestamp() + (" + wait +
+				" * interval '1 microsecond') ELSE pgclaim_t." + t.retryAt + " END"
 		}
 		// The ELSE branch is never taken: it gives the CASE the state
 		// column's type (which may be an enum), so that the two states,

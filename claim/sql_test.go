@@ -71,11 +71,11 @@ func (noRows) RawValues() [][]byte                          { return nil }
 func (noRows) Conn() *pgx.Conn                              { return nil }
 func (noRows) TypeMap() *pgtype.Map                         { return nil }
 
-// sqlCase is one Table/Options configuration and the statements it sends.
+// sqlCase is one Table/Config configuration and the statements it sends.
 type sqlCase[K any] struct {
 	name    string
 	table   Table
-	opts    Options
+	opts    Config
 	keys    [2]K
 	where   []any // ClaimBatch's args
 	sweeper []SweeperConfig[K]
@@ -155,7 +155,7 @@ var sqlInt64Cases = []sqlCase[int64]{
 	{
 		name:    "minimal",
 		table:   Table{Name: "jobs", Key: "id", State: "state", ClaimedAt: "claimed_at"},
-		opts:    Options{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
+		opts:    Config{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
 		keys:    [2]int64{1, 2},
 		sweeper: []SweeperConfig[int64]{{StaleAfter: 5 * time.Minute, Failed: "FAILED", BatchSize: 100}},
 		want:    goldenMinimal,
@@ -164,23 +164,24 @@ var sqlInt64Cases = []sqlCase[int64]{
 		name: "all columns",
 		table: Table{Name: "app.jobs", Key: "id", State: "state", ClaimedAt: "claimed_at", ClaimedBy: "claimed_by",
 			Fence: "fence", LeaseUntil: "lease_until", Attempts: "attempts", RetryAt: "retry_at", Reason: "reason"},
-		opts: Options{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: 30 * time.Second, Order: "created_at, id"},
+		opts: Config{From: "PAUSED", To: "PROCESSING", Holder: "h1", Lease: 30 * time.Second, Order: "created_at, id"},
 		keys: [2]int64{1, 2},
 		sweeper: []SweeperConfig[int64]{
-			{StaleAfter: 5 * time.Minute, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3,
-				RetryAfter: 10 * time.Second, FailAfter: 24 * time.Hour, BatchSize: 100},
+			{StaleAfter: 5 * time.Minute, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3, Backoff: 10 * time.Second}, FailAfter: 24 * time.Hour, BatchSize: 100},
 			{Failed: "FAILED", BatchSize: 50},
-			{StaleAfter: 5 * time.Minute, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, BatchSize: 100},
+			{StaleAfter: 5 * time.Minute, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, BatchSize: 100},
+			{StaleAfter: 5 * time.Minute, Failed: "FAILED", BatchSize: 100,
+				Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 5, Backoff: time.Second, MaxBackoff: time.Minute}},
 		},
 		want: goldenAllColumns,
 	},
 	{
 		name:  "where with args",
 		table: jobsTable,
-		opts:  Options{From: "PAUSED", To: "PROCESSING", Holder: "h1", Where: "tenant = $1 AND priority > $2"},
+		opts:  Config{From: "PAUSED", To: "PROCESSING", Holder: "h1", Where: "tenant = $1 AND priority > $2"},
 		keys:  [2]int64{1, 2},
 		where: []any{"acme", 5},
-		sweeper: []SweeperConfig[int64]{{StaleAfter: time.Minute, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2,
+		sweeper: []SweeperConfig[int64]{{StaleAfter: time.Minute, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2},
 			FailAfter: time.Hour, BatchSize: 10, Where: "tenant = $1", Args: []any{"acme"}}},
 		want: goldenWhere,
 	},
@@ -191,7 +192,7 @@ var sqlTextCases = []sqlCase[string]{
 		name: "text key",
 		table: Table{Name: "Push Queue", Key: "Job ID", State: "Status", ClaimedAt: "claimedAt",
 			Fence: "fence", RetryAt: "retry_at", Reason: "why"},
-		opts:    Options{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
+		opts:    Config{From: "PAUSED", To: "PROCESSING", Holder: "h1"},
 		keys:    [2]string{"k1", "k2"},
 		sweeper: []SweeperConfig[string]{{StaleAfter: 2 * time.Minute, Failed: "FAILED", BatchSize: 25}},
 		want:    goldenTextKey,
@@ -382,6 +383,28 @@ RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(p
   arg 5: string "PAUSED"
   arg 6: int 3
   arg 7: string "5m0s"
+== Sweep 3 (<nil>)
+WITH pgclaim_c AS (
+  SELECT "id" FROM "app"."jobs"
+  WHERE "state" = $1 AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))
+  ORDER BY "claimed_at"
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN statement_timestamp() + (LEAST($7::bigint << LEAST(GREATEST(COALESCE(pgclaim_t."attempts", 0) - 1, 0), $8::int)::int, $9::bigint) * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $10 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
+RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
+  arg 0: pgx.QueryExecMode cache describe
+  arg 1: string "PROCESSING"
+  arg 2: int 100
+  arg 3: int64 300000000
+  arg 4: string "FAILED"
+  arg 5: string "PAUSED"
+  arg 6: int 5
+  arg 7: int64 1000000
+  arg 8: int 6
+  arg 9: int64 60000000
+  arg 10: string "5m0s"
 `
 const goldenWhere = `== Claim (claim: not claimed: row is not in the From state)
 UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = nextval('pgclaim_fence_seq'), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint

@@ -135,7 +135,7 @@ func staleStatistics(t *testing.T, ddl []string, claimIndexed, sweepIndexed bool
 	db := newDB(t)
 	pool := db.Pool
 	createStaleJobs(t, pool, ddl)
-	c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "stale", Lease: time.Hour})
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "stale", Lease: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ type SweeperConfig[K any] struct {
 	// Table.ClaimedAt is older than this (database time). Rows with a lease
 	// (Table.LeaseUntil not NULL) are stale once the lease has passed,
 	// whatever StaleAfter says. Required unless the table has LeaseUntil
-	// and the claimer has an Options.Lease, in which case zero means: sweep
+	// and the claimer has a Config.Lease, in which case zero means: sweep
 	// expired leases only. (A claimer without a Lease sets LeaseUntil to
 	// NULL, so with zero the row of a holder that died would never be
 	// swept; NewSweeper refuses that. A sweeper of rows claimed elsewhere
@@ -25,27 +25,24 @@ type SweeperConfig[K any] struct {
 	// Failed is the state stale rows move to when no attempts remain.
 	// Required.
 	Failed string
-	// Retry, when set, is the state stale rows move to while
-	// Table.Attempts is below MaxAttempts (typically Options.From). Needs
-	// Table.Attempts and MaxAttempts.
-	Retry string
-	// MaxAttempts is the number of claims a row gets; required with Retry.
-	MaxAttempts int
-	// RetryAfter, when positive, keeps a row moved to Retry from being
-	// claimed again before database time plus RetryAfter (it sets
+	// Retry, when its State is set, sends a stale row whose Table.Attempts
+	// is below Retry.MaxAttempts to Retry.State (typically Config.From),
+	// not to Failed. With Retry.Backoff the row is not claimed again before
+	// database time plus the wait computed from its attempts (it sets
 	// Table.RetryAt), so that a row whose work keeps killing its holder is
-	// not picked up again at once by every instance. Needs Retry and
-	// Table.RetryAt.
-	RetryAfter time.Duration
+	// not picked up again at once by every instance. The zero value: every
+	// stale row goes to Failed.
+	Retry RetryPolicy
 	// FailAfter, when positive, sends a stale row claimed longer than
 	// FailAfter ago (Table.ClaimedAt, database time) to Failed whatever
-	// its attempts; younger stale rows go to Retry while attempts remain.
+	// its attempts; younger stale rows go to Retry.State while attempts
+	// remain.
 	// It only chooses where a stale row goes: it does not make a row stale,
 	// and a row under a live lease is never swept. With a leased claimer,
 	// StaleAfter zero and FailAfter 24h, one Sweeper sends rows whose lease
 	// expired back for a retry and fails those claimed more than a day
 	// ago, with no Where. The choice is re-checked on the locked row like
-	// staleness. Needs Retry.
+	// staleness. Needs Retry.State.
 	FailAfter time.Duration
 	// BatchSize is the most rows one statement moves (and locks), for
 	// example 1000. Required.
@@ -59,11 +56,6 @@ type SweeperConfig[K any] struct {
 	// OnSwept, when set, is called after each batch with the rows it
 	// moved (already committed when the sweeper runs on a pool).
 	OnSwept func(ctx context.Context, swept []Swept[K])
-	// Logger receives one record per swept row (warn level), failed sweeps
-	// of Run (error level) and missing-index warnings of NewSweeper.
-	// Default: the claimer's logger (Options.Logger, itself slog.Default()
-	// when nil); a discarding logger here silences the sweeper.
-	Logger *slog.Logger
 	// SkipVerify keeps NewSweeper from checking the table and the states
 	// against the database. By default NewSweeper runs Sweeper.Verify and
 	// returns what it finds wrong (an error matching ErrInvalid: build it
@@ -77,7 +69,7 @@ type SweeperConfig[K any] struct {
 type Swept[K any] struct {
 	// Key is the row's key.
 	Key K
-	// State is the state the row was moved to (Failed or Retry).
+	// State is the state the row was moved to (Failed or Retry.State).
 	State string
 	// Fence is the fencing token of the claim that went stale (0 without
 	// Table.Fence); that holder can no longer finish the row.
@@ -104,7 +96,6 @@ type Swept[K any] struct {
 type Sweeper[K any] struct {
 	c     *Claimer[K]
 	cfg   SweeperConfig[K]
-	log   *slog.Logger
 	sql   query
 	batch int
 }
@@ -124,54 +115,40 @@ func NewSweeper[K any](c *Claimer[K], cfg SweeperConfig[K]) (*Sweeper[K], error)
 	case cfg.Failed == "":
 		return nil, invalid("SweeperConfig.Failed", "must not be empty")
 	case cfg.Failed == c.c.to:
-		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Options.To (%q)", cfg.Failed))
-	case cfg.Retry != "" && cfg.Retry == c.c.to:
-		return nil, invalid("SweeperConfig.Retry", fmt.Sprintf("must differ from Options.To (%q)", cfg.Retry))
+		return nil, invalid("SweeperConfig.Failed", fmt.Sprintf("must differ from Config.To (%q)", cfg.Failed))
 	case cfg.StaleAfter < 0:
 		return nil, invalid("SweeperConfig.StaleAfter", "must not be negative")
 	case cfg.StaleAfter == 0 && t.leaseUntil == "":
 		return nil, invalid("SweeperConfig.StaleAfter", "must be positive (the table has no LeaseUntil column)")
 	case cfg.StaleAfter == 0 && c.c.lease == 0:
-		return nil, invalid("SweeperConfig.StaleAfter", "must be positive when the claimer's Options.Lease is 0: its claims set Table.LeaseUntil to NULL, so the row of a holder that died would never be swept (sweeping leases set by other claimers: give this claimer their Lease)")
+		return nil, invalid("SweeperConfig.StaleAfter", "must be positive when the claimer's Config.Lease is 0: its claims set Table.LeaseUntil to NULL, so the row of a holder that died would never be swept (sweeping leases set by other claimers: give this claimer their Lease)")
 	case cfg.StaleAfter > 0 && cfg.StaleAfter < time.Microsecond:
 		return nil, invalid("SweeperConfig.StaleAfter", "must be at least 1µs")
 	case cfg.BatchSize <= 0:
 		return nil, invalid("SweeperConfig.BatchSize", "must be positive")
-	case cfg.MaxAttempts < 0:
-		return nil, invalid("SweeperConfig.MaxAttempts", "must not be negative")
-	case cfg.Retry != "" && cfg.MaxAttempts == 0:
-		return nil, invalid("SweeperConfig.MaxAttempts", "must be positive when Retry is set")
-	case cfg.Retry == "" && cfg.MaxAttempts > 0:
-		return nil, invalid("SweeperConfig.Retry", "must be set when MaxAttempts is")
-	case cfg.Retry != "" && t.attempts == "":
-		return nil, t.needs("Table.Attempts", t.attempts, "SweeperConfig.Retry")
-	case cfg.RetryAfter < 0:
-		return nil, invalid("SweeperConfig.RetryAfter", "must not be negative")
-	case cfg.RetryAfter > 0 && cfg.Retry == "":
-		return nil, invalid("SweeperConfig.Retry", "must be set when RetryAfter is")
-	case cfg.RetryAfter > 0 && t.retryAt == "":
-		return nil, t.needs("Table.RetryAt", t.retryAt, "SweeperConfig.RetryAfter")
+	}
+	if err := cfg.Retry.check("SweeperConfig.Retry", c.c); err != nil {
+		return nil, err
+	}
+	switch {
 	case cfg.FailAfter < 0:
 		return nil, invalid("SweeperConfig.FailAfter", "must not be negative")
-	case cfg.FailAfter > 0 && cfg.Retry == "":
-		return nil, invalid("SweeperConfig.Retry", "must be set when FailAfter is (without Retry every stale row goes to Failed)")
+	case cfg.FailAfter > 0 && cfg.Retry.State == "":
+		return nil, invalid("SweeperConfig.Retry.State", "must be set when FailAfter is (without it every stale row goes to Failed)")
 	case cfg.FailAfter > 0 && cfg.FailAfter < time.Microsecond:
 		return nil, invalid("SweeperConfig.FailAfter", "must be at least 1µs")
 	}
 	n, err := countParams(cfg.Where)
 	if err != nil {
-		return nil, invalid("SweeperConfig.Where", strings.TrimPrefix(err.Error(), "claim: Options.Where: "))
+		return nil, invalid("SweeperConfig.Where", strings.TrimPrefix(err.Error(), "claim: Config.Where: "))
 	}
 	if n != len(cfg.Args) {
 		return nil, invalid("SweeperConfig.Args", fmt.Sprintf("Where uses %d parameters, got %d", n, len(cfg.Args)))
 	}
-	s := &Sweeper[K]{c: c, cfg: cfg, log: cfg.Logger, batch: cfg.BatchSize}
-	if s.log == nil {
-		s.log = c.c.log
-	}
+	s := &Sweeper[K]{c: c, cfg: cfg, batch: cfg.BatchSize}
 	s.build()
 	if !cfg.SkipVerify {
-		if err := verifyOnNew("NewSweeper", s.log, t.qname, s.Verify); err != nil {
+		if err := verifyOnNew("NewSweeper", c.c, s.Verify); err != nil {
 			return nil, err
 		}
 	}
@@ -233,16 +210,22 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
 	}
 	took := time.Since(start)
-	byState := map[string]int{}
+	// One event per state the rows moved to, each with the records of its
+	// rows, in the order the statement returned them.
+	var states []string
+	byState := map[string][]record{}
 	for _, sw := range out {
-		byState[sw.State]++
-		s.log.LogAttrs(ctx, slog.LevelWarn, "claim: swept stale row",
+		if _, ok := byState[sw.State]; !ok {
+			states = append(states, sw.State)
+		}
+		byState[sw.State] = append(byState[sw.State], rec(slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
 			slog.Int64("fence", sw.Fence), slog.String("claimed_by", sw.ClaimedBy),
-			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason))
+			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason)))
 	}
-	for state, n := range byState {
-		s.c.c.emit(ctx, Event{Kind: EventSwept, State: state, Rows: n, Duration: took})
+	for _, state := range states {
+		logs := byState[state]
+		s.c.c.report(ctx, Event{Kind: EventSwept, State: state, Rows: len(logs), Duration: took}, logs...)
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)
@@ -251,7 +234,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 }
 
 // Run sweeps at once and then every interval until ctx is cancelled, when
-// it returns nil. Failed sweeps are logged and retried at the next tick.
+// it returns nil. Failed sweeps are logged and retried an interval later.
 // Its first sweep is the start-up sweep: there is no need to call Sweep
 // before it. A service that must wait for the start-up sweep before it
 // starts work calls Sweep and then Run; Run's own first sweep then finds
@@ -265,8 +248,8 @@ func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 	defer t.Stop()
 	for {
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.log.LogAttrs(ctx, slog.LevelError, "claim: sweep failed",
-				slog.String("table", s.c.c.t.qname), slog.Any("error", err))
+			s.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: sweep failed",
+				slog.String("table", s.c.c.t.qname), slog.Any("error", err)))
 		}
 		select {
 		case <-ctx.Done():

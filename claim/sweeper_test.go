@@ -51,10 +51,10 @@ func TestZombie(t *testing.T) {
 	createJobs(t, db.Pool, "bigint", 1)
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	a, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: logger})
-	b, _ := New[int64](db.NewPool(t), jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "b"})
+	a, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: logger})
+	b, _ := New[int64](db.NewPool(t), jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "b", Logger: logger})
 	var swept []Swept[int64]
-	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10, Logger: logger,
+	sw, err := NewSweeper(b, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10,
 		OnSwept: func(_ context.Context, s []Swept[int64]) { swept = append(swept, s...) }})
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func TestZombie(t *testing.T) {
 	zombie(b, cb)
 	zombie(a, ca)
 	// A claimer of failed rows takes it again; both old holders stay out.
-	c, _ := New[int64](db.Pool, jobsTable, Options{From: "FAILED", To: "PROCESSING", Holder: "c"})
+	c, _ := New[int64](db.Pool, jobsTable, Config{From: "FAILED", To: "PROCESSING", Holder: "c"})
 	cc, err := c.Claim(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -169,8 +169,8 @@ BEGIN
   PERFORM pg_advisory_xact_lock_shared(4242);
   RETURN true;
 END $$`)
-			c, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "a"})
-			other, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "b"})
+			c, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "a"})
+			other, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "b"})
 			sweepPool := db.NewPool(t)
 			sc, _ := New[int64](sweepPool, jobsTable, pausedOpts)
 			sw, err := NewSweeper(sc, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10, Where: "sweep_gate()"})
@@ -257,7 +257,7 @@ func TestTwoSweepers(t *testing.T) {
 	errs := make([]error, 2)
 	for i := range 2 {
 		c, _ := New[int64](db.NewPool(t), jobsTable, pausedOpts)
-		sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: batch})
+		sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: batch})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,7 +317,7 @@ func TestSweepLease(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 4)
-	leased, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
+	leased, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
 	plain, _ := New[int64](db.Pool, jobsTable, pausedOpts)
 	for id := int64(1); id <= 2; id++ {
 		if _, err := leased.Claim(ctx, id); err != nil {

@@ -28,11 +28,12 @@ type Table struct {
 	// a row is claimed. The sweeper measures staleness from it.
 	ClaimedAt string
 	// ClaimedBy is an optional text column stamped with the claimer's
-	// Holder.
+	// Config.Holder.
 	ClaimedBy string
-	// Fence is an optional bigint column stamped with a fresh token from
-	// pgclaim's sequence at every claim. Finish, Extend and Release need it:
-	// they only touch a row whose token is still the caller's.
+	// Fence is an optional bigint column stamped with a fresh fencing token
+	// (Claim.Fence) from pgclaim's sequence at every claim. Finish, Extend
+	// and Release need it: they only touch a row whose fence is still the
+	// caller's.
 	Fence string
 	// LeaseUntil is an optional timestamptz column: when a claimer has a
 	// Lease, claims set it to now+Lease and Extend pushes it out; the
@@ -44,16 +45,15 @@ type Table struct {
 	// RetryAt is an optional timestamptz column holding the earliest
 	// database time a row may be claimed again. A row whose RetryAt is in
 	// the future is passed over by ClaimBatch, and Claim returns
-	// ErrNotClaimed for it; NULL means at once. A Worker with
-	// WorkerConfig.RetryDelay sets it when it moves a failed row to Retry,
-	// and a Sweeper with SweeperConfig.RetryAfter when it moves a stale row
-	// there; nothing else writes it.
+	// ErrNotClaimed for it; NULL means at once. A Worker or a Sweeper
+	// whose RetryPolicy has a Backoff sets it when it moves a failed or
+	// stale row to the policy's State; nothing else writes it.
 	RetryAt string
 	// Reason is an optional text column saying why a row last left the To
 	// state other than by success. A Worker writes the error of a failed
-	// attempt there (moving the row to Failed or Retry) and clears it when
-	// work succeeds; a Sweeper writes why it moved a stale row (the
-	// holder, token and attempt of the stale claim, and whether its lease
+	// attempt there (moving the row to Failed or Retry.State) and clears it
+	// when work succeeds; a Sweeper writes why it moved a stale row (the
+	// holder, fence and attempt of the stale claim, and whether its lease
 	// expired or it was claimed too long ago). Claim, Finish, FinishBatch,
 	// Extend and Release leave it alone: a caller finishing rows to a
 	// failed state by hand writes its own reason in the same transaction.

@@ -18,7 +18,7 @@ func TestBadInput(t *testing.T) {
 	cases := []struct {
 		name  string
 		tbl   Table
-		opts  Options
+		opts  Config
 		field string
 	}{
 		{"empty name", with(func(t *Table) { t.Name = "" }), pausedOpts, "Table.Name"},
@@ -32,12 +32,12 @@ func TestBadInput(t *testing.T) {
 		{"too long", with(func(t *Table) { t.Attempts = strings.Repeat("a", 64) }), pausedOpts, "Table.Attempts"},
 		{"column used twice", with(func(t *Table) { t.ClaimedBy = "state" }), pausedOpts, "Table.ClaimedBy"},
 		{"reason column used twice", with(func(t *Table) { t.Reason = "claimed_at" }), pausedOpts, "Table.Reason"},
-		{"empty from", ok, Options{To: "PROCESSING"}, "Options.From"},
-		{"empty to", ok, Options{From: "PAUSED"}, "Options.To"},
-		{"from == to", ok, Options{From: "X", To: "X"}, "Options.To"},
-		{"negative lease", ok, Options{From: "A", To: "B", Lease: -time.Second}, "Options.Lease"},
-		{"lease without column", with(func(t *Table) { t.LeaseUntil = "" }), Options{From: "A", To: "B", Lease: time.Second}, "Table.LeaseUntil"},
-		{"unterminated quote in where", ok, Options{From: "A", To: "B", Where: "x = 'a"}, "Options.Where"},
+		{"empty from", ok, Config{To: "PROCESSING"}, "Config.From"},
+		{"empty to", ok, Config{From: "PAUSED"}, "Config.To"},
+		{"from == to", ok, Config{From: "X", To: "X"}, "Config.To"},
+		{"negative lease", ok, Config{From: "A", To: "B", Lease: -time.Second}, "Config.Lease"},
+		{"lease without column", with(func(t *Table) { t.LeaseUntil = "" }), Config{From: "A", To: "B", Lease: time.Second}, "Table.LeaseUntil"},
+		{"unterminated quote in where", ok, Config{From: "A", To: "B", Where: "x = 'a"}, "Config.Where"},
 	}
 	for _, tc := range cases {
 		_, err := New[int64](pool, tc.tbl, tc.opts)
@@ -104,8 +104,8 @@ func TestBadInput(t *testing.T) {
 		{"WorkerConfig.BatchSize", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED"}},
 		{"WorkerConfig.BatchSize", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: -5}},
 		{"WorkerConfig.Concurrency", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, Concurrency: -1}},
-		{"WorkerConfig.MaxAttempts", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", BatchSize: 1}},
-		{"WorkerConfig.Retry", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", MaxAttempts: 3, BatchSize: 1}},
+		{"WorkerConfig.Retry.MaxAttempts", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED"}, BatchSize: 1}},
+		{"WorkerConfig.Retry.State", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{MaxAttempts: 3}, BatchSize: 1}},
 		{"WorkerConfig.PollInterval", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, PollInterval: -time.Second}},
 		{"WorkerConfig.StopTimeout", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, StopTimeout: -time.Second}},
 		{"WorkerConfig.Args", WorkerConfig[int64]{Work: noWork, Done: "DONE", Failed: "FAILED", BatchSize: 1, Args: []any{1}}},
@@ -126,8 +126,8 @@ func TestBadInput(t *testing.T) {
 		{"SweeperConfig.StaleAfter", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: -time.Hour, BatchSize: 10}},
 		{"SweeperConfig.BatchSize", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour}},
 		{"SweeperConfig.BatchSize", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour, BatchSize: -1}},
-		{"SweeperConfig.MaxAttempts", SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", StaleAfter: time.Hour, BatchSize: 10}},
-		{"SweeperConfig.Retry", SweeperConfig[int64]{Failed: "FAILED", MaxAttempts: 2, StaleAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.MaxAttempts", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED"}, StaleAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.State", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{MaxAttempts: 2}, StaleAfter: time.Hour, BatchSize: 10}},
 		{"SweeperConfig.Args", SweeperConfig[int64]{Failed: "FAILED", StaleAfter: time.Hour, BatchSize: 10, Where: "id > $1"}},
 	}
 	for _, tc := range scases {
@@ -257,7 +257,7 @@ func TestHostileIdentifiers(t *testing.T) {
 		Attempts:   `attempts\`,
 		Reason:     `why'); --`,
 	}
-	c, err := New[string](pool, tbl, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute,
+	c, err := New[string](pool, tbl, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute,
 		Where: `"Key'); DROP TABLE x; --" <> $1`})
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +295,7 @@ func TestHostileIdentifiers(t *testing.T) {
 		t.Fatalf("claim to go stale: %v %v", stale, err)
 	}
 	mustExec(t, pool, `UPDATE "My ""Schema"""."""; DROP TABLE x; --" SET "claimed at" = "claimed at" - interval '2 hours', "lease; until" = NULL`)
-	sw, err := NewSweeper(c, SweeperConfig[string]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[string]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

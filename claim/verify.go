@@ -12,8 +12,8 @@ import (
 
 // ErrMissingIndex is matched by the warning Worker.Verify and
 // Sweeper.Verify return when a partial index they rely on is missing: the
-// index on the claim state (Options.From) that batch claims select rows
-// through, or the one on the processing state (Options.To) that sweeps
+// index on the claim state (Config.From) that batch claims select rows
+// through, or the one on the processing state (Config.To) that sweeps
 // select through. Without it every batch rescans the rows already finished,
 // and a long run slows down as it goes; nothing else goes wrong. Such a
 // warning is returned only when the table has no other problem, so an
@@ -66,18 +66,18 @@ const verifyTimeout = 10 * time.Second
 // verify runs the checks of Claimer.Verify with the From and To states and
 // those in extra.
 func (c *Claimer[K]) verify(ctx context.Context, extra verifySpec) error {
-	extra.states = append([]stateRef{{"Options.From", c.c.from}, {"Options.To", c.c.to}}, extra.states...)
+	extra.states = append([]stateRef{{"Config.From", c.c.from}, {"Config.To", c.c.to}}, extra.states...)
 	return c.c.t.verify(ctx, c.db, extra)
 }
 
 // Verify checks everything Claimer.Verify checks, and also that the
-// worker's Done, Failed and Retry states are allowed by the state column
+// worker's Done, Failed and Retry.State states are allowed by the state column
 // (its enum labels and its CHECK constraints of the forms
 // "col IN (...)", "col = ANY (ARRAY[...])", "col = '...'" and OR or AND
 // combinations of them; a constraint of another form is not checked). Any
 // problem is an error matching ErrInvalid naming the field. When all that
 // holds, it returns a warning matching ErrMissingIndex if no valid partial
-// index restricted to Options.From exists (batch claims need it), and nil
+// index restricted to Config.From exists (batch claims need it), and nil
 // otherwise. NewWorker calls it unless WorkerConfig.SkipVerify is set.
 func (w *Worker[K]) Verify(ctx context.Context) error {
 	t := w.c.c.t
@@ -85,20 +85,20 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 		states: []stateRef{
 			{"WorkerConfig.Done", w.cfg.Done},
 			{"WorkerConfig.Failed", w.cfg.Failed},
-			{"WorkerConfig.Retry", w.cfg.Retry},
+			{"WorkerConfig.Retry.State", w.cfg.Retry.State},
 		},
-		indexed: []indexNeed{{stateRef: stateRef{"Options.From", w.c.c.from}, by: "batch claims", cols: t.key,
-			note: " (index the Options.Order columns)"}},
+		indexed: []indexNeed{{stateRef: stateRef{"Config.From", w.c.c.from}, by: "batch claims", cols: t.key,
+			note: " (index the Config.Order columns)"}},
 	})
 }
 
 // Verify checks the table against its spec like Claimer.Verify, and that
-// Options.To and the sweeper's Failed and Retry states are allowed by the
+// Config.To and the sweeper's Failed and Retry.State states are allowed by the
 // state column (enum labels and simple CHECK constraints, as for
 // Worker.Verify; the claimer's From is not checked, a sweeper does not use
 // it). Any problem is an error matching ErrInvalid naming the field. When
 // all that holds, it returns a warning matching ErrMissingIndex if no valid
-// partial index restricted to Options.To exists (sweeps select through it),
+// partial index restricted to Config.To exists (sweeps select through it),
 // and nil otherwise. NewSweeper calls it unless SweeperConfig.SkipVerify is
 // set.
 func (s *Sweeper[K]) Verify(ctx context.Context) error {
@@ -109,11 +109,11 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 	}
 	return s.c.c.t.verify(ctx, s.c.db, verifySpec{
 		states: []stateRef{
-			{"Options.To", s.c.c.to},
+			{"Config.To", s.c.c.to},
 			{"SweeperConfig.Failed", s.cfg.Failed},
-			{"SweeperConfig.Retry", s.cfg.Retry},
+			{"SweeperConfig.Retry.State", s.cfg.Retry.State},
 		},
-		indexed: []indexNeed{{stateRef: stateRef{"Options.To", s.c.c.to}, by: "sweeps", cols: hint}},
+		indexed: []indexNeed{{stateRef: stateRef{"Config.To", s.c.c.to}, by: "sweeps", cols: hint}},
 	})
 }
 
@@ -123,7 +123,7 @@ func (s *Sweeper[K]) Verify(ctx context.Context) error {
 // is a failure to ask the database at all (it is unreachable, or slower
 // than verifyTimeout): the constructor does not fail for those, and the
 // statements that later run into the same trouble report it as before.
-func verifyOnNew(ctor string, log *slog.Logger, table string, verify func(context.Context) error) error {
+func verifyOnNew(ctor string, c *core, verify func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
 	defer cancel()
 	err := verify(ctx)
@@ -133,11 +133,11 @@ func verifyOnNew(ctor string, log *slog.Logger, table string, verify func(contex
 	case errors.Is(err, ErrInvalid):
 		return err
 	case errors.Is(err, ErrMissingIndex):
-		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": missing partial index",
-			slog.String("table", table), slog.Any("warning", err))
+		c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: "+ctor+": missing partial index",
+			slog.String("table", c.t.qname), slog.Any("warning", err)))
 	default:
-		log.LogAttrs(ctx, slog.LevelWarn, "claim: "+ctor+": could not verify the table and states",
-			slog.String("table", table), slog.Any("error", err))
+		c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: "+ctor+": could not verify the table and states",
+			slog.String("table", c.t.qname), slog.Any("error", err)))
 	}
 	return nil
 }

@@ -34,7 +34,7 @@ func stateTable(t *testing.T, db DBTX, stateType string, ddl ...string) {
 func nopWork(context.Context, pgx.Tx, Claim[int64]) error { return nil }
 
 func okWorker() WorkerConfig[int64] {
-	return WorkerConfig[int64]{Work: nopWork, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, BatchSize: 10}
+	return WorkerConfig[int64]{Work: nopWork, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, BatchSize: 10}
 }
 
 func wantInvalid(t *testing.T, what string, err error, words ...string) {
@@ -59,13 +59,13 @@ func TestVerifyEnumLabel(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	stateTable(t, db.Pool, "job_state", `CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE', 'FAILED')`)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "Paused", To: "PROCESSING"})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "Paused", To: "PROCESSING"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantInvalid(t, "Verify", c.Verify(ctx), "Options.From", `"Paused"`)
+	wantInvalid(t, "Verify", c.Verify(ctx), "Config.From", `"Paused"`)
 	_, err = NewWorker(c, okWorker())
-	wantInvalid(t, "NewWorker", err, "Options.From", `"Paused"`)
+	wantInvalid(t, "NewWorker", err, "Config.From", `"Paused"`)
 }
 
 // TestVerifyCheckFailed: a Failed state that the table's CHECK constraint
@@ -174,8 +174,8 @@ func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
-	wantInvalid(t, "NewSweeper", err, "SweeperConfig.StaleAfter", "Options.Lease")
-	leased, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
+	wantInvalid(t, "NewSweeper", err, "SweeperConfig.StaleAfter", "Config.Lease")
+	leased, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,8 +184,8 @@ func TestNewSweeperLeaseOnlyWithoutLease(t *testing.T) {
 	}
 }
 
-// TestSweeperDefaultLogger: with neither SweeperConfig.Logger nor
-// Options.Logger set, swept rows are logged to slog.Default().
+// TestSweeperDefaultLogger: with no Config.Logger set, swept rows are
+// logged to slog.Default().
 func TestSweeperDefaultLogger(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
@@ -246,7 +246,7 @@ func TestVerifyIndexes(t *testing.T) {
 	stateTable(t, db.Pool, "text")
 	buf := &syncWriter{w: new(bytes.Buffer)}
 	logger := slog.New(slog.NewTextHandler(buf, nil))
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Logger: logger})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,10 +266,10 @@ func TestVerifyIndexes(t *testing.T) {
 			t.Fatalf("%s = %v; want ErrMissingIndex only", name, err)
 		}
 	}
-	if err := w.Verify(ctx); !strings.Contains(err.Error(), `Options.From: no partial index of "jobs" is restricted to state "PAUSED"`) {
+	if err := w.Verify(ctx); !strings.Contains(err.Error(), `Config.From: no partial index of "jobs" is restricted to state "PAUSED"`) {
 		t.Errorf("Worker.Verify = %v", err)
 	}
-	if err := sw.Verify(ctx); !strings.Contains(err.Error(), `Options.To: no partial index of "jobs" is restricted to state "PROCESSING"`) {
+	if err := sw.Verify(ctx); !strings.Contains(err.Error(), `Config.To: no partial index of "jobs" is restricted to state "PROCESSING"`) {
 		t.Errorf("Sweeper.Verify = %v", err)
 	}
 	logs := buf.String()
@@ -326,7 +326,7 @@ func TestVerifyAllRight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 2, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 2}, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 4)
-	c, err := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days' WHERE id IN (2, 3)`)
 	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id IN (1, 2, 4)`)
 	mustExec(t, db.Pool, `UPDATE jobs SET attempts = 3 WHERE id = 4`)
-	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: 24 * time.Hour, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,7 +456,7 @@ func TestSweeperFailAfter(t *testing.T) {
 	}
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 hours', attempts = 1 WHERE id = 1`)
 	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days', attempts = 1 WHERE id = 2`)
-	sw, err = NewSweeper(plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: 24 * time.Hour, BatchSize: 10})
+	sw, err = NewSweeper(plain, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: 24 * time.Hour, BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,8 +471,8 @@ func TestSweeperFailAfter(t *testing.T) {
 		field string
 		cfg   SweeperConfig[int64]
 	}{
-		{"SweeperConfig.FailAfter", SweeperConfig[int64]{Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3, FailAfter: -time.Hour, BatchSize: 10}},
-		{"SweeperConfig.Retry", SweeperConfig[int64]{Failed: "FAILED", FailAfter: time.Hour, BatchSize: 10}},
+		{"SweeperConfig.FailAfter", SweeperConfig[int64]{Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: -time.Hour, BatchSize: 10}},
+		{"SweeperConfig.Retry.State", SweeperConfig[int64]{Failed: "FAILED", FailAfter: time.Hour, BatchSize: 10}},
 	} {
 		if _, err := NewSweeper(c, tc.cfg); !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "claim: "+tc.field+": ") {
 			t.Errorf("NewSweeper(%+v) = %v; want ErrInvalid naming %s", tc.cfg, err, tc.field)
@@ -487,14 +487,16 @@ func TestSweeperRunSweepsAtOnce(t *testing.T) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 1)
-	c, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	quiet := pausedOpts
+	quiet.Logger = slog.New(slog.DiscardHandler)
+	c, _ := New[int64](db.Pool, jobsTable, quiet)
 	if _, err := c.Claim(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
 	makeStale(t, db.Pool, 1)
 	swept := make(chan []Swept[int64], 1)
 	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10,
-		Logger: slog.New(slog.DiscardHandler), OnSwept: func(_ context.Context, s []Swept[int64]) { swept <- s }})
+		OnSwept: func(_ context.Context, s []Swept[int64]) { swept <- s }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +527,7 @@ func TestVerifyUnreachable(t *testing.T) {
 	}
 	defer pool.Close()
 	buf := &syncWriter{w: new(bytes.Buffer)}
-	c, err := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Logger: slog.New(slog.NewTextHandler(buf, nil))})
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: slog.New(slog.NewTextHandler(buf, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

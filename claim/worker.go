@@ -44,26 +44,18 @@ type WorkerConfig[K any] struct {
 	Done string
 	// Failed is the state of a row whose work failed and has no attempts
 	// left. Required. With Table.Reason, the work's error text (at most
-	// 2,000 bytes) is recorded with the move to Failed or Retry.
+	// 2,000 bytes) is recorded with the move to Failed or Retry.State.
 	Failed string
-	// Retry, when set, is the state of a row whose work failed while
-	// Table.Attempts is below MaxAttempts; typically Options.From, so the
-	// row is claimed again. Needs Table.Attempts and MaxAttempts.
-	Retry string
-	// MaxAttempts is the number of claims a row gets before a failure is
-	// final. Required with Retry.
-	MaxAttempts int
-	// RetryDelay, when set, is how long a row moved to Retry waits before
-	// it may be claimed again, given the number of claims it has had (1
-	// after its first failure): the worker sets Table.RetryAt to database
-	// time plus that delay (zero or negative: at once). For example
-	// func(n int) time.Duration { return time.Second << min(n, 10) }.
-	// Drain does not wait for delayed rows: it returns once nothing is
-	// claimable. Needs Retry and Table.RetryAt.
-	RetryDelay func(attempts int) time.Duration
+	// Retry, when its State is set, sends a row whose work failed while
+	// Table.Attempts is below Retry.MaxAttempts to Retry.State (typically
+	// Config.From, so the row is claimed again), not to Failed; with
+	// Retry.Backoff the row waits before it may be claimed again, the wait
+	// computed from the claim's Attempts. The zero value: every failure
+	// is final.
+	Retry RetryPolicy
 	// BatchSize is the most rows claimed by one statement. Required.
 	BatchSize int
-	// Args bind the placeholders of the claimer's Options.Where.
+	// Args bind the placeholders of the claimer's Config.Where.
 	Args []any
 	// SkipVerify keeps NewWorker from checking the table and the states
 	// against the database. By default NewWorker runs Worker.Verify and
@@ -84,21 +76,17 @@ type WorkerConfig[K any] struct {
 	// (0: wait for it to finish). Work ended by that cancellation is
 	// released, not failed.
 	StopTimeout time.Duration
-	// Logger receives failures, lost claims and releases. Default: the
-	// claimer's logger (Options.Logger, itself slog.Default() when nil).
-	Logger *slog.Logger
 }
 
 // Worker drains rows in the claimer's From state: it claims batches, runs
 // the work for each claim in its own transaction with bounded concurrency,
 // extends leases while work runs (when the claimer has a Lease), and
-// finishes each claim as Done, Retry or Failed. A Worker may be run more
+// finishes each claim as Done, Retry.State or Failed. A Worker may be run more
 // than once, but each run is independent.
 type Worker[K any] struct {
 	c     *Claimer[K]
 	begin func(context.Context) (pgx.Tx, error)
 	cfg   WorkerConfig[K]
-	log   *slog.Logger
 }
 
 type beginner interface {
@@ -130,19 +118,19 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if err := t.needs("Table.Fence", t.fence, "Worker"); err != nil {
 		return nil, err
 	}
-	state := func(field, s string, required bool) error {
+	state := func(field, s string) error {
 		switch {
-		case s == "" && required:
+		case s == "":
 			return invalid(field, "must not be empty")
-		case s != "" && s == c.c.to:
-			return invalid(field, fmt.Sprintf("must differ from Options.To (%q)", s))
+		case s == c.c.to:
+			return invalid(field, fmt.Sprintf("must differ from Config.To (%q)", s))
 		}
 		return nil
 	}
 	for _, e := range []error{
-		state("WorkerConfig.Done", cfg.Done, true),
-		state("WorkerConfig.Failed", cfg.Failed, true),
-		state("WorkerConfig.Retry", cfg.Retry, false),
+		state("WorkerConfig.Done", cfg.Done),
+		state("WorkerConfig.Failed", cfg.Failed),
+		cfg.Retry.check("WorkerConfig.Retry", c.c),
 	} {
 		if e != nil {
 			return nil, e
@@ -155,24 +143,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		return nil, invalid("WorkerConfig.BatchSize", "must be positive")
 	case cfg.Concurrency < 0:
 		return nil, invalid("WorkerConfig.Concurrency", "must not be negative")
-	case cfg.MaxAttempts < 0:
-		return nil, invalid("WorkerConfig.MaxAttempts", "must not be negative")
-	case cfg.Retry != "" && cfg.MaxAttempts == 0:
-		return nil, invalid("WorkerConfig.MaxAttempts", "must be positive when Retry is set")
-	case cfg.Retry == "" && cfg.MaxAttempts > 0:
-		return nil, invalid("WorkerConfig.Retry", "must be set when MaxAttempts is")
-	case cfg.Retry != "" && t.attempts == "":
-		return nil, t.needs("Table.Attempts", t.attempts, "WorkerConfig.Retry")
-	case cfg.RetryDelay != nil && cfg.Retry == "":
-		return nil, invalid("WorkerConfig.Retry", "must be set when RetryDelay is")
-	case cfg.RetryDelay != nil && t.retryAt == "":
-		return nil, t.needs("Table.RetryAt", t.retryAt, "WorkerConfig.RetryDelay")
 	case cfg.PollInterval < 0:
 		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
 	case cfg.StopTimeout < 0:
 		return nil, invalid("WorkerConfig.StopTimeout", "must not be negative")
 	case len(cfg.Args) != c.c.whereParams:
-		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Options.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
+		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
@@ -180,15 +156,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = time.Second
 	}
-	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg, log: cfg.Logger}
+	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg}
 	if tb, ok := c.db.(txBeginner); ok {
 		w.begin = func(ctx context.Context) (pgx.Tx, error) { return tb.BeginTx(ctx, readCommitted) }
 	}
-	if w.log == nil {
-		w.log = c.c.log
-	}
 	if !cfg.SkipVerify {
-		if err := verifyOnNew("NewWorker", w.log, t.qname, w.Verify); err != nil {
+		if err := verifyOnNew("NewWorker", c.c, w.Verify); err != nil {
 			return nil, err
 		}
 	}
@@ -204,12 +177,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 // A failure that retrying cannot cure ends the run the same way, and Run
 // returns an error matching ErrInvalid that names the state or the option
 // at fault and wraps the server's error: a claim statement the table
-// refuses (a column Options.Where, Order or the Table names that does not
+// refuses (a column Config.Where, Order or the Table names that does not
 // exist, a From or To state the column's enum or CHECK constraint
-// rejects), or a finish to Done, Failed or Retry that the table refuses. A
+// rejects), or a finish to Done, Failed or Retry.State that the table refuses. A
 // claim whose work succeeded but whose move to Done was refused is not
 // counted as succeeded: its transaction rolls back and the row is moved to
-// Failed (not Retry: the same finish would be refused again). Other
+// Failed (not Retry.State: the same finish would be refused again). Other
 // failures of a claim statement (a lost connection, a timeout) are logged
 // and retried after PollInterval.
 func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
@@ -217,7 +190,7 @@ func (w *Worker[K]) Run(ctx context.Context) (Stats, error) {
 }
 
 // Drain works on claims until nothing is left to claim and no work is in
-// flight (rows moved to a Retry state equal to From are claimed again), then
+// flight (rows moved to a Retry.State equal to From are claimed again), then
 // returns. Cancelling ctx stops it like Run, and Drain then returns
 // ctx.Err(); a failure that cannot go away ends it with an error as it
 // ends Run. It suits a scheduled job: "at 09:00, resume every paused row".
@@ -263,7 +236,7 @@ func (r *run[K]) fail(err error) {
 	}
 	r.mu.Unlock()
 	if first {
-		r.w.log.LogAttrs(r.workCtx, slog.LevelError, "claim: worker: stopping on a failure that cannot go away", slog.Any("error", err))
+		r.w.c.c.report(r.workCtx, Event{}, rec(slog.LevelError, "claim: worker: stopping on a failure that cannot go away", slog.Any("error", err)))
 	}
 	r.stop()
 }
@@ -341,7 +314,7 @@ loop:
 		case <-ctx.Done():
 			break loop
 		}
-		// Work still in flight may yet put rows back (Retry); only a claim
+		// Work still in flight may yet put rows back (Retry.State); only a claim
 		// that finds nothing after all work has ended means drained.
 		busy := inflight() > 1
 		// Claims use workCtx, not ctx: a claim statement cancelled half-way
@@ -353,11 +326,11 @@ loop:
 				break
 			}
 			if permanent(err) {
-				r.fail(fmt.Errorf("claim: worker: claiming rows from Options.From %q to Options.To %q: %w: the table refuses the statement: %w",
+				r.fail(fmt.Errorf("claim: worker: claiming rows from Config.From %q to Config.To %q: %w: the table refuses the statement: %w",
 					w.c.c.from, w.c.c.to, ErrInvalid, err))
 				break
 			}
-			w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err))
+			w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err)))
 			wait(w.cfg.PollInterval, false)
 			continue
 		}
@@ -426,21 +399,29 @@ func (r *run[K]) release(e *entry[K]) {
 	e.finishing.Store(true)
 	ctx, cancel := r.cleanupCtx()
 	defer cancel()
-	err := r.w.c.Release(ctx, e.cl)
+	err := r.w.c.release(ctx, e.cl, rec(slog.LevelInfo, "claim: worker: released on stop",
+		slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence)))
+	r.settle(ctx, e, err, "Config.From", r.w.c.c.from, func(s *Stats) { s.Released++ }, "claim: worker: release failed")
+}
+
+// settle counts how a statement that gave e's claim back, or recorded its
+// failure, moving the row to state (the value of field), ended: ErrLost as
+// lost; another error as unrecorded, logged at error level as msg with
+// attrs (a refusal by the table also ends the run: see refused); nil
+// through done.
+func (r *run[K]) settle(ctx context.Context, e *entry[K], err error, field, state string, done func(*Stats), msg string, attrs ...slog.Attr) {
 	switch {
 	case errors.Is(err, ErrLost):
 		r.count(func(s *Stats) { s.Lost++ })
 	case err != nil:
 		r.count(func(s *Stats) { s.Unrecorded++ })
 		if permanent(err) {
-			r.fail(refused("Options.From", r.w.c.c.from, err))
+			r.fail(refused(field, state, err))
 		}
-		r.w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: release failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", err))
+		attrs = append([]slog.Attr{slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence)}, append(attrs, slog.Any("error", err))...)
+		r.w.c.c.report(ctx, Event{}, rec(slog.LevelError, msg, attrs...))
 	default:
-		r.count(func(s *Stats) { s.Released++ })
-		r.w.log.LogAttrs(ctx, slog.LevelInfo, "claim: worker: released on stop",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
+		r.count(done)
 	}
 }
 
@@ -463,7 +444,7 @@ func (r *run[K]) process(e *entry[K]) {
 
 	tx, err := w.begin(ctx)
 	if err != nil {
-		w.log.LogAttrs(ctx, slog.LevelError, "claim: worker: begin failed", slog.Any("key", e.cl.Key), slog.Any("error", err))
+		w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: begin failed", slog.Any("key", e.cl.Key), slog.Any("error", err)))
 		r.release(e)
 		return
 	}
@@ -495,8 +476,8 @@ func (r *run[K]) process(e *entry[K]) {
 
 	if e.lost.Load() {
 		r.count(func(s *Stats) { s.Lost++ })
-		w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: claim lost during work",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr))
+		w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: claim lost during work",
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr)))
 		return
 	}
 	if r.stopping.Err() != nil && ctx.Err() != nil && (errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded)) {
@@ -505,41 +486,25 @@ func (r *run[K]) process(e *entry[K]) {
 	}
 	state, retry := w.cfg.Failed, false
 	var retryIn time.Duration
-	if w.cfg.Retry != "" && e.cl.Attempts < w.cfg.MaxAttempts && !final {
-		state, retry = w.cfg.Retry, true
-		if w.cfg.RetryDelay != nil {
-			retryIn = w.cfg.RetryDelay(e.cl.Attempts)
-		}
+	if p := w.cfg.Retry; p.State != "" && e.cl.Attempts < p.MaxAttempts && !final {
+		state, retry, retryIn = p.State, true, p.wait(e.cl.Attempts)
 	}
 	cctx, ccancel := r.cleanupCtx()
 	defer ccancel()
-	err = w.c.finishWith(cctx, e.cl, state, werr, retryIn)
-	switch {
-	case errors.Is(err, ErrLost):
-		r.count(func(s *Stats) { s.Lost++ })
-	case err != nil:
-		r.count(func(s *Stats) { s.Unrecorded++ })
-		if permanent(err) {
-			field := "WorkerConfig.Failed"
-			if retry {
-				field = "WorkerConfig.Retry"
-			}
-			r.fail(refused(field, state, err))
-		}
-		w.log.LogAttrs(cctx, slog.LevelError, "claim: worker: recording failure failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("work_error", werr), slog.Any("error", err))
-	default:
-		r.count(func(s *Stats) {
-			if retry {
-				s.Retried++
-			} else {
-				s.Failed++
-			}
-		})
-		w.log.LogAttrs(cctx, slog.LevelWarn, "claim: worker: work failed",
-			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Int("attempts", e.cl.Attempts),
-			slog.String("state", state), slog.Any("error", werr))
+	err = w.c.finishWith(cctx, e.cl, state, werr, retryIn, rec(slog.LevelWarn, "claim: worker: work failed",
+		slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Int("attempts", e.cl.Attempts),
+		slog.String("state", state), slog.Any("error", werr)))
+	field := "WorkerConfig.Failed"
+	if retry {
+		field = "WorkerConfig.Retry.State"
 	}
+	r.settle(cctx, e, err, field, state, func(s *Stats) {
+		if retry {
+			s.Retried++
+		} else {
+			s.Failed++
+		}
+	}, "claim: worker: recording failure failed", slog.Any("work_error", werr))
 }
 
 func (r *run[K]) rollback(tx pgx.Tx) {
@@ -573,7 +538,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 		lost, err := r.w.c.heartbeat(ctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
 		if err != nil {
 			if ctx.Err() == nil {
-				r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err))
+				r.w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err)))
 			}
 			continue
 		}
@@ -589,8 +554,6 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 			if cancel != nil {
 				cancel()
 			}
-			r.w.log.LogAttrs(ctx, slog.LevelWarn, "claim: worker: heartbeat found claim lost",
-				slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence))
 		}
 	}
 }

@@ -55,7 +55,7 @@ func TestWorkerDrainExactlyOnce(t *testing.T) {
 	for i := range 2 {
 		holder := fmt.Sprintf("w%d", i)
 		pool := newWorkerPool(t, db, 6)
-		c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: time.Minute})
+		c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: time.Minute})
 		w, err := NewWorker(c, WorkerConfig[int64]{Work: effectWork(holder), Done: "DONE", Failed: "FAILED",
 			BatchSize: 50, Concurrency: 4, PollInterval: 10 * time.Millisecond})
 		if err != nil {
@@ -91,7 +91,7 @@ func TestWorkerFailures(t *testing.T) {
 	const rows = 200
 	createJobs(t, db.Pool, "bigint", rows)
 	pool := newWorkerPool(t, db, 6)
-	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w"})
+	c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w"})
 	work := func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
 		if err := effectWork("w")(ctx, tx, cl); err != nil {
 			return err
@@ -106,7 +106,7 @@ func TestWorkerFailures(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: "PAUSED", MaxAttempts: 3,
+	w, err := NewWorker(c, WorkerConfig[int64]{Work: work, Done: "DONE", Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3},
 		BatchSize: 16, Concurrency: 3, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestWorkerCleanShutdown(t *testing.T) {
 	const rows = 1000
 	createJobs(t, db.Pool, "bigint", rows)
 	pool := newWorkerPool(t, db, 6)
-	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: time.Minute})
+	c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: time.Minute})
 	runCtx, cancel := context.WithCancel(ctx)
 	var started atomic.Int64
 	work := func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
@@ -190,7 +190,7 @@ func TestWorkerStopTimeout(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 10)
 	pool := newWorkerPool(t, db, 6)
-	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w"})
+	c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w"})
 	runCtx, cancel := context.WithCancel(ctx)
 	var started sync.WaitGroup
 	started.Add(2)
@@ -248,10 +248,10 @@ func TestWorkerHeartbeat(t *testing.T) {
 	createJobs(t, db.Pool, "bigint", 2)
 	pool := newWorkerPool(t, db, 6)
 	const lease = time.Second // heartbeats every 333ms; a stall of a whole lease would fail the test
-	c, _ := New[int64](pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: lease})
+	c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: lease})
 	// The sweeper's own claimer has the workers' Lease: it sweeps expired
 	// leases only.
-	sc, _ := New[int64](db.Pool, jobsTable, Options{From: "PAUSED", To: "PROCESSING", Lease: lease})
+	sc, _ := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Lease: lease})
 	sw, err := NewSweeper(sc, SweeperConfig[int64]{Failed: "FAILED", BatchSize: 10})
 	if err != nil {
 		t.Fatal(err)

@@ -140,12 +140,11 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	var stale int64
 	progress := progressWriter(e.stderr, f.json)
 	sw, err := claim.NewSweeper(c, claim.SweeperConfig[any]{
-		StaleAfter:  *olderThan,
-		Failed:      *to,
-		Retry:       *retry,
-		MaxAttempts: *maxAttempts,
-		BatchSize:   *batch,
-		SkipVerify:  true, // verifyTypes below, naming flags
+		StaleAfter: *olderThan,
+		Failed:     *to,
+		Retry:      claim.RetryPolicy{State: *retry, MaxAttempts: *maxAttempts},
+		BatchSize:  *batch,
+		SkipVerify: true, // verifyTypes below, naming flags
 		OnSwept: func(_ context.Context, rows []claim.Swept[any]) {
 			for _, r := range rows {
 				byState[r.State]++

@@ -237,7 +237,7 @@ func TestSweepErrors(t *testing.T) {
 		{[]string{"--claimed-at", "claimed_by"}, exitError, `pgclaim sweep: --claimed-at: column "claimed_by" has type text; want timestamp with time zone`},
 		{[]string{"--key", "claimed_by"}, exitError, `pgclaim sweep: --key: column "claimed_by" has no primary key or unique index of its own`},
 		{[]string{"--retry", "PAUSED", "--max-attempts", "3"}, exitUsage, "pgclaim sweep: --attempts: must be set: --retry needs it"},
-		{[]string{"--retry", "PAUSED"}, exitUsage, "pgclaim sweep: --max-attempts: must be positive when Retry is set"},
+		{[]string{"--retry", "PAUSED"}, exitUsage, "pgclaim sweep: --max-attempts: must be positive when --retry is set"},
 		{[]string{"--processing", "FAILED"}, exitUsage, "pgclaim sweep: --to: must differ from --processing"},
 	} {
 		r := cli(t, "", append(append(append([]string{}, sweepArgs...), c.args...), "--database-url", db.URL)...)

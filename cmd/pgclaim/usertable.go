@@ -80,10 +80,10 @@ var flagNames = strings.NewReplacer(
 	"Table.LeaseUntil", "--lease-until",
 	"Table.Attempts", "--attempts",
 	"Table.Reason", "--reason",
-	"Options.To", "--processing",
+	"Config.To", "--processing",
 	"SweeperConfig.Failed", "--to",
-	"SweeperConfig.Retry", "--retry",
-	"SweeperConfig.MaxAttempts", "--max-attempts",
+	"SweeperConfig.Retry.State", "--retry",
+	"SweeperConfig.Retry.MaxAttempts", "--max-attempts",
 	"SweeperConfig.BatchSize", "--batch",
 	"SweeperConfig.StaleAfter", "--older-than",
 )
@@ -105,7 +105,7 @@ func (t *tableFlags) newClaimer(db claim.DBTX, from string) (*claim.Claimer[any]
 	if from == "" || from == t.processing {
 		from = t.processing + " (unused)"
 	}
-	opts := claim.Options{From: from, To: t.processing}
+	opts := claim.Config{From: from, To: t.processing}
 	if t.leaseUntil != "" {
 		// The claimer never claims: a Lease tells claim.NewSweeper that the
 		// rows it sweeps were claimed with leases, so that --lease-until

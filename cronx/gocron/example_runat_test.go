@@ -47,7 +47,7 @@ func ExampleJob_RunAt() {
 	job, err := pggocron.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		fmt.Println("resuming pushes for", run.FireAt.In(seoul).Format("15:04 MST"))
 		return nil
-	}, pggocron.TaskOptions{})
+	}, pggocron.TaskConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func ExampleNewTask() {
 	task, err := pggocron.NewTask(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		fmt.Println("resuming paused pushes for", run.FireAt, "with fence", run.Fence)
 		return nil
-	}, pggocron.TaskOptions{})
+	}, pggocron.TaskConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -47,7 +47,7 @@ import (
 var ErrNotLeader = errors.New("gocron: not the leader")
 
 // ErrNoInstant means a job started with no instant of its schedule within
-// TaskOptions.MaxDelay before the instance's clock: it started too late, or
+// TaskConfig.MaxDelay before the instance's clock: it started too late, or
 // gocron runs it on a schedule other than the one given to NewTask.
 var ErrNoInstant = tick.ErrNoInstant
 
@@ -192,9 +192,9 @@ func (e *Elector) Run(ctx context.Context) error {
 	})
 }
 
-// TaskOptions configure NewTask and NewJob. The zero value is ready to use.
-type TaskOptions struct {
-	// Context is the parent of every run's context, as in robfig.Options:
+// TaskConfig configures NewTask and NewJob. The zero value is ready to use.
+type TaskConfig struct {
+	// Context is the parent of every run's context, as in robfig.Config:
 	// its values reach the job, and cancelling it (at shutdown) cancels
 	// the runs in progress. A run's context is also cancelled when the one
 	// gocron hands the task is (the job removed, the scheduler shut down).
@@ -248,12 +248,12 @@ type TaskOptions struct {
 // The task returns nil when the tick was skipped, and otherwise what
 // gate.Gate.Once returns (fn's error, gate.ErrClockSkew, gate.ErrLockLost,
 // ErrNoInstant …), which gocron hands to the job's AfterJobRunsWithError
-// listener; it also logs them to TaskOptions.Logger (see there). Leave the
+// listener; it also logs them to TaskConfig.Logger (see there). Leave the
 // job out of a scheduler-wide Locker
 // (gocron.WithDisabledDistributedJobLocker): the ledger and the advisory
 // lock already decide.
-func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (gocronv2.Task, error) {
-	j, err := NewJob(g, name, sched, fn, opts)
+func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, cfg TaskConfig) (gocronv2.Task, error) {
+	j, err := NewJob(g, name, sched, fn, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +265,7 @@ func NewTask(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts 
 type Job struct {
 	g        *gate.Gate
 	name     string
-	sched    gate.Schedule // read in TaskOptions.Location
+	sched    gate.Schedule // read in TaskConfig.Location
 	fn       gate.Func
 	parent   context.Context
 	maxDelay time.Duration
@@ -276,27 +276,27 @@ type Job struct {
 // NewJob returns the Job NewTask makes a gocron.Task of (see NewTask for
 // the arguments): schedule Task with gocron, and fire it for a chosen
 // instant with RunAt.
-func NewJob(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (*Job, error) {
+func NewJob(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, cfg TaskConfig) (*Job, error) {
 	if g == nil {
 		return nil, tick.Invalid("gocron", "g", "must not be nil")
 	}
 	if fn == nil {
 		return nil, tick.Invalid("gocron", "fn", "must not be nil")
 	}
-	now := opts.now
+	now := cfg.now
 	if now == nil {
 		now = time.Now
 	}
-	maxDelay, err := tick.Check("gocron", name, sched, opts.MaxDelay, g.SkewTolerance(), now())
+	maxDelay, err := tick.Check("gocron", name, sched, cfg.MaxDelay, g.SkewTolerance(), now())
 	if err != nil {
 		return nil, err
 	}
-	loc := opts.Location
+	loc := cfg.Location
 	if loc == nil {
 		loc = time.UTC
 	}
-	return &Job{g: g, name: name, sched: tick.InLocation(sched, loc), fn: fn, parent: opts.Context,
-		maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
+	return &Job{g: g, name: name, sched: tick.InLocation(sched, loc), fn: fn, parent: cfg.Context,
+		maxDelay: maxDelay, log: tick.Logger(cfg.Logger), now: now}, nil
 }
 
 // Name returns the job's name, its key in the tick ledger.
@@ -319,7 +319,7 @@ func (j *Job) run(ctx context.Context) error {
 		ctx = run
 	}
 	err := j.fire(ctx)
-	tick.Report(j.log, "gocron", j.name, err)
+	tick.Report(ctx, j.log, "gocron", j.name, err)
 	if errors.Is(err, gate.ErrSkipped) {
 		return nil
 	}
@@ -351,8 +351,8 @@ func (j *Job) RunAt(ctx context.Context, instant time.Time) error {
 }
 
 // taskFunc returns the function NewTask hands to gocron.
-func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, opts TaskOptions) (func(context.Context) error, error) {
-	j, err := NewJob(g, name, sched, fn, opts)
+func taskFunc(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, cfg TaskConfig) (func(context.Context) error, error) {
+	j, err := NewJob(g, name, sched, fn, cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -267,7 +267,7 @@ func TestTaskOneRunPerTick(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // hold the lock a little
 			_, err := pool.Exec(ctx, `INSERT INTO runs VALUES ($1, $2)`, run.FireAt, run.Holder)
 			return err
-		}, TaskOptions{now: func() time.Time { return time.Now().Add(skew) }})
+		}, TaskConfig{now: func() time.Time { return time.Now().Add(skew) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -440,17 +440,17 @@ func TestBadInput(t *testing.T) {
 	_, err = NewElector(nil)
 	check("NewElector nil", err, "gocron: e: must not be nil")
 
-	_, err = NewTask(nil, "report", sched, fn, TaskOptions{})
+	_, err = NewTask(nil, "report", sched, fn, TaskConfig{})
 	check("NewTask nil gate", err, "gocron: g: must not be nil")
-	_, err = NewTask(g, "", sched, fn, TaskOptions{})
+	_, err = NewTask(g, "", sched, fn, TaskConfig{})
 	check("NewTask empty name", err, "gocron: name: must not be empty")
-	_, err = NewTask(g, "report", nil, fn, TaskOptions{})
+	_, err = NewTask(g, "report", nil, fn, TaskConfig{})
 	check("NewTask nil schedule", err, "gocron: sched: must not be nil")
-	_, err = NewTask(g, "report", sched, nil, TaskOptions{})
+	_, err = NewTask(g, "report", sched, nil, TaskConfig{})
 	check("NewTask nil fn", err, "gocron: fn: must not be nil")
-	_, err = NewTask(g, "report", sched, fn, TaskOptions{MaxDelay: -time.Second})
+	_, err = NewTask(g, "report", sched, fn, TaskConfig{MaxDelay: -time.Second})
 	check("NewTask negative MaxDelay", err, "gocron: MaxDelay: must not be negative")
-	_, err = NewTask(g, "report", interval(90*time.Second), fn, TaskOptions{})
+	_, err = NewTask(g, "report", interval(90*time.Second), fn, TaskConfig{})
 	check("NewTask interval schedule", err, "gocron: sched: instants are not fixed in time")
 
 	_, err = CronSchedule("", true, nil)
@@ -472,12 +472,12 @@ type interval time.Duration
 
 func (i interval) Next(t time.Time) time.Time { return t.Add(time.Duration(i)) }
 
-// TestTaskMaxDelayFollowsSkewTolerance: without TaskOptions.MaxDelay a task
+// TestTaskMaxDelayFollowsSkewTolerance: without TaskConfig.MaxDelay a task
 // may start as late as its gate's skew tolerance allows (see crontest).
 func TestTaskMaxDelayFollowsSkewTolerance(t *testing.T) {
 	t.Parallel()
 	crontest.MaxDelayFollowsSkewTolerance(t, func(g *gate.Gate, name string, sched crontest.Daily, fn gate.Func, maxDelay time.Duration) (func(context.Context) error, error) {
-		return taskFunc(g, name, sched, fn, TaskOptions{MaxDelay: maxDelay})
+		return taskFunc(g, name, sched, fn, TaskConfig{MaxDelay: maxDelay})
 	}, ErrNoInstant)
 }
 
@@ -489,7 +489,7 @@ func TestRunAt(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		job, err := NewJob(g, name, sched, fn, TaskOptions{})
+		job, err := NewJob(g, name, sched, fn, TaskConfig{})
 		if err != nil {
 			return nil, err
 		}

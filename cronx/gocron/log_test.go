@@ -13,13 +13,13 @@ import (
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
-// TestLogsByDefault: without TaskOptions.Logger, a firing with no instant
+// TestLogsByDefault: without TaskConfig.Logger, a firing with no instant
 // is an error and a tick skipped behind a slow run a warning on the
 // default logger (see crontest.LogsByDefault). Not parallel: it replaces
 // the default logger.
 func TestLogsByDefault(t *testing.T) {
 	crontest.LogsByDefault(t, func(g *gate.Gate, name string, sched gate.Schedule, fn gate.Func, now func() time.Time, maxDelay time.Duration) (func(), error) {
-		f, err := taskFunc(g, name, sched, fn, TaskOptions{MaxDelay: maxDelay, now: now})
+		f, err := taskFunc(g, name, sched, fn, TaskConfig{MaxDelay: maxDelay, now: now})
 		if err != nil {
 			return nil, err
 		}
@@ -29,7 +29,7 @@ func TestLogsByDefault(t *testing.T) {
 
 type ctxKey struct{}
 
-// TestTaskContextAndLogger: a run's context carries TaskOptions.Context's
+// TestTaskContextAndLogger: a run's context carries TaskConfig.Context's
 // values and ends with it or with gocron's; an explicit Logger gets what
 // the default would have.
 func TestTaskContextAndLogger(t *testing.T) {
@@ -55,7 +55,7 @@ func TestTaskContextAndLogger(t *testing.T) {
 			<-ctx.Done()
 			cause = context.Cause(ctx)
 			return ctx.Err()
-		}, TaskOptions{Context: parent, Logger: slog.New(logs.Handler())})
+		}, TaskConfig{Context: parent, Logger: slog.New(logs.Handler())})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,13 +71,13 @@ func TestTaskContextAndLogger(t *testing.T) {
 		cancelParent()
 		cancelGocron()
 		if value != "request-scope" {
-			t.Errorf("%s: the run's context carries %v, want TaskOptions.Context's value", c.name, value)
+			t.Errorf("%s: the run's context carries %v, want TaskConfig.Context's value", c.name, value)
 		}
 		if !errors.Is(err, context.Canceled) || !errors.Is(cause, context.Canceled) {
 			t.Errorf("%s: task returned %v (cause %v), want context.Canceled", c.name, err, cause)
 		}
 		if logs.Find(slog.LevelError, "run failed", "ctx-") == "" {
-			t.Errorf("%s: the cancelled run was not logged at error level on TaskOptions.Logger; logged: %q", c.name, logs.Lines())
+			t.Errorf("%s: the cancelled run was not logged at error level on TaskConfig.Logger; logged: %q", c.name, logs.Lines())
 		}
 	}
 }

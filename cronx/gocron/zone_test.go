@@ -27,7 +27,7 @@ func TestZoneHelper(t *testing.T) {
 		if err != nil {
 			return nil, nil, err
 		}
-		task, err := NewTask(g, name, sched, fn, TaskOptions{})
+		task, err := NewTask(g, name, sched, fn, TaskConfig{})
 		if err != nil {
 			return nil, nil, err
 		}

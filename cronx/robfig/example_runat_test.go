@@ -46,7 +46,7 @@ func ExampleJob_RunAt() {
 	job, err := robfig.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		fmt.Println("resuming pushes for", run.FireAt.In(seoul).Format("15:04 MST"))
 		return nil
-	}, robfig.Options{Location: c.Location()})
+	}, robfig.Config{Location: c.Location()})
 	if err != nil {
 		log.Fatal(err)
 	}

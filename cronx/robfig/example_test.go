@@ -36,7 +36,7 @@ func Example() {
 	job, err := robfig.NewJob(g, "push-resume", sched, func(ctx context.Context, run gate.Run) error {
 		fmt.Println("resuming paused pushes for", run.FireAt, "with fence", run.Fence)
 		return nil
-	}, robfig.Options{})
+	}, robfig.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func ExampleWrap() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	once, err := robfig.Wrap(g, "report", sched, robfig.Options{Location: c.Location()})
+	once, err := robfig.Wrap(g, "report", sched, robfig.Config{Location: c.Location()})
 	if err != nil {
 		log.Fatal(err)
 	}

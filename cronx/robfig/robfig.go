@@ -14,7 +14,7 @@
 //
 // robfig/cron reads a spec without CRON_TZ= in the cron's location
 // (cron.WithLocation), so the job must be told that location
-// (Options.Location, e.g. c.Location()): it then names the instants the
+// (Config.Location, e.g. c.Location()): it then names the instants the
 // cron fires for whatever the host's time.Local, and every instance names
 // the same ones.
 //
@@ -26,7 +26,7 @@
 // Job.RunAt fires the job for a chosen instant through the same gate, without
 // waiting for the clock: that is how a test runs the 09:00 job.
 //
-// A job must start within Options.MaxDelay of its instant, and before the
+// A job must start within Config.MaxDelay of its instant, and before the
 // next instant of its schedule; a job that starts later is counted for a
 // later instant or refused with ErrNoInstant. Keep the cron's jobs short or
 // let them run on their own goroutines (robfig/cron does), and keep the
@@ -45,13 +45,13 @@ import (
 )
 
 // ErrNoInstant means a job was started with no instant of its schedule
-// within Options.MaxDelay before the instance's clock: it started too late,
+// within Config.MaxDelay before the instance's clock: it started too late,
 // or the cron runs it on a schedule other than the one given to NewJob or
 // Wrap.
 var ErrNoInstant = tick.ErrNoInstant
 
-// Options configure a Job. The zero value is ready to use.
-type Options struct {
+// Config configures a Job. The zero value is ready to use.
+type Config struct {
 	// Context is the parent of every run's context: cancel it at shutdown
 	// to cancel the runs in progress (cron.Cron.Stop only stops firing).
 	// Default: context.Background().
@@ -102,13 +102,13 @@ type Options struct {
 
 // Job is a cron.Job that runs a gate.Func once per scheduled instant across
 // all instances. Schedule it with the same schedule it was built with, on
-// a cron whose location is Options.Location:
+// a cron whose location is Config.Location:
 //
 //	c.Schedule(sched, job)
 type Job struct {
 	g        *gate.Gate
 	name     string
-	sched    cron.Schedule // read in Options.Location
+	sched    cron.Schedule // read in Config.Location
 	fn       gate.Func
 	ctx      context.Context
 	maxDelay time.Duration
@@ -117,24 +117,24 @@ type Job struct {
 }
 
 // NewJob returns a Job running fn for the job called name, whose instants
-// are those of sched, through g. fn's Run carries the instant (FireAt) and
-// the fencing token of the run.
-func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts Options) (*Job, error) {
+// are those of sched, through g. fn's gate.Run carries the instant
+// (Run.FireAt) and the run's fencing token (Run.Fence).
+func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, cfg Config) (*Job, error) {
 	if g == nil {
 		return nil, tick.Invalid("robfig", "g", "must not be nil")
 	}
 	if fn == nil {
 		return nil, tick.Invalid("robfig", "fn", "must not be nil")
 	}
-	now := opts.now
+	now := cfg.now
 	if now == nil {
 		now = time.Now
 	}
-	maxDelay, err := tick.Check("robfig", name, sched, opts.MaxDelay, g.SkewTolerance(), now())
+	maxDelay, err := tick.Check("robfig", name, sched, cfg.MaxDelay, g.SkewTolerance(), now())
 	if err != nil {
 		return nil, err
 	}
-	loc := opts.Location
+	loc := cfg.Location
 	if loc == nil {
 		if s, ok := sched.(*cron.SpecSchedule); ok && s.Location == time.Local {
 			return nil, tick.Invalid("robfig", "Location", "must be set for a spec without CRON_TZ: "+
@@ -145,11 +145,11 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 		loc = time.UTC
 	}
 	sched = tick.InLocation(sched, loc)
-	ctx := opts.Context
+	ctx := cfg.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: tick.Logger(opts.Logger), now: now}, nil
+	return &Job{g: g, name: name, sched: sched, fn: fn, ctx: ctx, maxDelay: maxDelay, log: tick.Logger(cfg.Logger), now: now}, nil
 }
 
 // Wrap returns a cron.JobWrapper running the job it wraps through g, as the
@@ -157,10 +157,10 @@ func NewJob(g *gate.Gate, name string, sched cron.Schedule, fn gate.Func, opts O
 // per job: every job it wraps shares name, and so its ticks.
 //
 // The wrapped cron.Job sees neither a context nor the run's fencing token;
-// when it should stop on a lost lock or use the token, use NewJob.
-func Wrap(g *gate.Gate, name string, sched cron.Schedule, opts Options) (cron.JobWrapper, error) {
+// when it should stop on a lost lock or use the fencing token, use NewJob.
+func Wrap(g *gate.Gate, name string, sched cron.Schedule, cfg Config) (cron.JobWrapper, error) {
 	noop := func(context.Context, gate.Run) error { return nil }
-	base, err := NewJob(g, name, sched, noop, opts)
+	base, err := NewJob(g, name, sched, noop, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -179,9 +179,9 @@ func (j *Job) Name() string { return j.name }
 
 // Run implements cron.Job: it runs the job for the instant the cron fired
 // for, unless another instance has claimed that instant. What it cannot
-// return goes to Options.Logger (see there).
+// return goes to Config.Logger (see there).
 func (j *Job) Run() {
-	tick.Report(j.log, "robfig", j.name, j.fire(j.ctx))
+	tick.Report(j.ctx, j.log, "robfig", j.name, j.fire(j.ctx))
 }
 
 // fire runs the job for the instant the clock says it was fired for.
@@ -196,7 +196,7 @@ func (j *Job) fire(ctx context.Context) error {
 // has run that tick, holds the job's lock, is recorded in the tick ledger,
 // and its context is ctx. It logs nothing: the caller has the error.
 //
-// instant must be an instant of the schedule (read in Options.Location),
+// instant must be an instant of the schedule (read in Config.Location),
 // or RunAt returns an error wrapping gate.ErrInvalid. The gate refuses an
 // instant further from database time than its skew tolerance
 // (gate.ErrClockSkew): a test firing an instant far from now builds its

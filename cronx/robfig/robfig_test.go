@@ -64,7 +64,7 @@ func runSchedulers(t *testing.T, insts ...instance) {
 		}
 		t.Cleanup(g.Close)
 		c := cron.New(cron.WithSeconds())
-		opts := Options{Location: c.Location(), now: func() time.Time { return time.Now().Add(in.skew) }}
+		opts := Config{Location: c.Location(), now: func() time.Time { return time.Now().Add(in.skew) }}
 		if in.wrap {
 			// The wrapped job does not know its tick: it reads it from
 			// the ledger row its gate holds open while it runs, so a run
@@ -193,7 +193,7 @@ func TestCatchUp(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.Close)
-		job, err := NewJob(g, "report", sched, fn, Options{})
+		job, err := NewJob(g, "report", sched, fn, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,7 +231,7 @@ func TestClockOutsideTolerance(t *testing.T) {
 	job, err := NewJob(g, "report", everySecond(t), func(context.Context, gate.Run) error {
 		ran = true
 		return nil
-	}, Options{Location: time.UTC, now: func() time.Time { return time.Now().Add(time.Minute) }})
+	}, Config{Location: time.UTC, now: func() time.Time { return time.Now().Add(time.Minute) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestNoInstant(t *testing.T) {
 	job, err := NewJob(g, "report", daily, func(context.Context, gate.Run) error {
 		t.Error("job ran without an instant")
 		return nil
-	}, Options{MaxDelay: time.Second, now: func() time.Time { return at }})
+	}, Config{MaxDelay: time.Second, now: func() time.Time { return at }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,20 +292,20 @@ func TestBadInput(t *testing.T) {
 		job   string
 		sched cron.Schedule
 		fn    gate.Func
-		opts  Options
+		opts  Config
 		field string
 	}{
-		{"nil gate", nil, "report", sched, fn, Options{}, "robfig: g: must not be nil"},
-		{"empty name", g, "", sched, fn, Options{}, "robfig: name: must not be empty"},
-		{"nil schedule", g, "report", nil, fn, Options{}, "robfig: sched: must not be nil"},
-		{"nil fn", g, "report", sched, nil, Options{}, "robfig: fn: must not be nil"},
-		{"negative MaxDelay", g, "report", sched, fn, Options{MaxDelay: -time.Second}, "robfig: MaxDelay: must not be negative"},
-		{"@every", g, "report", every90, fn, Options{}, "robfig: sched: instants are not fixed in time"},
-		{"no instant", g, "report", never, fn, Options{}, "robfig: sched: has no instant after now"},
-		{"spec without CRON_TZ, no Location", g, "report", sched, fn, Options{}, "robfig: Location: must be set for a spec without CRON_TZ"},
+		{"nil gate", nil, "report", sched, fn, Config{}, "robfig: g: must not be nil"},
+		{"empty name", g, "", sched, fn, Config{}, "robfig: name: must not be empty"},
+		{"nil schedule", g, "report", nil, fn, Config{}, "robfig: sched: must not be nil"},
+		{"nil fn", g, "report", sched, nil, Config{}, "robfig: fn: must not be nil"},
+		{"negative MaxDelay", g, "report", sched, fn, Config{MaxDelay: -time.Second}, "robfig: MaxDelay: must not be negative"},
+		{"@every", g, "report", every90, fn, Config{}, "robfig: sched: instants are not fixed in time"},
+		{"no instant", g, "report", never, fn, Config{}, "robfig: sched: has no instant after now"},
+		{"spec without CRON_TZ, no Location", g, "report", sched, fn, Config{}, "robfig: Location: must be set for a spec without CRON_TZ"},
 	}
 	// "@every 1s" fires on every whole second on every instance: accepted.
-	if _, err := NewJob(g, "report", cron.Every(time.Second), fn, Options{}); err != nil {
+	if _, err := NewJob(g, "report", cron.Every(time.Second), fn, Config{}); err != nil {
 		t.Errorf("NewJob with @every 1s: %v", err)
 	}
 	for _, c := range cases {
@@ -335,12 +335,12 @@ func TestBadInput(t *testing.T) {
 // Compile-time check: a Job is a cron.Job.
 var _ cron.Job = (*Job)(nil)
 
-// TestMaxDelayFollowsSkewTolerance: without Options.MaxDelay a job may start
+// TestMaxDelayFollowsSkewTolerance: without Config.MaxDelay a job may start
 // as late as its gate's skew tolerance allows (see crontest).
 func TestMaxDelayFollowsSkewTolerance(t *testing.T) {
 	t.Parallel()
 	crontest.MaxDelayFollowsSkewTolerance(t, func(g *gate.Gate, name string, sched crontest.Daily, fn gate.Func, maxDelay time.Duration) (func(context.Context) error, error) {
-		job, err := NewJob(g, name, sched, fn, Options{MaxDelay: maxDelay})
+		job, err := NewJob(g, name, sched, fn, Config{MaxDelay: maxDelay})
 		if err != nil {
 			return nil, err
 		}
@@ -356,7 +356,7 @@ func TestRunAt(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		job, err := NewJob(g, name, sched, fn, Options{Location: loc})
+		job, err := NewJob(g, name, sched, fn, Config{Location: loc})
 		if err != nil {
 			return nil, err
 		}

@@ -32,7 +32,7 @@ func TestZoneHelper(t *testing.T) {
 		if err != nil {
 			return nil, nil, err
 		}
-		job, err := NewJob(g, name, sched, fn, Options{Location: loc})
+		job, err := NewJob(g, name, sched, fn, Config{Location: loc})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -251,7 +251,7 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 // build wires pgclaim's pieces for this instance.
 func (in *instance) build() error {
 	cfg := in.cfg
-	claimer, err := claim.New[int64](in.pool, pushTable, claim.Options{
+	claimer, err := claim.New[int64](in.pool, pushTable, claim.Config{
 		From:   "PAUSED",
 		To:     "PROCESSING",
 		Holder: in.holder,
@@ -267,8 +267,7 @@ func (in *instance) build() error {
 		Work:        in.send,
 		Done:        "SENT",
 		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: cfg.MaxAttempts,
+		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
 		BatchSize:   cfg.Batch,
 		Concurrency: 1,
 	})
@@ -292,13 +291,12 @@ func (in *instance) build() error {
 		return err
 	}
 	in.expired, err = claim.NewSweeper(claimer, claim.SweeperConfig[int64]{
-		StaleAfter:  cfg.StaleAfter,
-		Failed:      "FAILED",
-		Retry:       "PAUSED",
-		MaxAttempts: cfg.MaxAttempts,
-		BatchSize:   500,
-		Where:       youngerThan,
-		Args:        []any{cfg.StaleAfter.Seconds()},
+		StaleAfter: cfg.StaleAfter,
+		Failed:     "FAILED",
+		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
+		BatchSize:  500,
+		Where:      youngerThan,
+		Args:       []any{cfg.StaleAfter.Seconds()},
 	})
 	if err != nil {
 		return err

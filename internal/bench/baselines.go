@@ -279,7 +279,7 @@ func fieldLoop(ctx context.Context, e *env, url string, k int, deadline time.Tim
 // workerDrain drains the push table with claim.Worker, writing each row's
 // effect in the transaction that finishes it. It stops after timeBox.
 func workerDrain(ctx context.Context, pool *pgxpool.Pool, conc, batch int, timeBox time.Duration, rows *atomic.Int64) (claimRun, error) {
-	c, err := claim.New[int64](pool, pushTable, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: "bench-worker"})
+	c, err := claim.New[int64](pool, pushTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: "bench-worker"})
 	if err != nil {
 		return claimRun{}, err
 	}

@@ -48,7 +48,7 @@ func runScale(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 	if _, err := pool.Exec(ctx, scaleDDL); err != nil {
 		return err
 	}
-	c, err := claim.New[int64](pool, scaleTable, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: "bench-scale"})
+	c, err := claim.New[int64](pool, scaleTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: "bench-scale"})
 	if err != nil {
 		return err
 	}

@@ -179,14 +179,14 @@ func sweepRun(ctx context.Context, e *env, dbName, url string, k int, p *params)
 			return Result{}, 0, Profile{}, err
 		}
 		pools[i] = pl
-		c, err := claim.New[int64](pl, staleTable, claim.Options{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("sweeper-%d", i)})
+		// One record per swept row would measure the logger.
+		c, err := claim.New[int64](pl, staleTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("sweeper-%d", i),
+			Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return Result{}, 0, Profile{}, err
 		}
 		s, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{
 			StaleAfter: 24 * time.Hour, Failed: "FAILED", BatchSize: p.SweepBatch,
-			// One record per swept row would measure the logger.
-			Logger: slog.New(slog.DiscardHandler),
 			OnSwept: func(_ context.Context, sw []claim.Swept[int64]) {
 				now := time.Now()
 				lat.add(now.Sub(last[i]))

@@ -192,15 +192,15 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	}
 	defer w.pool.Close()
 
-	w.claimer, err = claim.New[int64](w.pool, rowsTable, claim.Options{
+	w.claimer, err = claim.New[int64](w.pool, rowsTable, claim.Config{
 		From: "PAUSED", To: "PROCESSING", Holder: w.holder, Lease: cfg.RowLease, Logger: w.log,
 	})
 	if err != nil {
 		return err
 	}
 	sweeper, err := claim.NewSweeper(w.claimer, claim.SweeperConfig[int64]{
-		Failed: "FAILED", Retry: "PAUSED", MaxAttempts: cfg.MaxAttempts, BatchSize: 500,
-		OnSwept: w.recordSwept, Logger: w.log,
+		Failed: "FAILED", Retry: claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts}, BatchSize: 500,
+		OnSwept: w.recordSwept,
 	})
 	if err != nil {
 		return err

@@ -144,8 +144,9 @@ func Latest(sched gate.Schedule, now time.Time, maxDelay time.Duration) (time.Ti
 	}
 }
 
-// Report logs, for package pkg, what a firing of the job called name that
-// ended with err means for the people running it:
+// Report logs to log with ctx, the firing's context, for package pkg, what
+// a firing of the job called name that ended with err means for the people
+// running it; it is the adapters' one logging path:
 //
 //   - a skip because the job's lock is held by another run (gate.ErrHeld:
 //     a run of an earlier tick still running, an Exclusive run) at warn
@@ -157,20 +158,21 @@ func Latest(sched gate.Schedule, now time.Time, maxDelay time.Duration) (time.Ti
 //     outside the gate's tolerance, an unreachable database, and
 //     ErrNoInstant, which repeats at every firing until the schedule,
 //     location or clock is fixed.
-func Report(log *slog.Logger, pkg, name string, err error) {
-	switch {
-	case err == nil:
-	case errors.Is(err, gate.ErrHeld):
-		log.Warn(pkg+": tick skipped: the job's lock is held by another run (an earlier tick's run still running?)",
-			"name", name, "error", err.Error())
-	case errors.Is(err, gate.ErrSkipped):
-		log.Debug(pkg+": tick skipped", "name", name, "error", err.Error())
-	case errors.Is(err, ErrNoInstant):
-		log.Error(pkg+": job not run: no scheduled instant to run it for (is the job fired on another schedule, "+
-			"or in another location than the one it was given?)", "name", name, "error", err.Error())
-	default:
-		log.Error(pkg+": run failed", "name", name, "error", err.Error())
+func Report(ctx context.Context, log *slog.Logger, pkg, name string, err error) {
+	if err == nil {
+		return
 	}
+	level, msg := slog.LevelError, pkg+": run failed"
+	switch {
+	case errors.Is(err, gate.ErrHeld):
+		level, msg = slog.LevelWarn, pkg+": tick skipped: the job's lock is held by another run (an earlier tick's run still running?)"
+	case errors.Is(err, gate.ErrSkipped):
+		level, msg = slog.LevelDebug, pkg+": tick skipped"
+	case errors.Is(err, ErrNoInstant):
+		msg = pkg + ": job not run: no scheduled instant to run it for (is the job fired on another schedule, " +
+			"or in another location than the one it was given?)"
+	}
+	log.LogAttrs(ctx, level, msg, slog.String("name", name), slog.String("error", err.Error()))
 }
 
 // Logger returns log, or slog.Default() when log is nil.
