@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -42,7 +43,7 @@ var (
 	ErrClockSkew = errors.New("gate: fire time too far from database time")
 
 	// ErrClosed means the gate (or lock, or elector) was closed.
-	ErrClosed = errors.New("gate: closed")
+	ErrClosed = lockcore.ErrClosed
 
 	// ErrInvalid is wrapped by every error about bad input (an empty name, a
 	// nil function, a meaningless duration). The message names the field.
@@ -162,10 +163,10 @@ type Outcome string
 
 // Outcomes of a run.
 const (
-	OutcomeSucceeded Outcome = "succeeded" // the job returned nil
-	OutcomeFailed    Outcome = "failed"    // the job returned an error
-	OutcomeLost      Outcome = "lost"      // exclusion was lost while running
-	OutcomeAbandoned Outcome = "abandoned" // the caller's context ended, the job panicked, or its holder died
+	OutcomeSucceeded = Outcome(lockcore.Succeeded) // "succeeded": the job returned nil
+	OutcomeFailed    = Outcome(lockcore.Failed)    // "failed": the job returned an error
+	OutcomeLost      = Outcome(lockcore.Lost)      // "lost": exclusion was lost while running
+	OutcomeAbandoned = Outcome(lockcore.Abandoned) // "abandoned": the caller's context ended, the job panicked, or its holder died
 )
 
 // EventKind says what an Event reports.
