@@ -95,17 +95,30 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 		return err
 	}
 	class, key := AdvisoryKey(name)
-	fence, ok, err := s.TryLock(ctx, class, key, g.wait)
-	switch {
-	case err != nil:
-		s.Close() // a failed statement may leave the lock held: drop the session
-		return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
-	case !ok:
-		g.sessions.Put(s)
+	fence, ok, err := g.lock(ctx, s, name, class, key)
+	if err != nil {
+		return err
+	}
+	if !ok {
 		return g.skipped(ctx, name, time.Time{}, ErrHeld)
 	}
 	run := Run{Name: name, Holder: g.opts.Holder, Fence: fence}
 	return g.hold(ctx, s, run, fn, lockRelease{class: class, key: key})
+}
+
+// lock takes the advisory lock (class, key) for name on s, waiting up to
+// Config.LockWait. When it is held elsewhere (ok false) s goes back to the
+// cache; on error s is closed (a failed statement may leave the lock held).
+func (g *Gate) lock(ctx context.Context, s *lockcore.Session, name string, class, key int32) (fence int64, ok bool, err error) {
+	fence, ok, err = s.TryLock(ctx, class, key, g.wait)
+	switch {
+	case err != nil:
+		s.Close()
+		return 0, false, fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
+	case !ok:
+		g.sessions.Put(s)
+	}
+	return fence, ok, nil
 }
 
 // releaser ends a run held on a session.

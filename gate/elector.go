@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
@@ -124,10 +125,8 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 //
 // An Elector campaigns for one instance; it is safe for concurrent use.
 type Elector struct {
-	pool *pgxpool.Pool
-	q    *store.Queries
-	name string
-	o    ElectorOptions
+	named
+	o ElectorOptions
 	// key of the advisory variant's lock
 	class, key int32
 
@@ -139,21 +138,11 @@ type Elector struct {
 // through pool. Like New, it refuses a database without pgclaim's tables
 // (one query, bounded by 10 s).
 func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector, error) {
-	if pool == nil {
-		return nil, invalid("pool", "must not be nil")
-	}
-	if err := checkName("name", name); err != nil {
-		return nil, err
-	}
-	o, err := opts.check()
+	n, o, err := newNamed(pool, name, opts, "pgclaim_terms", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	q := store.New(readCommitted{pool})
-	if err := checkSchema(o.Logger, q, "pgclaim_terms", "pgclaim_fence_seq"); err != nil {
-		return nil, err
-	}
-	e := &Elector{pool: pool, q: q, name: name, o: o, sem: make(chan struct{}, 1)}
+	e := &Elector{named: n, o: o, sem: make(chan struct{}, 1)}
 	e.class, e.key = ElectionKey(name)
 	return e, nil
 }
@@ -307,6 +296,31 @@ func (h *termHold) Release(ctx context.Context, _ lockcore.Outcome, _ error) (lo
 		e.o.Logger.WarnContext(ctx, "gate: closing term failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
 	}
 	return nil, nil
+}
+
+// stand tries to win a term with try until it succeeds or ctx ends, pausing
+// delay after each failure. A failure is logged as a warning unless it only
+// says that another instance leads (pgx.ErrNoRows); behind a pooler, or
+// once closed, the campaign ends with the error.
+func (e *Elector) stand(ctx context.Context, delay time.Duration, try func() (*term, error)) (*term, error) {
+	for {
+		t, err := try()
+		switch {
+		case err == nil:
+			return t, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed):
+			return nil, err
+		case !errors.Is(err, pgx.ErrNoRows):
+			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
 }
 
 // campaign waits for leadership. deferEnd marks a term whose end is left to

@@ -17,24 +17,7 @@ import (
 // the lock is granted, waits for the previous term to be closed (at most
 // TTL), and opens a term. Connection failures while waiting are retried.
 func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
-	for {
-		t, err := e.tryAdvisory(ctx, deferEnd)
-		if err == nil {
-			return t, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed) {
-			return nil, err
-		}
-		e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(e.retryDelay()):
-		}
-	}
+	return e.stand(ctx, e.retryDelay(), func() (*term, error) { return e.tryAdvisory(ctx, deferEnd) })
 }
 
 // warnCollision looks, once a candidate has waited TTL for its lock,

@@ -15,7 +15,7 @@ import (
 // campaignLease tries every RetryInterval to open a term leased for TTL,
 // which succeeds once no unexpired term is open.
 func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, error) {
-	for {
+	return e.stand(ctx, e.o.RetryInterval, func() (*term, error) {
 		// Not cancelled with ctx: a term recorded must be known, or it
 		// would block the election until its lease runs out.
 		sctx, cancel := releaseCtx(ctx)
@@ -24,30 +24,20 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 			Election: e.name, Holder: e.o.Holder, TtlUs: e.o.TTL.Microseconds(),
 		})
 		cancel()
-		if err == nil {
-			err = e.stampStart(ctx, row.Term)
-			if err == nil && !time.Now().Before(sent.Add(e.validity())) {
-				// Confirmed too late to lead for any time: a standby may
-				// take the lease over before the watcher first looks.
-				err = fmt.Errorf("gate: election %q: term %d confirmed after its validity (%v) ran out", e.name, row.Term, e.validity())
-				e.closeUnstarted(ctx, row.Term)
-			}
-			if err == nil {
-				return e.newTerm(row.Term, sent, deferEnd), nil
-			}
+		if err != nil {
+			return nil, err
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err := e.stampStart(ctx, row.Term); err != nil {
+			return nil, err
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		if !time.Now().Before(sent.Add(e.validity())) {
+			// Confirmed too late to lead for any time: a standby may
+			// take the lease over before the watcher first looks.
+			e.closeUnstarted(ctx, row.Term)
+			return nil, fmt.Errorf("gate: election %q: term %d confirmed after its validity (%v) ran out", e.name, row.Term, e.validity())
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(e.o.RetryInterval):
-		}
-	}
+		return e.newTerm(row.Term, sent, deferEnd), nil
+	})
 }
 
 // stampStart records when a new lease term is certainly in force. A term

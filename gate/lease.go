@@ -83,31 +83,19 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 // A Lease is safe for concurrent use; it holds no state between
 // acquisitions.
 type Lease struct {
-	pool *pgxpool.Pool
-	q    *store.Queries
-	name string
-	o    LeaseOptions
+	named
+	o LeaseOptions
 }
 
 // NewLease returns the lease lock called name, kept through pool. Like
 // New, it refuses a database without pgclaim's tables (one query, bounded
 // by 10 s).
 func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error) {
-	if pool == nil {
-		return nil, invalid("pool", "must not be nil")
-	}
-	if err := checkName("name", name); err != nil {
-		return nil, err
-	}
-	o, err := opts.check()
+	n, o, err := newNamed(pool, name, opts, "pgclaim_locks", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	q := store.New(readCommitted{pool})
-	if err := checkSchema(o.Logger, q, "pgclaim_locks", "pgclaim_fence_seq"); err != nil {
-		return nil, err
-	}
-	return &Lease{pool: pool, q: q, name: name, o: o}, nil
+	return &Lease{named: n, o: o}, nil
 }
 
 // Name returns the lease's name.

@@ -302,13 +302,11 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 			g.sessions.Put(s)
 			return g.skipped(ctx, name, at, errTaken)
 		}
-		_, ok, err := s.TryLock(ctx, p.LockClass, p.LockKey, g.wait)
-		switch {
-		case err != nil:
-			s.Close() // a failed statement may leave the lock held: drop the session
-			return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
-		case !ok:
-			g.sessions.Put(s)
+		_, ok, err := g.lock(ctx, s, name, p.LockClass, p.LockKey)
+		if err != nil {
+			return err
+		}
+		if !ok {
 			return g.heldSkip(ctx, name, at)
 		}
 		p.LockMode = "held"
