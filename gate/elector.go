@@ -189,12 +189,12 @@ func (e *Elector) Fence() int64 {
 // (context.Cause wraps ErrLockLost); IsLeader turns false just before.
 //
 // The leadership context is not derived from ctx: it carries none of ctx's
-// values, and ctx ending does not end it. ctx bounds only the wait, and its
-// values go with the term's events (acquired, and lost or released, also
-// when the loss is found later by the watcher). A term recorded in
-// pgclaim_terms while ctx ends is still returned: the statement that starts
-// a term is not cancelled with ctx. An advisory lock granted just as ctx
-// ends may instead be given up, with ctx's error.
+// values, and ctx ending does not end it. ctx bounds only the wait; its
+// values go with EventAcquired and with what the Elector finds later on its
+// own (a lost leadership's EventLost and log records, the lease renewals).
+// A term recorded in pgclaim_terms as ctx ends is still returned, since the
+// statement that starts a term is not cancelled with ctx; an advisory lock
+// granted just as ctx ends may instead be given up, with ctx's error.
 //
 // Campaign on a leader returns the current leadership's context at once.
 // When leadership was lost, the term is closed by the Elector; call
@@ -228,8 +228,9 @@ func (e *Elector) Resign(ctx context.Context) error {
 
 // Run campaigns, runs fn while this instance leads, and campaigns again when
 // leadership is lost or resigned. fn gets the election name, the holder and
-// the term number (in run.Fence), and a context cancelled when leadership
-// ends or ctx ends; Run closes the term once fn has returned.
+// the term number (in run.Fence), and a context with ctx's values that is
+// cancelled when leadership ends or ctx ends; Run closes the term once fn
+// has returned (a panic in fn closes it too, then goes on).
 //
 // Run returns when ctx ends (with ctx's error, or fn's when that is not a
 // cancellation), or when fn returns while still leading (with fn's error;
