@@ -99,8 +99,10 @@ func (r Result) Err() error {
 // once it has reported the run.
 func Run(ctx context.Context, h Held, fn func(context.Context) error) (r Result) {
 	runCtx, cancel := context.WithCancelCause(ctx)
-	lockCtx := h.Context()
-	stop := context.AfterFunc(lockCtx, func() { cancel(context.Cause(lockCtx)) })
+	stop := func() bool { return false }
+	if lockCtx := h.Context(); lockCtx.Done() != nil {
+		stop = context.AfterFunc(lockCtx, func() { cancel(context.Cause(lockCtx)) })
+	}
 	start := time.Now()
 	r.Panicked, r.Panic, r.JobErr = call(runCtx, fn)
 	r.Duration = time.Since(start)
