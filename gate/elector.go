@@ -8,8 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -123,10 +125,8 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 //
 // An Elector campaigns for one instance; it is safe for concurrent use.
 type Elector struct {
-	pool *pgxpool.Pool
-	q    *store.Queries
-	name string
-	o    ElectorOptions
+	named
+	o ElectorOptions
 	// key of the advisory variant's lock
 	class, key int32
 
@@ -138,21 +138,11 @@ type Elector struct {
 // through pool. Like New, it refuses a database without pgclaim's tables
 // (one query, bounded by 10 s).
 func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector, error) {
-	if pool == nil {
-		return nil, invalid("pool", "must not be nil")
-	}
-	if err := checkName("name", name); err != nil {
-		return nil, err
-	}
-	o, err := opts.check()
+	n, o, err := newNamed(pool, name, opts, "pgclaim_terms", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	q := store.New(readCommitted{pool})
-	if err := checkSchema(o.Logger, q, "pgclaim_terms", "pgclaim_fence_seq"); err != nil {
-		return nil, err
-	}
-	e := &Elector{pool: pool, q: q, name: name, o: o, sem: make(chan struct{}, 1)}
+	e := &Elector{named: n, o: o, sem: make(chan struct{}, 1)}
 	e.class, e.key = ElectionKey(name)
 	return e, nil
 }
@@ -193,11 +183,18 @@ func (e *Elector) Fence() int64 {
 	return t.fence
 }
 
-// Campaign waits until this instance leads the election, or ctx ends (when
-// the election is won just as ctx ends, Campaign reports the win). It
-// returns a context that is cancelled when the leadership ends: by Resign,
-// or because it was lost (context.Cause then wraps ErrLockLost). ctx bounds
-// only the wait; the returned context carries its values.
+// Campaign waits until this instance leads the election, or ctx ends, and
+// returns the leadership context: it is cancelled when the leadership ends,
+// by Resign (context.Cause is context.Canceled) or because it was lost
+// (context.Cause wraps ErrLockLost); IsLeader turns false just before.
+//
+// The leadership context is not derived from ctx: it carries none of ctx's
+// values, and ctx ending does not end it. ctx bounds only the wait; its
+// values go with EventAcquired and with what the Elector finds later on its
+// own (a lost leadership's EventLost and log records, the lease renewals).
+// A term recorded in pgclaim_terms as ctx ends is still returned, since the
+// statement that starts a term is not cancelled with ctx; an advisory lock
+// granted just as ctx ends may instead be given up, with ctx's error.
 //
 // Campaign on a leader returns the current leadership's context at once.
 // When leadership was lost, the term is closed by the Elector; call
@@ -231,8 +228,9 @@ func (e *Elector) Resign(ctx context.Context) error {
 
 // Run campaigns, runs fn while this instance leads, and campaigns again when
 // leadership is lost or resigned. fn gets the election name, the holder and
-// the term number (in run.Fence), and a context cancelled when leadership
-// ends or ctx ends; Run closes the term once fn has returned.
+// the term number (in run.Fence), and a context with ctx's values that is
+// cancelled when leadership ends or ctx ends; Run closes the term once fn
+// has returned (a panic in fn closes it too, then goes on).
 //
 // Run returns when ctx ends (with ctx's error, or fn's when that is not a
 // cancellation), or when fn returns while still leading (with fn's error;
@@ -274,24 +272,56 @@ func (e *Elector) Run(ctx context.Context, fn Func) error {
 // lead runs fn for term t and closes the term afterwards. ended reports that
 // leadership ended (lost or resigned) before fn returned.
 func (e *Elector) lead(ctx context.Context, t *term, fn Func) (ferr error, ended bool) {
-	fctx, cancel := context.WithCancelCause(t.ctx)
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	defer func() {
-		stop()
-		cancel(nil)
-		ended = t.ctx.Err() != nil
-		reason := reasonResigned
-		if t.lostErr() != nil {
-			reason = reasonLost
+	h := &termHold{t: t}
+	ferr = e.o.runHeld(ctx, Run{Name: e.name, Holder: e.o.Holder, Fence: t.fence}, h, fn, false)
+	return ferr, h.ended
+}
+
+// termHold is Run's hold of a term: its release closes the term.
+type termHold struct {
+	t     *term
+	ended bool // leadership had ended when fn returned
+}
+
+func (h *termHold) Context() context.Context { return h.t.ctx }
+
+func (h *termHold) Release(ctx context.Context, _ lockcore.Outcome, _ error) (lost, err error) {
+	t, e := h.t, h.t.e
+	h.ended = t.ctx.Err() != nil
+	reason := reasonResigned
+	if t.lostErr() != nil {
+		reason = reasonLost
+	}
+	t.stepDown(nil)
+	if err := t.end(ctx, reason); err != nil {
+		e.o.Logger.WarnContext(ctx, "gate: closing term failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+	}
+	return nil, nil
+}
+
+// stand tries to win a term with try until it succeeds or ctx ends, pausing
+// delay after each failure. A failure is logged as a warning unless it only
+// says that another instance leads (pgx.ErrNoRows); behind a pooler, or
+// once closed, the campaign ends with the error.
+func (e *Elector) stand(ctx context.Context, delay time.Duration, try func() (*term, error)) (*term, error) {
+	for {
+		t, err := try()
+		switch {
+		case err == nil:
+			return t, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed):
+			return nil, err
+		case !errors.Is(err, pgx.ErrNoRows):
+			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		}
-		t.stepDown(nil)
-		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		if err := t.end(ectx, reason); err != nil {
-			e.o.Logger.WarnContext(ctx, "gate: closing term failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
 		}
-		ecancel()
-	}()
-	return fn(fctx, Run{Name: e.name, Holder: e.o.Holder, Fence: t.fence}), false
+	}
 }
 
 // campaign waits for leadership. deferEnd marks a term whose end is left to
@@ -313,7 +343,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 		if cur.lostErr() != nil {
 			reason = reasonLost
 		}
-		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		ectx, cancel := releaseCtx(ctx)
 		_ = cur.end(ectx, reason)
 		cancel()
 	}
@@ -331,8 +361,10 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 		return nil, err
 	}
 	t.obsCtx = context.WithoutCancel(ctx)
+	t.keep()
 	e.cur.Store(t)
 	e.o.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
+	close(t.acquired)
 	go t.watch()
 	return t, nil
 }
@@ -349,25 +381,25 @@ type term struct {
 	fence    int64
 	start    time.Time
 	deferEnd bool
-	sess     *session       // advisory variant: the connection holding the lock
-	sq       *store.Queries // queries on sess
+	sess     *lockcore.Session // advisory variant: the connection holding the lock
+	sq       *store.Queries    // queries on sess
 
 	ctx    context.Context // cancelled when leadership ends
 	cancel context.CancelCauseFunc
 	obsCtx context.Context // the campaign's values, for events found by the watcher
 
-	stopWatch context.CancelFunc // stops the watcher
-	stopCtx   context.Context
-	watchEnd  chan struct{} // closed when the watcher has returned
+	valid    *lockcore.Validity // confirmed until (instance clock); step down after
+	keeper   *lockcore.Keeper   // confirms the lock or lease
+	acquired chan struct{}      // closed once EventAcquired was reported
+	watchEnd chan struct{}      // closed when the keeper has ended
 
 	resigned atomic.Bool
 	crashed  atomic.Bool // tests: end like a dead process, closing nothing
 
 	stepped atomic.Bool // leadership ended locally
 
-	mu    sync.Mutex
-	valid time.Time // confirmed until (instance clock); step down after
-	lost  error
+	mu   sync.Mutex
+	lost error
 
 	endOnce sync.Once
 	endDone chan struct{}
@@ -377,12 +409,12 @@ type term struct {
 func (e *Elector) newTerm(fence int64, sent time.Time, deferEnd bool) *term {
 	t := &term{
 		e: e, fence: fence, start: sent, deferEnd: deferEnd,
-		valid:    sent.Add(e.validity()),
+		valid:    lockcore.NewValidity(sent, e.validity(), nil),
+		acquired: make(chan struct{}),
 		watchEnd: make(chan struct{}),
 		endDone:  make(chan struct{}),
 	}
 	t.ctx, t.cancel = context.WithCancelCause(context.Background())
-	t.stopCtx, t.stopWatch = context.WithCancel(context.Background())
 	return t
 }
 
@@ -398,21 +430,6 @@ func (t *term) lostErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lost
-}
-
-// confirmed extends the term's validity after a confirmation sent at sent.
-func (t *term) confirmed(sent time.Time) {
-	t.mu.Lock()
-	if v := sent.Add(t.e.validity()); v.After(t.valid) {
-		t.valid = v
-	}
-	t.mu.Unlock()
-}
-
-func (t *term) validUntil() time.Time {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.valid
 }
 
 // stepDown ends the leadership locally, once: IsLeader turns false, then the
@@ -435,17 +452,31 @@ func (t *term) stepDown(why error) {
 	}
 }
 
-// watch keeps confirming the term until it is stopped or lost, then (for
-// a lost term not run by Run) closes it.
-func (t *term) watch() {
-	if t.sess != nil {
-		t.watchAdvisory()
-	} else {
-		t.watchLease()
+// keep starts the term's keeper, confirming the lock (advisory variant) or
+// renewing the lease every TTL/4 with the campaign's values; it steps down
+// when the keeper finds the term lost.
+func (t *term) keep() {
+	onLost := func(err error) {
+		<-t.acquired // report the loss after the acquisition
+		t.stepDown(t.lossErr(err))
 	}
+	if t.sess != nil {
+		t.keeper = t.sess.Watch(t.obsCtx, lockcore.WatchConfig{Every: t.e.checkEvery(), Validity: t.valid}, onLost)
+	} else {
+		t.keeper = t.e.renewLease(t, onLost)
+	}
+}
+
+// stopWatch stops the keeper.
+func (t *term) stopWatch() { t.keeper.Stop() }
+
+// watch waits for the keeper to end, then (for a lost term not run by Run)
+// closes the term.
+func (t *term) watch() {
+	<-t.keeper.Done()
 	close(t.watchEnd)
 	if t.lostErr() != nil && !t.deferEnd {
-		ctx, cancel := context.WithTimeout(t.obsCtx, releaseTimeout)
+		ctx, cancel := releaseCtx(t.obsCtx)
 		_ = t.end(ctx, reasonLost)
 		cancel()
 	}
@@ -464,24 +495,24 @@ func (t *term) end(ctx context.Context, reason string) error {
 		e := t.e
 		if t.crashed.Load() {
 			if t.sess != nil {
-				t.sess.close()
+				t.sess.Close()
 			}
 			e.cur.CompareAndSwap(t, nil)
 			return
 		}
 		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
 		var err error
-		if t.sess != nil && !t.sess.conn.IsClosed() {
+		if t.sess != nil && !t.sess.Conn.IsClosed() {
 			_, err = t.sq.EndTerm(ctx, p)
 		}
-		if t.sess == nil || t.sess.conn.IsClosed() || err != nil {
+		if t.sess == nil || t.sess.Conn.IsClosed() || err != nil {
 			err = e.endTermRetrying(ctx, p)
 		}
 		if err != nil {
 			err = fmt.Errorf("gate: election %q: close term %d: %w", e.name, t.fence, err)
 		}
 		if t.sess != nil {
-			if !t.sess.conn.IsClosed() {
+			if !t.sess.Conn.IsClosed() {
 				ok, uerr := t.sq.ElectionUnlock(ctx, store.ElectionUnlockParams{LockClass: e.class, LockKey: e.key})
 				switch {
 				case uerr != nil:
@@ -490,7 +521,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 					e.o.Logger.WarnContext(ctx, "gate: election lock was not held at resign", "name", e.name, "holder", e.o.Holder, "fence", t.fence)
 				}
 			}
-			t.sess.close()
+			t.sess.Close()
 		}
 		t.endErr = err
 		e.cur.CompareAndSwap(t, nil)

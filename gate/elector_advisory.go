@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -16,24 +17,7 @@ import (
 // the lock is granted, waits for the previous term to be closed (at most
 // TTL), and opens a term. Connection failures while waiting are retried.
 func (e *Elector) campaignAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
-	for {
-		t, err := e.tryAdvisory(ctx, deferEnd)
-		if err == nil {
-			return t, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed) {
-			return nil, err
-		}
-		e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(e.retryDelay()):
-		}
-	}
+	return e.stand(ctx, e.retryDelay(), func() (*term, error) { return e.tryAdvisory(ctx, deferEnd) })
 }
 
 // warnCollision looks, once a candidate has waited TTL for its lock,
@@ -84,24 +68,25 @@ func (o oneTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
-	sess, err := (&sessions{pool: e.pool}).get(ctx)
+	sess, err := (&lockcore.Sessions{Pool: e.pool}).Get(ctx)
 	if err != nil {
 		return nil, err
 	}
-	q := store.New(oneTrip{sess.conn})
+	q := store.New(oneTrip{sess.Conn})
 	keep := false
 	defer func() {
 		if !keep {
-			sess.close()
+			sess.Close()
 		}
 	}()
 
-	// Block in pg_advisory_lock. The statement runs without ctx so that an
-	// ended campaign can cancel the wait on the server (a cancel request)
-	// instead of leaving a waiter queued behind the leader.
+	// Block in pg_advisory_lock. The statement runs without ctx's
+	// cancellation so that an ended campaign can cancel the wait on the
+	// server (a cancel request) instead of leaving a waiter queued behind
+	// the leader.
 	locked := make(chan error, 1)
 	go func() {
-		locked <- q.ElectionLock(context.Background(), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
+		locked <- q.ElectionLock(context.WithoutCancel(ctx), store.ElectionLockParams{LockClass: e.class, LockKey: e.key})
 	}()
 	collide := time.NewTimer(e.o.TTL)
 	defer collide.Stop()
@@ -115,15 +100,15 @@ wait:
 			return nil, fmt.Errorf("gate: election %q: lock: %w", e.name, err)
 		}
 	case <-ctx.Done():
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = sess.conn.PgConn().CancelRequest(cctx)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = sess.Conn.PgConn().CancelRequest(cctx)
 		cancel()
 		select {
 		case <-locked:
 		case <-time.After(time.Second):
 			// No answer to the cancel request: cut the socket (safe while
 			// the statement reads from it) and let the statement fail.
-			_ = sess.conn.PgConn().Conn().Close()
+			_ = sess.Conn.PgConn().Conn().Close()
 			<-locked
 		}
 		return nil, ctx.Err() // closing the session drops a lock granted meanwhile
@@ -150,7 +135,7 @@ wait:
 			e.o.Logger.WarnContext(ctx, "gate: previous leader did not close its term; superseding it",
 				"name", e.name, "holder", e.o.Holder, "previous_holder", open.Holder, "previous_fence", open.Term)
 		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		sctx, cancel := releaseCtx(ctx)
 		sent = time.Now()
 		row, err = q.StartAdvisoryTerm(sctx, store.StartAdvisoryTermParams{Election: e.name, Holder: e.o.Holder, Supersede: supersede})
 		cancel()
@@ -172,42 +157,17 @@ wait:
 	return t, nil
 }
 
-// watchAdvisory watches the lock's session while this instance leads. It
-// blocks reading the socket, so a terminated backend, a server shutdown or
-// a closed connection is seen at once; every TTL/4 of silence it pings, and
-// it steps down when no ping succeeded for 3/4 TTL.
-func (t *term) watchAdvisory() {
-	pc := t.sess.conn.PgConn()
-	for {
-		if t.stopCtx.Err() != nil {
-			return
-		}
-		valid := t.validUntil()
-		wait := min(t.e.checkEvery(), time.Until(valid))
-		if wait <= 0 {
-			t.stepDown(fmt.Errorf("%w: election %q: session not confirmed for %v", ErrLockLost, t.e.name, t.e.validity()))
-			return
-		}
-		wctx, cancel := context.WithTimeout(t.stopCtx, wait)
-		err := pc.WaitForNotification(wctx)
-		cancel()
-		if t.stopCtx.Err() != nil && !pc.IsClosed() {
-			return
-		}
-		if err == nil {
-			continue // a notification; nothing listens here
-		}
-		if pgconn.Timeout(err) && !pc.IsClosed() {
-			sent := time.Now()
-			pctx, cancel := context.WithDeadline(context.Background(), valid)
-			err = pc.Ping(pctx)
-			cancel()
-			if err == nil {
-				t.confirmed(sent)
-				continue
-			}
-		}
-		t.stepDown(fmt.Errorf("%w: election %q: session lost: %w", ErrLockLost, t.e.name, err))
-		return
+// lossErr is the ErrLockLost for a loss the term's keeper reported.
+func (t *term) lossErr(why error) error {
+	e := t.e
+	switch {
+	case t.sess != nil && errors.Is(why, lockcore.ErrExpired):
+		return fmt.Errorf("%w: election %q: session not confirmed for %v", ErrLockLost, e.name, e.validity())
+	case t.sess != nil:
+		return fmt.Errorf("%w: election %q: session lost: %w", ErrLockLost, e.name, why)
+	case errors.Is(why, lockcore.ErrExpired):
+		return fmt.Errorf("%w: election %q: lease not renewed for %v", ErrLockLost, e.name, e.validity())
+	default:
+		return fmt.Errorf("%w: election %q: term %d expired or was closed", ErrLockLost, e.name, t.fence)
 	}
 }

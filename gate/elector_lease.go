@@ -8,45 +8,36 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
 // campaignLease tries every RetryInterval to open a term leased for TTL,
 // which succeeds once no unexpired term is open.
 func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, error) {
-	for {
+	return e.stand(ctx, e.o.RetryInterval, func() (*term, error) {
 		// Not cancelled with ctx: a term recorded must be known, or it
 		// would block the election until its lease runs out.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		sctx, cancel := releaseCtx(ctx)
 		sent := time.Now()
 		row, err := e.q.StartLeaseTerm(sctx, store.StartLeaseTermParams{
 			Election: e.name, Holder: e.o.Holder, TtlUs: e.o.TTL.Microseconds(),
 		})
 		cancel()
-		if err == nil {
-			err = e.stampStart(ctx, row.Term)
-			if err == nil && !time.Now().Before(sent.Add(e.validity())) {
-				// Confirmed too late to lead for any time: a standby may
-				// take the lease over before the watcher first looks.
-				err = fmt.Errorf("gate: election %q: term %d confirmed after its validity (%v) ran out", e.name, row.Term, e.validity())
-				e.closeUnstarted(ctx, row.Term)
-			}
-			if err == nil {
-				return e.newTerm(row.Term, sent, deferEnd), nil
-			}
+		if err != nil {
+			return nil, err
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err := e.stampStart(ctx, row.Term); err != nil {
+			return nil, err
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
+		if !time.Now().Before(sent.Add(e.validity())) {
+			// Confirmed too late to lead for any time: a standby may
+			// take the lease over before the watcher first looks.
+			e.closeUnstarted(ctx, row.Term)
+			return nil, fmt.Errorf("gate: election %q: term %d confirmed after its validity (%v) ran out", e.name, row.Term, e.validity())
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(e.o.RetryInterval):
-		}
-	}
+		return e.newTerm(row.Term, sent, deferEnd), nil
+	})
 }
 
 // stampStart records when a new lease term is certainly in force. A term
@@ -55,7 +46,7 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 // closed (as expired) if still open. A term whose stamp cannot be written is
 // closed again.
 func (e *Elector) stampStart(ctx context.Context, term int64) error {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	sctx, cancel := releaseCtx(ctx)
 	defer cancel()
 	_, err := e.q.StampTermStart(sctx, store.StampTermStartParams{Election: e.name, Term: term})
 	switch {
@@ -71,45 +62,28 @@ func (e *Elector) stampStart(ctx context.Context, term int64) error {
 // one try: when it fails, the next StartLeaseTerm of any candidate closes
 // the row once its lease has run out.
 func (e *Elector) closeUnstarted(ctx context.Context, term int64) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	cctx, cancel := releaseCtx(ctx)
 	defer cancel()
 	_, _ = e.q.EndTerm(cctx, store.EndTermParams{Election: e.name, Term: term, Reason: reasonLost})
 }
 
-// watchLease renews the term's lease every TTL/4 (TTL/16 after a failed
-// renewal), each renewal scoped to this term. It steps down at once when a renewal finds the term ended or
-// expired, and when no renewal succeeded for 3/4 TTL.
-func (t *term) watchLease() {
-	e := t.e
-	timer := time.NewTimer(e.checkEvery())
-	defer timer.Stop()
-	for {
-		select {
-		case <-t.stopCtx.Done():
-			return
-		case <-timer.C:
-		}
-		valid := t.validUntil()
-		if !time.Now().Before(valid) {
-			t.stepDown(fmt.Errorf("%w: election %q: lease not renewed for %v", ErrLockLost, e.name, e.validity()))
-			return
-		}
-		sent := time.Now()
-		ctx, cancel := context.WithDeadline(context.Background(), valid)
-		_, err := e.q.RenewTerm(ctx, store.RenewTermParams{Election: e.name, Term: t.fence, TtlUs: e.o.TTL.Microseconds()})
-		cancel()
-		next := e.checkEvery()
-		switch {
-		case err == nil:
-			t.confirmed(sent)
-		case errors.Is(err, pgx.ErrNoRows):
-			t.stepDown(fmt.Errorf("%w: election %q: term %d expired or was closed", ErrLockLost, e.name, t.fence))
-			return
-		default:
+// renewLease starts the keeper of lease term t: it renews the term's lease
+// every TTL/4 (TTL/16 after a failed renewal), each renewal scoped to this
+// term, and reports a loss when a renewal finds the term ended or expired,
+// or when no renewal succeeded for 3/4 TTL.
+func (e *Elector) renewLease(t *term, onLost func(error)) *lockcore.Keeper {
+	return lockcore.Renew(t.obsCtx, lockcore.RenewConfig{
+		Every: e.checkEvery(), Retry: e.checkEvery() / 4, Validity: t.valid,
+		Renew: func(ctx context.Context) (bool, error) {
+			_, err := e.q.RenewTerm(ctx, store.RenewTermParams{Election: e.name, Term: t.fence, TtlUs: e.o.TTL.Microseconds()})
+			if errors.Is(err, pgx.ErrNoRows) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+		OnFail: func(err error) {
 			// Soon again: the pool's next connection may well work.
-			next /= 4
 			e.o.Logger.WarnContext(t.obsCtx, "gate: lease renewal failed", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
-		}
-		timer.Reset(min(next, max(time.Until(t.validUntil()), 0)))
-	}
+		},
+	}, onLost)
 }

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -42,7 +45,7 @@ var (
 	ErrClockSkew = errors.New("gate: fire time too far from database time")
 
 	// ErrClosed means the gate (or lock, or elector) was closed.
-	ErrClosed = errors.New("gate: closed")
+	ErrClosed = lockcore.ErrClosed
 
 	// ErrInvalid is wrapped by every error about bad input (an empty name, a
 	// nil function, a meaningless duration). The message names the field.
@@ -82,6 +85,46 @@ func checkSchema(log *slog.Logger, q *store.Queries, names ...string) error {
 		return invalid("pool", "the database has no "+strings.Join(missing, ", ")+": apply pgclaim's migrations (pgclaim.Migrate)")
 	}
 	return nil
+}
+
+// named is what a Lease and an Elector are built on: a pool, the queries
+// through it (each statement in its own READ COMMITTED transaction) and the
+// lock or election name.
+type named struct {
+	pool *pgxpool.Pool
+	q    *store.Queries
+	name string
+}
+
+// namedOptions are the options of a Lease or an Elector: they validate
+// themselves and fill their defaults (check), and embed Options.
+type namedOptions[O any] interface {
+	check() (O, error)
+	logger() *slog.Logger
+}
+
+// logger returns the Logger (promoted to the options embedding Options).
+func (o Options) logger() *slog.Logger { return o.Logger }
+
+// newNamed validates pool and name, then opts (returned checked, with their
+// defaults), then that the database has tables (see checkSchema), in that
+// order.
+func newNamed[O namedOptions[O]](pool *pgxpool.Pool, name string, opts O, tables ...string) (named, O, error) {
+	if pool == nil {
+		return named{}, opts, invalid("pool", "must not be nil")
+	}
+	if err := checkName("name", name); err != nil {
+		return named{}, opts, err
+	}
+	o, err := opts.check()
+	if err != nil {
+		return named{}, opts, err
+	}
+	q := store.New(readCommitted{pool})
+	if err := checkSchema(o.logger(), q, tables...); err != nil {
+		return named{}, opts, err
+	}
+	return named{pool: pool, q: q, name: name}, o, nil
 }
 
 // checkName validates a job, lock or election name given as field.
@@ -162,10 +205,10 @@ type Outcome string
 
 // Outcomes of a run.
 const (
-	OutcomeSucceeded Outcome = "succeeded" // the job returned nil
-	OutcomeFailed    Outcome = "failed"    // the job returned an error
-	OutcomeLost      Outcome = "lost"      // exclusion was lost while running
-	OutcomeAbandoned Outcome = "abandoned" // the caller's context ended, the job panicked, or its holder died
+	OutcomeSucceeded = Outcome(lockcore.Succeeded) // "succeeded": the job returned nil
+	OutcomeFailed    = Outcome(lockcore.Failed)    // "failed": the job returned an error
+	OutcomeLost      = Outcome(lockcore.Lost)      // "lost": exclusion was lost while running
+	OutcomeAbandoned = Outcome(lockcore.Abandoned) // "abandoned": the caller's context ended, the job panicked, or its holder died
 )
 
 // EventKind says what an Event reports.

@@ -55,19 +55,6 @@ func (o *Options) emit(ctx context.Context, e Event) {
 	o.Logger.LogAttrs(ctx, level, "gate: "+e.Kind.String(), attrs...)
 }
 
-// outcomeOf classifies how a job ended. ctx is the caller's context: a job
-// that failed after it ended was abandoned rather than failed.
-func outcomeOf(ctx context.Context, err error) Outcome {
-	switch {
-	case err == nil:
-		return OutcomeSucceeded
-	case ctx.Err() != nil:
-		return OutcomeAbandoned
-	default:
-		return OutcomeFailed
-	}
-}
-
 // finished builds the EventFinished for run.
 func finished(run Run, out Outcome, d time.Duration, err error) Event {
 	return Event{

@@ -45,19 +45,20 @@ func (r readCommitted) send(ctx context.Context, sql string, args []any) (*pgxpo
 	b.Queue(commit)
 	br := c.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
-		done(c, br)
+		done(ctx, c, br)
 		return nil, nil, err
 	}
 	return c, br, nil
 }
 
 // done closes the batch and releases the connection; a transaction an error
-// left open (aborted) is rolled back first, so the connection goes back to
-// the pool clean (the pool would otherwise close it).
-func done(c *pgxpool.Conn, br pgx.BatchResults) error {
+// left open (aborted) is rolled back first (with ctx's values, even after
+// ctx ended), so the connection goes back to the pool clean (the pool would
+// otherwise close it).
+func done(ctx context.Context, c *pgxpool.Conn, br pgx.BatchResults) error {
 	err := br.Close()
 	if pc := c.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		ctx, cancel := releaseCtx(ctx)
 		_, _ = c.Exec(ctx, "ROLLBACK")
 		cancel()
 	}
@@ -74,7 +75,7 @@ func (r readCommitted) Exec(ctx context.Context, sql string, args ...any) (pgcon
 	if err == nil {
 		_, err = br.Exec()
 	}
-	if derr := done(c, br); err == nil {
+	if derr := done(ctx, c, br); err == nil {
 		err = derr
 	}
 	return tag, err
@@ -85,7 +86,7 @@ func (r readCommitted) QueryRow(ctx context.Context, sql string, args ...any) pg
 	if err != nil {
 		return errRow{err}
 	}
-	return &rcRow{c: c, br: br}
+	return &rcRow{ctx: ctx, c: c, br: br}
 }
 
 // Query is not used by the gate's statements through the pool (none
@@ -96,8 +97,9 @@ func (r readCommitted) Query(ctx context.Context, sql string, args ...any) (pgx.
 
 // rcRow scans the statement's row, then reads the COMMIT's result.
 type rcRow struct {
-	c  *pgxpool.Conn
-	br pgx.BatchResults
+	ctx context.Context
+	c   *pgxpool.Conn
+	br  pgx.BatchResults
 }
 
 func (r *rcRow) Scan(dest ...any) error {
@@ -105,7 +107,7 @@ func (r *rcRow) Scan(dest ...any) error {
 	if err == nil {
 		_, err = r.br.Exec()
 	}
-	derr := done(r.c, r.br)
+	derr := done(r.ctx, r.c, r.br)
 	if err != nil {
 		return err // pgx.ErrNoRows stays comparable
 	}

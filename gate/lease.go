@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -82,31 +83,19 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 // A Lease is safe for concurrent use; it holds no state between
 // acquisitions.
 type Lease struct {
-	pool *pgxpool.Pool
-	q    *store.Queries
-	name string
-	o    LeaseOptions
+	named
+	o LeaseOptions
 }
 
 // NewLease returns the lease lock called name, kept through pool. Like
 // New, it refuses a database without pgclaim's tables (one query, bounded
 // by 10 s).
 func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error) {
-	if pool == nil {
-		return nil, invalid("pool", "must not be nil")
-	}
-	if err := checkName("name", name); err != nil {
-		return nil, err
-	}
-	o, err := opts.check()
+	n, o, err := newNamed(pool, name, opts, "pgclaim_locks", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	q := store.New(readCommitted{pool})
-	if err := checkSchema(o.Logger, q, "pgclaim_locks", "pgclaim_fence_seq"); err != nil {
-		return nil, err
-	}
-	return &Lease{pool: pool, q: q, name: name, o: o}, nil
+	return &Lease{named: n, o: o}, nil
 }
 
 // Name returns the lease's name.
@@ -132,23 +121,19 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gate: lease %q: acquire: %w", l.name, err)
 	}
-	h := &LeaseHandle{
-		l:     l,
-		fence: row.Fence,
-		start: sent,
-		valid: sent.Add(l.o.AtMost),
-		kaEnd: make(chan struct{}),
-	}
+	h := &LeaseHandle{l: l, fence: row.Fence, start: sent}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	h.mu.Lock()
-	h.timer = time.AfterFunc(l.o.AtMost, h.checkExpiry)
+	h.valid = lockcore.NewValidity(sent, l.o.AtMost, h.expired)
 	h.mu.Unlock()
 	l.o.emit(ctx, Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
-	if l.o.NoKeepAlive {
-		close(h.kaEnd)
-	} else {
-		h.kaStop = make(chan struct{})
-		go h.keepAlive()
+	if !l.o.NoKeepAlive {
+		h.keeper = lockcore.Renew(h.ctx, lockcore.RenewConfig{
+			Every: l.o.KeepAlive, Retry: l.o.KeepAlive, Validity: h.valid, Renew: h.renew,
+			OnFail: func(err error) {
+				l.o.Logger.WarnContext(h.ctx, "gate: lease extension failed", "name", l.name, "holder", l.o.Holder, "fence", h.fence, "error", err.Error())
+			},
+		}, func(err error) { h.markLost(h.lostErr(err)) })
 	}
 	return h, nil
 }
@@ -161,7 +146,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 // fn's context is cancelled when ctx ends or the lease is lost (its
 // extension found it expired or taken over); Do then returns an error
 // wrapping ErrLockLost, joined with fn's own error if any.
-func (l *Lease) Do(ctx context.Context, fn Func) (err error) {
+func (l *Lease) Do(ctx context.Context, fn Func) error {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
@@ -169,36 +154,20 @@ func (l *Lease) Do(ctx context.Context, fn Func) (err error) {
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(h.Context())
-	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	run := Run{Name: l.name, Holder: l.o.Holder, Fence: h.fence}
-	start := time.Now()
-	returned := false
-	defer func() {
-		stop()
-		cancel(nil)
-		if !returned { // fn panicked: release, report, let the panic go on
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			_ = h.Release(rctx)
-			rcancel()
-			l.o.emit(ctx, finished(run, OutcomeAbandoned, time.Since(start), errors.New("gate: job panicked")))
-		}
-	}()
-	ferr := fn(fctx, run)
-	returned = true
-	d := time.Since(start)
+	return l.o.runHeld(ctx, run, leaseHold{h}, fn, true)
+}
 
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	rerr := h.Release(rctx)
-	rcancel()
+// leaseHold is a Do's hold of the lease (the lease row implementation of
+// lockcore.Held).
+type leaseHold struct{ *LeaseHandle }
 
-	out := outcomeOf(ctx, ferr)
-	if errors.Is(rerr, ErrLockLost) {
-		out = OutcomeLost
+func (h leaseHold) Release(ctx context.Context, _ lockcore.Outcome, _ error) (lost, err error) {
+	err = h.LeaseHandle.Release(ctx)
+	if errors.Is(err, ErrLockLost) {
+		return err, nil
 	}
-	err = errors.Join(ferr, rerr)
-	l.o.emit(ctx, finished(run, out, d, err))
-	return err
+	return nil, err
 }
 
 // LeaseHandle is one acquisition of a Lease. Its fencing token is fixed for
@@ -211,12 +180,10 @@ type LeaseHandle struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	kaStop chan struct{} // closed to stop the keep-alive; nil without one
-	kaEnd  chan struct{} // closed when the keep-alive has stopped
+	valid  *lockcore.Validity // the instance-clock bound: the lease may have expired after it
+	keeper *lockcore.Keeper   // the keep-alive; nil without one
 
 	mu       sync.Mutex
-	valid    time.Time // instance-clock bound: the lease may have expired after this
-	timer    *time.Timer
 	lost     error // why the lease was lost; nil while held
 	released bool
 }
@@ -249,29 +216,44 @@ func (h *LeaseHandle) Extend(ctx context.Context) error {
 	if lost != nil {
 		return lost
 	}
-	return h.extend(ctx)
-}
-
-func (h *LeaseHandle) extend(ctx context.Context) error {
-	l := h.l
 	sent := time.Now()
-	_, err := l.q.ExtendLease(ctx, store.ExtendLeaseParams{Name: l.name, Fence: h.fence, AtMostUs: l.o.AtMost.Microseconds()})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return h.markLost(fmt.Errorf("%w: lease %q (fence %d) expired or was taken over", ErrLockLost, l.name, h.fence))
-	}
+	held, err := h.renew(ctx)
 	if err != nil {
-		return fmt.Errorf("gate: lease %q: extend: %w", l.name, err)
+		return err
+	}
+	if !held {
+		return h.markLost(h.lostErr(lockcore.ErrGone))
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.lost != nil {
-		return h.lost
+	lost = h.lost
+	h.mu.Unlock()
+	if lost != nil {
+		return lost
 	}
-	if v := sent.Add(l.o.AtMost); v.After(h.valid) {
-		h.valid = v
-		h.timer.Reset(time.Until(v))
-	}
+	h.valid.Confirm(sent)
 	return nil
+}
+
+// renew extends the lease once; held is false when it had expired or was
+// taken over.
+func (h *LeaseHandle) renew(ctx context.Context) (held bool, err error) {
+	l := h.l
+	_, err = l.q.ExtendLease(ctx, store.ExtendLeaseParams{Name: l.name, Fence: h.fence, AtMostUs: l.o.AtMost.Microseconds()})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("gate: lease %q: extend: %w", l.name, err)
+	}
+	return true, nil
+}
+
+// lostErr is the ErrLockLost for a loss lockcore reported.
+func (h *LeaseHandle) lostErr(why error) error {
+	if errors.Is(why, lockcore.ErrExpired) {
+		return fmt.Errorf("%w: lease %q (fence %d) ran out without extension", ErrLockLost, h.l.name, h.fence)
+	}
+	return fmt.Errorf("%w: lease %q (fence %d) expired or was taken over", ErrLockLost, h.l.name, h.fence)
 }
 
 // Release gives the lease up, keeping it held until AtLeast after it was
@@ -289,14 +271,13 @@ func (h *LeaseHandle) Release(ctx context.Context) error {
 	h.released = true
 	h.mu.Unlock()
 	// No extension may run after the release statement.
-	if h.kaStop != nil {
-		close(h.kaStop)
+	if h.keeper != nil {
+		h.keeper.Stop()
 	}
-	<-h.kaEnd
 
 	n, err := l.q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: l.name, Fence: h.fence, AtLeastUs: l.o.AtLeast.Microseconds()})
+	h.valid.Stop()
 	h.mu.Lock()
-	h.timer.Stop()
 	lost := h.lost
 	h.mu.Unlock()
 	if err != nil {
@@ -321,47 +302,20 @@ func (h *LeaseHandle) markLost(why error) error {
 		return why
 	}
 	h.lost = why
-	h.timer.Stop()
+	h.valid.Stop()
 	h.mu.Unlock()
 	h.cancel(why)
 	h.l.o.emit(h.ctx, Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
 	return why
 }
 
-// checkExpiry runs when the instance-clock bound passes without an
-// extension: from then on the database may consider the lease expired.
-func (h *LeaseHandle) checkExpiry() {
+// expired runs when the instance-clock bound passes without an extension:
+// from then on the database may consider the lease expired.
+func (h *LeaseHandle) expired() {
 	h.mu.Lock()
-	early := time.Now().Before(h.valid) || h.lost != nil || h.released
+	over := h.lost != nil || h.released
 	h.mu.Unlock()
-	if !early {
-		h.markLost(fmt.Errorf("%w: lease %q (fence %d) ran out without extension", ErrLockLost, h.l.name, h.fence))
-	}
-}
-
-// keepAlive extends the lease every KeepAlive until it is released or lost.
-// A failed extension (database unreachable) is retried at the next tick
-// until the lease runs out.
-func (h *LeaseHandle) keepAlive() {
-	defer close(h.kaEnd)
-	t := time.NewTicker(h.l.o.KeepAlive)
-	defer t.Stop()
-	for {
-		select {
-		case <-h.kaStop:
-			return
-		case <-h.ctx.Done():
-			return
-		case <-t.C:
-		}
-		h.mu.Lock()
-		deadline := h.valid
-		h.mu.Unlock()
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := h.extend(ctx)
-		cancel()
-		if err != nil && !errors.Is(err, ErrLockLost) {
-			h.l.o.Logger.WarnContext(h.ctx, "gate: lease extension failed", "name", h.l.name, "holder", h.l.o.Holder, "fence", h.fence, "error", err.Error())
-		}
+	if !over {
+		h.markLost(h.lostErr(lockcore.ErrExpired))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -69,7 +70,7 @@ type Gate struct {
 	tolerance time.Duration
 	wait      time.Duration
 	ledger    bool // LedgerOnly
-	sessions  *sessions
+	sessions  *lockcore.Sessions
 	// catchUp is the longest window given to CatchUp so far (ns); Prune
 	// refuses ages within it.
 	catchUp atomic.Int64
@@ -109,7 +110,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 		tolerance: tol,
 		wait:      cfg.LockWait,
 		ledger:    cfg.LedgerOnly,
-		sessions:  &sessions{pool: pool},
+		sessions:  &lockcore.Sessions{Pool: pool},
 	}, nil
 }
 
@@ -125,7 +126,7 @@ func (g *Gate) SkewTolerance() time.Duration { return g.tolerance }
 // Close closes the connections kept for reuse. Runs in progress finish
 // normally; calls after Close return ErrClosed. The pool is not closed.
 func (g *Gate) Close() {
-	g.sessions.close()
+	g.sessions.Close()
 }
 
 // Once runs fn for the tick (name, fireAt) unless some instance has claimed
@@ -263,100 +264,95 @@ func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error
 }
 
 // once claims the tick (name, at) and runs fn. tol is the skew tolerance in
-// microseconds, nil for none.
+// microseconds, nil for none. The claim is one ClaimTick statement: through
+// the pool for LedgerOnly; otherwise on a dedicated session, taking the
+// job's advisory lock in the same statement, or after waiting for it
+// (Config.LockWait).
 func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
+	ts := pgtype.Timestamptz{Time: at, Valid: true}
+	p := store.ClaimTickParams{Job: name, FireAt: ts, LockMode: "none", ToleranceUs: tol, Holder: g.opts.Holder}
 	if g.ledger {
-		return g.onceLedger(ctx, name, at, tol, fn)
+		row, err := g.q.ClaimTick(ctx, p)
+		if err != nil {
+			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+		}
+		if row.Fence == 0 {
+			return g.notClaimed(ctx, name, at, row)
+		}
+		run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
+		g.opts.emit(ctx, Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
+		return g.opts.runHeld(ctx, run, ledgerHold{g: g, run: run}, fn, true)
 	}
-	s, err := g.sessions.get(ctx)
+
+	s, err := g.sessions.Get(ctx)
 	if err != nil {
 		return err
 	}
-	class, key := AdvisoryKey(name)
-	ts := pgtype.Timestamptz{Time: at, Valid: true}
-	var fence int64
+	p.LockClass, p.LockKey = AdvisoryKey(name)
+	p.LockMode = "try"
 	if g.wait > 0 {
 		// Wait for the lock, then claim the tick; but not for a tick
 		// claimed already (its run may be what holds the lock).
-		claimed, err := s.q.TickClaimed(ctx, store.TickClaimedParams{Job: name, FireAt: ts})
+		h, err := s.Q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: ts})
 		if err != nil {
-			s.close()
+			s.Close()
 			return fmt.Errorf("gate: %q: look up tick: %w", name, err)
 		}
-		if claimed {
-			g.sessions.put(s)
+		if h.Claimed {
+			g.sessions.Put(s)
 			return g.skipped(ctx, name, at, errTaken)
 		}
-		if _, err := s.tryLock(ctx, class, key, g.wait); err != nil {
-			if errors.Is(err, ErrHeld) {
-				g.sessions.put(s)
-				return g.heldSkip(ctx, name, at)
-			}
-			s.close() // a failed statement may leave the lock held: drop the session
-			return fmt.Errorf("gate: %q: take advisory lock: %w", name, err)
-		}
-		row, err := s.q.ClaimTickHeld(ctx, store.ClaimTickHeldParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
+		_, ok, err := g.lock(ctx, s, name, p.LockClass, p.LockKey)
 		if err != nil {
-			s.close()
-			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+			return err
 		}
-		if row.Stale {
-			if err := g.abandonStale(ctx, s, name, class, key, row.Fence); err != nil {
-				return g.claimBroken(ctx, name, at, row.Fence, err)
-			}
+		if !ok {
+			return g.heldSkip(ctx, name, at)
 		}
-		if !row.InTolerance || row.Fence == 0 {
-			if _, err := s.q.AdvisoryUnlock(ctx, store.AdvisoryUnlockParams{LockClass: class, LockKey: key}); err != nil {
-				s.close()
-			} else {
-				g.sessions.put(s)
-			}
-			if !row.InTolerance {
-				return g.skewed(ctx, name, at, row.DbNow.Time)
-			}
-			return g.skipped(ctx, name, at, errTaken)
-		}
-		fence = row.Fence
-	} else {
-		row, err := s.q.ClaimTickLocked(ctx, store.ClaimTickLockedParams{
-			LockClass: class, LockKey: key, ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder,
-		})
-		if err != nil {
-			s.close()
-			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
-		}
-		if row.Stale {
-			if err := g.abandonStale(ctx, s, name, class, key, row.Fence); err != nil {
-				return g.claimBroken(ctx, name, at, row.Fence, err)
-			}
-		}
-		if row.Fence == 0 {
-			if row.Locked && !row.Released {
-				s.close() // not expected: the lock would be left held; drop the session
-			} else {
-				g.sessions.put(s)
-			}
-			switch {
-			case !row.InTolerance:
-				return g.skewed(ctx, name, at, row.DbNow.Time)
-			case row.Taken:
-				return g.skipped(ctx, name, at, errTaken)
-			default:
-				return g.heldSkip(ctx, name, at)
-			}
-		}
-		fence = row.Fence
+		p.LockMode = "held"
 	}
-	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
-	return g.hold(ctx, s, run, fn, tickRelease{g: g, class: class, key: key})
+	row, err := s.Q.ClaimTick(ctx, p)
+	if err != nil {
+		s.Close()
+		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+	}
+	if row.Stale {
+		if err := g.abandonStale(ctx, s, name, p.LockClass, p.LockKey, row.Fence); err != nil {
+			return g.claimBroken(ctx, name, at, row.Fence, err)
+		}
+	}
+	if row.Fence == 0 {
+		if row.LeftLocked {
+			s.Close() // not expected: the lock would be left held; drop the session
+		} else {
+			g.sessions.Put(s)
+		}
+		return g.notClaimed(ctx, name, at, row)
+	}
+	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
+	return g.hold(ctx, s, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
+}
+
+// notClaimed reports a claim that did not get the tick: its fire time was
+// refused, the tick was claimed already, or the job's lock is held
+// elsewhere.
+func (g *Gate) notClaimed(ctx context.Context, name string, at time.Time, row store.ClaimTickRow) error {
+	switch {
+	case !row.InTolerance:
+		return g.skewed(ctx, name, at, row.DbNow.Time)
+	case row.Taken:
+		return g.skipped(ctx, name, at, errTaken)
+	default:
+		return g.heldSkip(ctx, name, at)
+	}
 }
 
 // abandonStale marks abandoned the ticks of job still running (but the one
 // with ownFence, this run's), which a claim found while holding the job's
 // lock: their holders' sessions had ended. It reports each with
 // EventAbandoned. On error s has been closed, and with it any lock it held.
-func (g *Gate) abandonStale(ctx context.Context, s *session, job string, class, key int32, ownFence int64) error {
-	r, err := s.q.AbandonTicks(ctx, store.AbandonTicksParams{
+func (g *Gate) abandonStale(ctx context.Context, s *lockcore.Session, job string, class, key int32, ownFence int64) error {
+	r, err := s.Q.AbandonTicks(ctx, store.AbandonTicksParams{
 		LockClass: class, LockKey: key, Job: job, OwnFence: ownFence,
 		Error: "gate: abandoned: the holder's session ended before the run finished (found by " + g.opts.Holder + ")",
 	})
@@ -364,7 +360,7 @@ func (g *Gate) abandonStale(ctx context.Context, s *session, job string, class, 
 		err = errors.New("unlock not confirmed")
 	}
 	if err != nil {
-		s.close() // the lock count is unknown: drop the session
+		s.Close() // the lock count is unknown: drop the session
 		return fmt.Errorf("gate: %q: mark abandoned ticks: %w", job, err)
 	}
 	for i := range min(len(r.FireAt), len(r.Holder), len(r.Fence)) {
@@ -384,8 +380,8 @@ func (g *Gate) claimBroken(ctx context.Context, name string, at time.Time, fence
 	if fence == 0 {
 		return err
 	}
-	out := outcomeOf(ctx, err)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	out := Outcome(lockcore.Classify(ctx, err))
+	rctx, cancel := releaseCtx(ctx)
 	defer cancel()
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: fence}
 	if rerr := g.finishTick(rctx, run, out, fmt.Errorf("gate: job not run: %w", err)); rerr != nil {
@@ -447,39 +443,20 @@ func (g *Gate) skewed(ctx context.Context, name string, at, dbNow time.Time) err
 	return err
 }
 
-// onceLedger is Once with Config.LedgerOnly: claim through the pool, run,
-// record the outcome.
-func (g *Gate) onceLedger(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
-	ts := pgtype.Timestamptz{Time: at, Valid: true}
-	row, err := g.q.ClaimTick(ctx, store.ClaimTickParams{ToleranceUs: tol, FireAt: ts, Job: name, Holder: g.opts.Holder})
-	if err != nil {
-		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
+// ledgerHold is the hold of a LedgerOnly run: the tick's row, which no
+// keeper can find lost; the release records the outcome through the pool.
+type ledgerHold struct {
+	g   *Gate
+	run Run
+}
+
+func (ledgerHold) Context() context.Context { return neverLost }
+
+func (h ledgerHold) Release(ctx context.Context, out lockcore.Outcome, jobErr error) (error, error) {
+	if err := h.g.finishTick(ctx, h.run, Outcome(out), jobErr); err != nil {
+		h.g.opts.Logger.ErrorContext(ctx, "gate: record tick outcome", "name", h.run.Name, "fire_at", h.run.FireAt, "outcome", string(out), "error", err)
 	}
-	if !row.InTolerance {
-		return g.skewed(ctx, name, at, row.DbNow.Time)
-	}
-	if row.Fence == 0 {
-		return g.skipped(ctx, name, at, errTaken)
-	}
-	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
-	g.opts.emit(ctx, Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
-	start := time.Now()
-	panicked, fnErr := callJob(ctx, fn, run)
-	d := time.Since(start)
-	out := outcomeOf(ctx, fnErr)
-	if panicked != nil {
-		out, fnErr = OutcomeAbandoned, panicError(panicked)
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	if err := g.finishTick(rctx, run, out, fnErr); err != nil {
-		g.opts.Logger.ErrorContext(ctx, "gate: record tick outcome", "name", name, "fire_at", at, "outcome", string(out), "error", err)
-	}
-	g.opts.emit(ctx, finished(run, out, d, fnErr))
-	if panicked != nil {
-		panic(panicked)
-	}
-	return fnErr
+	return nil, nil
 }
 
 // finishTick records a run's outcome through the pool, retrying while ctx
@@ -519,8 +496,8 @@ type tickRelease struct {
 	class, key int32
 }
 
-func (r tickRelease) release(ctx context.Context, s *session, run Run, out Outcome, jobErr error) (bool, error) {
-	row, err := s.q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
+func (r tickRelease) release(ctx context.Context, s *lockcore.Session, run Run, out Outcome, jobErr error) (bool, error) {
+	row, err := s.Q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
 		LockClass: r.class, LockKey: r.key, Outcome: string(out), Error: errText(jobErr),
 		Job: run.Name, FireAt: pgtype.Timestamptz{Time: run.FireAt, Valid: true}, Fence: run.Fence,
 	})

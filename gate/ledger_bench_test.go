@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -168,32 +169,27 @@ func BenchmarkBaselineAdvisory(b *testing.B) {
 }
 
 // BenchmarkBaselineShedLock: the lock-table cycle of ShedLock with database
-// time — take the row if free or expired, then unlock by setting lock_until
-// to now.
+// time (internal/shedlock) — take the row if free or expired, then unlock,
+// keeping no at-least.
 func BenchmarkBaselineShedLock(b *testing.B) {
 	db := pgtest.NewDatabase(b)
 	cycles(b, shedLockCycle(b, db.Pool))
 }
 
-// shedLockCycle creates ShedLock's table in pool's database and returns one
-// lock + unlock cycle on it.
+// shedLockCycle creates ShedLock's table (package internal/shedlock, the
+// one baseline every pgclaim benchmark compares with) in pool's database and
+// returns one lock + unlock cycle on it.
 func shedLockCycle(b *testing.B, pool *pgxpool.Pool) func(int) error {
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE shedlock (name text PRIMARY KEY, lock_until timestamptz NOT NULL,
-		locked_at timestamptz NOT NULL, locked_by text NOT NULL)`); err != nil {
+	if err := shedlock.Create(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
 	return func(int) error {
-		tag, err := pool.Exec(ctx, `INSERT INTO shedlock (name, lock_until, locked_at, locked_by)
-			VALUES ('job', now() + interval '1 minute', now(), 'bench')
-			ON CONFLICT (name) DO UPDATE SET lock_until = EXCLUDED.lock_until, locked_at = EXCLUDED.locked_at,
-			    locked_by = EXCLUDED.locked_by
-			WHERE shedlock.lock_until <= now()`)
-		if err != nil || tag.RowsAffected() != 1 {
-			return fmt.Errorf("lock: %v %v", tag, err)
+		took, err := shedlock.Lock(ctx, pool, "job", "bench", time.Minute)
+		if err != nil || !took {
+			return fmt.Errorf("lock: %v %v", took, err)
 		}
-		_, err = pool.Exec(ctx, `UPDATE shedlock SET lock_until = now() WHERE name = 'job' AND locked_by = 'bench'`)
-		return err
+		return shedlock.Unlock(ctx, pool, "job", "bench", 0)
 	}
 }
 

@@ -86,125 +86,20 @@ func (q *Queries) AbandonTicks(ctx context.Context, arg AbandonTicksParams) (Aba
 const claimTick = `-- name: ClaimTick :one
 WITH chk AS (
     SELECT now() AS db_now,
-           ($1::bigint IS NULL
+           ($6::bigint IS NULL
             OR $2::timestamptz
-               BETWEEN now() - $1::bigint * interval '1 microsecond'
-                   AND now() + $1::bigint * interval '1 microsecond') AS in_tolerance
-), ins AS (
-    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT $3::text, $2::timestamptz, $4::text, nextval('pgclaim_fence_seq')
-    FROM chk
-    WHERE chk.in_tolerance
-    ON CONFLICT (job, fire_at) DO NOTHING
-    RETURNING fence
-)
-SELECT chk.db_now::timestamptz AS db_now,
-       chk.in_tolerance::boolean AS in_tolerance,
-       COALESCE(ins.fence, 0)::bigint AS fence
-FROM chk LEFT JOIN ins ON true
-`
-
-type ClaimTickParams struct {
-	ToleranceUs *int64
-	FireAt      pgtype.Timestamptz
-	Job         string
-	Holder      string
-}
-
-type ClaimTickRow struct {
-	DbNow       pgtype.Timestamptz
-	InTolerance bool
-	Fence       int64
-}
-
-// Ledger-only claim in one statement: check the fire time against database
-// time (skipped when tolerance_us is NULL, as for catch-up), then insert the
-// tick unless it exists. fence is 0 when the tick was already claimed.
-func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error) {
-	row := q.db.QueryRow(ctx, claimTick,
-		arg.ToleranceUs,
-		arg.FireAt,
-		arg.Job,
-		arg.Holder,
-	)
-	var i ClaimTickRow
-	err := row.Scan(&i.DbNow, &i.InTolerance, &i.Fence)
-	return i, err
-}
-
-const claimTickHeld = `-- name: ClaimTickHeld :one
-WITH chk AS (
-    SELECT now() AS db_now,
-           ($2::bigint IS NULL
-            OR $3::timestamptz
-               BETWEEN now() - $2::bigint * interval '1 microsecond'
-                   AND now() + $2::bigint * interval '1 microsecond') AS in_tolerance
-), ins AS (
-    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT $1::text, $3::timestamptz, $4::text, nextval('pgclaim_fence_seq')
-    FROM chk
-    WHERE chk.in_tolerance
-    ON CONFLICT (job, fire_at) DO NOTHING
-    RETURNING fence
-)
-SELECT chk.db_now::timestamptz AS db_now,
-       chk.in_tolerance::boolean AS in_tolerance,
-       COALESCE(ins.fence, 0)::bigint AS fence,
-       COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
-                 WHERE l.job = $1::text
-                 ORDER BY l.started_at DESC LIMIT 1), false)::boolean AS stale
-FROM chk LEFT JOIN ins ON true
-`
-
-type ClaimTickHeldParams struct {
-	Job         string
-	ToleranceUs *int64
-	FireAt      pgtype.Timestamptz
-	Holder      string
-}
-
-type ClaimTickHeldRow struct {
-	DbNow       pgtype.Timestamptz
-	InTolerance bool
-	Fence       int64
-	Stale       bool
-}
-
-// ClaimTick on a session that holds the job's advisory lock already (taken
-// with a wait), with ClaimTickLocked's stale check.
-func (q *Queries) ClaimTickHeld(ctx context.Context, arg ClaimTickHeldParams) (ClaimTickHeldRow, error) {
-	row := q.db.QueryRow(ctx, claimTickHeld,
-		arg.Job,
-		arg.ToleranceUs,
-		arg.FireAt,
-		arg.Holder,
-	)
-	var i ClaimTickHeldRow
-	err := row.Scan(
-		&i.DbNow,
-		&i.InTolerance,
-		&i.Fence,
-		&i.Stale,
-	)
-	return i, err
-}
-
-const claimTickLocked = `-- name: ClaimTickLocked :one
-WITH chk AS (
-    SELECT now() AS db_now,
-           ($5::bigint IS NULL
-            OR $2::timestamptz
-               BETWEEN now() - $5::bigint * interval '1 microsecond'
-                   AND now() + $5::bigint * interval '1 microsecond') AS in_tolerance
+               BETWEEN now() - $6::bigint * interval '1 microsecond'
+                   AND now() + $6::bigint * interval '1 microsecond') AS in_tolerance
 ), lk AS (
-    SELECT CASE WHEN chk.in_tolerance
-                THEN pg_try_advisory_lock($3::int4, $4::int4)
-                ELSE false
+    SELECT CASE WHEN NOT chk.in_tolerance THEN false
+                WHEN $3::text = 'try'
+                THEN pg_try_advisory_lock($4::int4, $5::int4)
+                ELSE true
            END AS locked
     FROM chk
 ), ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT $1::text, $2::timestamptz, $6::text, nextval('pgclaim_fence_seq')
+    SELECT $1::text, $2::timestamptz, $7::text, nextval('pgclaim_fence_seq')
     FROM lk
     WHERE lk.locked
     ON CONFLICT (job, fire_at) DO NOTHING
@@ -212,7 +107,6 @@ WITH chk AS (
 )
 SELECT chk.db_now::timestamptz AS db_now,
        chk.in_tolerance::boolean AS in_tolerance,
-       lk.locked::boolean AS locked,
        (CASE WHEN lk.locked THEN ins.fence IS NULL
              WHEN chk.in_tolerance THEN EXISTS (SELECT 1 FROM pgclaim_ticks t
                                                 WHERE t.job = $1::text
@@ -220,67 +114,80 @@ SELECT chk.db_now::timestamptz AS db_now,
              ELSE false
         END)::boolean AS taken,
        COALESCE(ins.fence, 0)::bigint AS fence,
-       (lk.locked AND COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
-                                WHERE l.job = $1::text
-                                ORDER BY l.started_at DESC LIMIT 1), false))::boolean AS stale,
-       (CASE WHEN lk.locked AND ins.fence IS NULL
-             THEN pg_advisory_unlock($3::int4, $4::int4)
-             ELSE false END)::boolean AS released
+       (CASE WHEN $3::text = 'held' OR ($3::text = 'try' AND lk.locked)
+             THEN COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                            WHERE l.job = $1::text
+                            ORDER BY l.started_at DESC LIMIT 1), false)
+             ELSE false END)::boolean AS stale,
+       (CASE WHEN ins.fence IS NULL
+                  AND ($3::text = 'held' OR ($3::text = 'try' AND lk.locked))
+             THEN NOT pg_advisory_unlock($4::int4, $5::int4)
+             ELSE false END)::boolean AS left_locked
 FROM chk CROSS JOIN lk LEFT JOIN ins ON true
 `
 
-type ClaimTickLockedParams struct {
+type ClaimTickParams struct {
 	Job         string
 	FireAt      pgtype.Timestamptz
+	LockMode    string
 	LockClass   int32
 	LockKey     int32
 	ToleranceUs *int64
 	Holder      string
 }
 
-type ClaimTickLockedRow struct {
+type ClaimTickRow struct {
 	DbNow       pgtype.Timestamptz
 	InTolerance bool
-	Locked      bool
 	Taken       bool
 	Fence       int64
 	Stale       bool
-	Released    bool
+	LeftLocked  bool
 }
 
-// The combined gate in one statement: skew check, pg_try_advisory_lock on the
-// job's key, the ledger insert, and, if the insert found the tick claimed
-// already, the unlock. fence <> 0 means this session holds the lock and owns
-// the tick; in every other case it holds nothing, and taken says whether the
-// tick was claimed already (else the lock was held elsewhere). The ledger is
-// read separately only when the lock was held elsewhere: checking it up front
-// made the common path several times slower.
+// Claim a tick in one statement: check the fire time against database time
+// (skipped when tolerance_us is NULL, as for catch-up), take the job's lock
+// as lock_mode says, and insert the tick unless it exists. lock_mode is
+// 'none' (Config.LedgerOnly: no lock), 'try' (pg_try_advisory_lock on the
+// job's key, unlocked again below when the tick was claimed already) or
+// 'held' (this session holds the lock already, taken with a wait).
 //
-// stale: the lock was taken and the job's most recently started tick (other
-// than the one inserted here, which this statement does not see) is still
-// marked running. With the lock taken no other run of the job is alive
-// (every locked run holds the lock until its outcome is recorded), so that
-// tick's holder died; AbandonTicks then marks it. Looking at the latest tick
-// only costs one index probe; a dead holder's tick is the latest, since no
-// tick of the job could be claimed while it held the lock.
-func (q *Queries) ClaimTickLocked(ctx context.Context, arg ClaimTickLockedParams) (ClaimTickLockedRow, error) {
-	row := q.db.QueryRow(ctx, claimTickLocked,
+// fence <> 0 means this claim owns the tick (and, but for 'none', its
+// session holds the lock). In every other case the session holds no lock
+// any more (a lock taken or held for the claim is released here;
+// left_locked reports an unlock that was not confirmed, after which the
+// session must be closed): in_tolerance false means the fire time was
+// refused; else taken says whether the tick was claimed already, and
+// otherwise the lock was held elsewhere. The ledger is read separately only when the lock was held
+// elsewhere: checking it up front made the common path several times
+// slower.
+//
+// stale (not for 'none'): the session had the lock, and the job's most
+// recently started tick (other than the one inserted here, which this
+// statement does not see) is still marked running. With the lock held no other
+// run of the job is alive (every locked run holds the lock until its
+// outcome is recorded), so that tick's holder died; AbandonTicks then marks
+// it. Looking at the latest tick only costs one index probe; a dead
+// holder's tick is the latest, since no tick of the job could be claimed
+// while it held the lock.
+func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error) {
+	row := q.db.QueryRow(ctx, claimTick,
 		arg.Job,
 		arg.FireAt,
+		arg.LockMode,
 		arg.LockClass,
 		arg.LockKey,
 		arg.ToleranceUs,
 		arg.Holder,
 	)
-	var i ClaimTickLockedRow
+	var i ClaimTickRow
 	err := row.Scan(
 		&i.DbNow,
 		&i.InTolerance,
-		&i.Locked,
 		&i.Taken,
 		&i.Fence,
 		&i.Stale,
-		&i.Released,
+		&i.LeftLocked,
 	)
 	return i, err
 }
@@ -412,10 +319,12 @@ type HeldTickRow struct {
 	RunningSince  pgtype.Timestamptz
 }
 
-// After a claim found the job's lock held elsewhere: whether the tick was
-// claimed meanwhile (a racing instance's claim, not committed when the
-// claim looked), and the job's latest running tick, whose run holds the
-// lock (none: an Exclusive run of the same name holds it).
+// Whether the tick is claimed, and the job's latest running tick, whose
+// run holds the job's lock (none: an Exclusive run of the same name holds
+// it). Read before waiting for the lock (a claimed tick is not waited for:
+// its run may be what holds the lock), and after a claim found the lock
+// held elsewhere (a tick claimed meanwhile by a racing instance, not
+// committed when the claim looked, is a normal skip).
 func (q *Queries) HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow, error) {
 	row := q.db.QueryRow(ctx, heldTick, arg.Job, arg.FireAt)
 	var i HeldTickRow
@@ -459,26 +368,6 @@ func (q *Queries) PruneTicks(ctx context.Context, olderThanUs int64) (int64, err
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const tickClaimed = `-- name: TickClaimed :one
-SELECT EXISTS (
-    SELECT 1 FROM pgclaim_ticks
-    WHERE job = $1::text AND fire_at = $2::timestamptz
-)::boolean AS claimed
-`
-
-type TickClaimedParams struct {
-	Job    string
-	FireAt pgtype.Timestamptz
-}
-
-// Whether some instance has claimed the tick.
-func (q *Queries) TickClaimed(ctx context.Context, arg TickClaimedParams) (bool, error) {
-	row := q.db.QueryRow(ctx, tickClaimed, arg.Job, arg.FireAt)
-	var claimed bool
-	err := row.Scan(&claimed)
-	return claimed, err
 }
 
 const tickOwner = `-- name: TickOwner :one

@@ -1,42 +1,29 @@
 -- name: ClaimTick :one
--- Ledger-only claim in one statement: check the fire time against database
--- time (skipped when tolerance_us is NULL, as for catch-up), then insert the
--- tick unless it exists. fence is 0 when the tick was already claimed.
-WITH chk AS (
-    SELECT now() AS db_now,
-           (sqlc.narg(tolerance_us)::bigint IS NULL
-            OR sqlc.arg(fire_at)::timestamptz
-               BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
-                   AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance
-), ins AS (
-    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, nextval('pgclaim_fence_seq')
-    FROM chk
-    WHERE chk.in_tolerance
-    ON CONFLICT (job, fire_at) DO NOTHING
-    RETURNING fence
-)
-SELECT chk.db_now::timestamptz AS db_now,
-       chk.in_tolerance::boolean AS in_tolerance,
-       COALESCE(ins.fence, 0)::bigint AS fence
-FROM chk LEFT JOIN ins ON true;
-
--- name: ClaimTickLocked :one
--- The combined gate in one statement: skew check, pg_try_advisory_lock on the
--- job's key, the ledger insert, and, if the insert found the tick claimed
--- already, the unlock. fence <> 0 means this session holds the lock and owns
--- the tick; in every other case it holds nothing, and taken says whether the
--- tick was claimed already (else the lock was held elsewhere). The ledger is
--- read separately only when the lock was held elsewhere: checking it up front
--- made the common path several times slower.
+-- Claim a tick in one statement: check the fire time against database time
+-- (skipped when tolerance_us is NULL, as for catch-up), take the job's lock
+-- as lock_mode says, and insert the tick unless it exists. lock_mode is
+-- 'none' (Config.LedgerOnly: no lock), 'try' (pg_try_advisory_lock on the
+-- job's key, unlocked again below when the tick was claimed already) or
+-- 'held' (this session holds the lock already, taken with a wait).
 --
--- stale: the lock was taken and the job's most recently started tick (other
--- than the one inserted here, which this statement does not see) is still
--- marked running. With the lock taken no other run of the job is alive
--- (every locked run holds the lock until its outcome is recorded), so that
--- tick's holder died; AbandonTicks then marks it. Looking at the latest tick
--- only costs one index probe; a dead holder's tick is the latest, since no
--- tick of the job could be claimed while it held the lock.
+-- fence <> 0 means this claim owns the tick (and, but for 'none', its
+-- session holds the lock). In every other case the session holds no lock
+-- any more (a lock taken or held for the claim is released here;
+-- left_locked reports an unlock that was not confirmed, after which the
+-- session must be closed): in_tolerance false means the fire time was
+-- refused; else taken says whether the tick was claimed already, and
+-- otherwise the lock was held elsewhere. The ledger is read separately only when the lock was held
+-- elsewhere: checking it up front made the common path several times
+-- slower.
+--
+-- stale (not for 'none'): the session had the lock, and the job's most
+-- recently started tick (other than the one inserted here, which this
+-- statement does not see) is still marked running. With the lock held no other
+-- run of the job is alive (every locked run holds the lock until its
+-- outcome is recorded), so that tick's holder died; AbandonTicks then marks
+-- it. Looking at the latest tick only costs one index probe; a dead
+-- holder's tick is the latest, since no tick of the job could be claimed
+-- while it held the lock.
 WITH chk AS (
     SELECT now() AS db_now,
            (sqlc.narg(tolerance_us)::bigint IS NULL
@@ -44,9 +31,10 @@ WITH chk AS (
                BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
                    AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance
 ), lk AS (
-    SELECT CASE WHEN chk.in_tolerance
+    SELECT CASE WHEN NOT chk.in_tolerance THEN false
+                WHEN sqlc.arg(lock_mode)::text = 'try'
                 THEN pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
-                ELSE false
+                ELSE true
            END AS locked
     FROM chk
 ), ins AS (
@@ -59,7 +47,6 @@ WITH chk AS (
 )
 SELECT chk.db_now::timestamptz AS db_now,
        chk.in_tolerance::boolean AS in_tolerance,
-       lk.locked::boolean AS locked,
        (CASE WHEN lk.locked THEN ins.fence IS NULL
              WHEN chk.in_tolerance THEN EXISTS (SELECT 1 FROM pgclaim_ticks t
                                                 WHERE t.job = sqlc.arg(job)::text
@@ -67,38 +54,16 @@ SELECT chk.db_now::timestamptz AS db_now,
              ELSE false
         END)::boolean AS taken,
        COALESCE(ins.fence, 0)::bigint AS fence,
-       (lk.locked AND COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
-                                WHERE l.job = sqlc.arg(job)::text
-                                ORDER BY l.started_at DESC LIMIT 1), false))::boolean AS stale,
-       (CASE WHEN lk.locked AND ins.fence IS NULL
-             THEN pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
-             ELSE false END)::boolean AS released
+       (CASE WHEN sqlc.arg(lock_mode)::text = 'held' OR (sqlc.arg(lock_mode)::text = 'try' AND lk.locked)
+             THEN COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                            WHERE l.job = sqlc.arg(job)::text
+                            ORDER BY l.started_at DESC LIMIT 1), false)
+             ELSE false END)::boolean AS stale,
+       (CASE WHEN ins.fence IS NULL
+                  AND (sqlc.arg(lock_mode)::text = 'held' OR (sqlc.arg(lock_mode)::text = 'try' AND lk.locked))
+             THEN NOT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
+             ELSE false END)::boolean AS left_locked
 FROM chk CROSS JOIN lk LEFT JOIN ins ON true;
-
--- name: ClaimTickHeld :one
--- ClaimTick on a session that holds the job's advisory lock already (taken
--- with a wait), with ClaimTickLocked's stale check.
-WITH chk AS (
-    SELECT now() AS db_now,
-           (sqlc.narg(tolerance_us)::bigint IS NULL
-            OR sqlc.arg(fire_at)::timestamptz
-               BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
-                   AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance
-), ins AS (
-    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, nextval('pgclaim_fence_seq')
-    FROM chk
-    WHERE chk.in_tolerance
-    ON CONFLICT (job, fire_at) DO NOTHING
-    RETURNING fence
-)
-SELECT chk.db_now::timestamptz AS db_now,
-       chk.in_tolerance::boolean AS in_tolerance,
-       COALESCE(ins.fence, 0)::bigint AS fence,
-       COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
-                 WHERE l.job = sqlc.arg(job)::text
-                 ORDER BY l.started_at DESC LIMIT 1), false)::boolean AS stale
-FROM chk LEFT JOIN ins ON true;
 
 -- name: AbandonTicks :one
 -- Mark abandoned every tick of the job still running, except the caller's
@@ -175,13 +140,6 @@ FROM (SELECT count(*) AS n FROM fin) f;
 -- Database time: the only clock pgclaim compares against.
 SELECT now()::timestamptz AS db_now;
 
--- name: TickClaimed :one
--- Whether some instance has claimed the tick.
-SELECT EXISTS (
-    SELECT 1 FROM pgclaim_ticks
-    WHERE job = sqlc.arg(job)::text AND fire_at = sqlc.arg(fire_at)::timestamptz
-)::boolean AS claimed;
-
 -- name: TickOwner :one
 -- Who claimed a tick and how it ended.
 SELECT holder, fence, outcome
@@ -205,10 +163,12 @@ SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE to_regclass(u.n) IS 
 FROM unnest(sqlc.arg(names)::text[]) WITH ORDINALITY AS u(n, ord);
 
 -- name: HeldTick :one
--- After a claim found the job's lock held elsewhere: whether the tick was
--- claimed meanwhile (a racing instance's claim, not committed when the
--- claim looked), and the job's latest running tick, whose run holds the
--- lock (none: an Exclusive run of the same name holds it).
+-- Whether the tick is claimed, and the job's latest running tick, whose
+-- run holds the job's lock (none: an Exclusive run of the same name holds
+-- it). Read before waiting for the lock (a claimed tick is not waited for:
+-- its run may be what holds the lock), and after a claim found the lock
+-- held elsewhere (a tick claimed meanwhile by a racing instance, not
+-- committed when the claim looked, is a normal skip).
 SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
                WHERE t.job = sqlc.arg(job)::text AND t.fire_at = sqlc.arg(fire_at)::timestamptz)::boolean AS claimed,
        COALESCE(r.holder, '')::text AS holder,
