@@ -47,7 +47,7 @@ func TestHelperHolderProcess(t *testing.T) {
 		fmt.Println("pool:", err)
 		os.Exit(2)
 	}
-	g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "doomed"}})
+	g, err := gate.New(pool, gate.Config{Holder: "doomed"})
 	if err != nil {
 		fmt.Println("gate:", err)
 		os.Exit(2)
@@ -141,7 +141,7 @@ func TestOnceAbandonedWhenHolderKilled(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
-	heir := newGate(t, db.Pool, "heir", gate.Config{Options: gate.Options{Hooks: rec, Logger: logger}})
+	heir := newGate(t, db.Pool, "heir", gate.Config{Hooks: rec, Logger: logger})
 	next := at.Add(time.Second)
 	var ran atomic.Int32
 	if err := onceUntilNotHeld(t, heir, "job", next, func(context.Context, gate.Run) error {
@@ -198,7 +198,7 @@ func TestOnceAbandonedAfterBackendTerminated(t *testing.T) {
 	ctx := context.Background()
 	a := newGate(t, db.Pool, "a", gate.Config{})
 	rec := &abandonedEvents{}
-	b := newGate(t, db.NewPool(t), "b", gate.Config{Options: gate.Options{Hooks: rec}})
+	b := newGate(t, db.NewPool(t), "b", gate.Config{Hooks: rec})
 	at := dbNow(t, db.Pool).Truncate(time.Second)
 
 	running, release := make(chan struct{}), make(chan struct{})
@@ -313,8 +313,7 @@ func TestLiveRunNeverAbandoned(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	rec := &abandonedEvents{}
-	hooks := gate.Options{Hooks: rec}
-	live := newGate(t, db.Pool, "live", gate.Config{Options: hooks})
+	live := newGate(t, db.Pool, "live", gate.Config{Hooks: rec})
 	at := dbNow(t, db.Pool).Truncate(time.Second)
 
 	running, release := make(chan struct{}), make(chan struct{})
@@ -327,8 +326,8 @@ func TestLiveRunNeverAbandoned(t *testing.T) {
 		})
 	}()
 	<-running
-	noWait := newGate(t, db.NewPool(t), "no-wait", gate.Config{Options: hooks})
-	waits := newGate(t, db.NewPool(t), "waits", gate.Config{Options: hooks, LockWait: 100 * time.Millisecond})
+	noWait := newGate(t, db.NewPool(t), "no-wait", gate.Config{Hooks: rec})
+	waits := newGate(t, db.NewPool(t), "waits", gate.Config{Hooks: rec, LockWait: 100 * time.Millisecond})
 	for _, try := range []struct {
 		name string
 		call func() error
@@ -360,7 +359,7 @@ func TestLiveRunNeverAbandoned(t *testing.T) {
 	var runs [ticks]atomic.Int32
 	var wg sync.WaitGroup
 	for k := range 3 {
-		g := newGate(t, db.NewPool(t), fmt.Sprintf("contender-%d", k), gate.Config{Options: hooks, LockWait: time.Second})
+		g := newGate(t, db.NewPool(t), fmt.Sprintf("contender-%d", k), gate.Config{Hooks: rec, LockWait: time.Second})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

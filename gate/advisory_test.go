@@ -227,11 +227,11 @@ func TestLostWhenBackendTerminated(t *testing.T) {
 			db := pgtest.NewDatabase(t)
 			ctx := context.Background()
 			var lostEvents atomic.Int32
-			a := newGate(t, db.Pool, "a", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
+			a := newGate(t, db.Pool, "a", gate.Config{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 				if e.Kind == gate.EventLost {
 					lostEvents.Add(1)
 				}
-			})}})
+			})})
 			standby := newGate(t, db.NewPool(t), "standby", gate.Config{LockWait: 5 * time.Second})
 			at := dbNow(t, db.Pool).Truncate(time.Second)
 
@@ -456,7 +456,7 @@ func TestLostFoundAtRelease(t *testing.T) {
 			db := pgtest.NewDatabase(t)
 			ctx := context.Background()
 			var lost, finished atomic.Int32
-			g := newGate(t, db.Pool, "short", gate.Config{Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
+			g := newGate(t, db.Pool, "short", gate.Config{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 				switch e.Kind {
 				case gate.EventLost:
 					lost.Add(1)
@@ -465,7 +465,7 @@ func TestLostFoundAtRelease(t *testing.T) {
 						finished.Add(1)
 					}
 				}
-			})}})
+			})})
 			at := dbNow(t, db.Pool).Truncate(time.Second)
 			fn := func(ctx context.Context, run gate.Run) error {
 				pid := holderPID(t, db.Pool, "job")

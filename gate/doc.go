@@ -117,8 +117,8 @@
 //
 // # Observing
 //
-// Options.Logger (a *slog.Logger, slog.Default() when nil) and Options.Hooks
-// receive the same events: acquired, skipped, lost, finished with outcome and
+// The Logger (a *slog.Logger, slog.Default() when nil) and the Hooks of
+// Config, LeaseConfig and ElectorConfig receive the same events: acquired, skipped, lost, finished with outcome and
 // duration, and abandoned ticks found by a claim. Both get the context of the
 // call the event belongs to (for a lock, lease or leadership lost as its
 // watcher finds it, the values of the acquiring call's context), so a tracer

@@ -47,7 +47,7 @@ func TestElectionKeyCollision(t *testing.T) {
 		db := pgtest.NewDatabase(t)
 		ctx := context.Background()
 		var logs syncBuffer
-		o := gate.ElectorOptions{Lease: lease, TTL: 300 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: 300 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
 		a := newElector(t, db.NewPool(t), collideA, "leader-a", o)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		b := newElector(t, db.NewPool(t), collideB, "candidate-b", o)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,30 +37,62 @@ const ElectionClass int32 = 0x70676365
 // 1.2% for 10,000 (election names only meet election names: advisory gates
 // use AdvisoryClass). A candidate that has waited TTL for its lock looks
 // for an open term of a colliding election and logs a warning naming it;
-// rename one of the two, or use the lease variant (ElectorOptions.Lease),
+// rename one of the two, or use the lease variant (ElectorConfig.Mechanism LeaseRow),
 // whose terms are keyed by the full name and never collide.
 func ElectionKey(name string) (class, key int32) {
 	_, key = AdvisoryKey(name)
 	return ElectionClass, key
 }
 
-// DefaultTTL is the ElectorOptions.TTL used when none is set.
+// Mechanism is how an Elector holds leadership.
+type Mechanism int
+
+const (
+	// Advisory holds a session advisory lock on a dedicated connection,
+	// with standbys blocked in pg_advisory_lock: the next in line gets it
+	// the moment the leader's session ends. It needs a direct connection
+	// (not a transaction-pooling PgBouncer). The default.
+	Advisory Mechanism = iota
+
+	// LeaseRow holds a lease row in pgclaim_terms renewed every TTL/4 with
+	// database time; standbys try to take it every RetryInterval. It works
+	// through PgBouncer in transaction pooling mode.
+	LeaseRow
+)
+
+// String returns "advisory" or "lease-row".
+func (m Mechanism) String() string {
+	switch m {
+	case Advisory:
+		return "advisory"
+	case LeaseRow:
+		return "lease-row"
+	}
+	return fmt.Sprintf("Mechanism(%d)", int(m))
+}
+
+// DefaultTTL is the ElectorConfig.TTL used when none is set.
 const DefaultTTL = 5 * time.Second
 
-// ElectorOptions configure an Elector.
-type ElectorOptions struct {
-	// Options are the settings every gate mechanism shares.
-	Options
+// ElectorConfig configure an Elector.
+type ElectorConfig struct {
+	// Holder identifies this instance in pgclaim_terms and in logs. Default:
+	// "hostname:pid".
+	Holder string
 
-	// Lease selects the lease-table variant: leadership is a lease row in
-	// pgclaim_terms renewed every TTL/4 with database time, and standbys
-	// try to take it every RetryInterval. It works through PgBouncer in
-	// transaction pooling mode. The default variant holds a session
-	// advisory lock on a dedicated connection instead, with standbys
-	// blocked in pg_advisory_lock, and needs a direct connection.
-	//
-	// All instances of one election must use the same variant.
-	Lease bool
+	// Logger receives leadership (acquired / lost / released) records, each with the caller's context
+	// where there is one. Default (nil): slog.Default(), so warnings and
+	// errors reach the process's logger; set a logger with
+	// slog.DiscardHandler to silence it.
+	Logger *slog.Logger
+
+	// Hooks observes the same events for metrics and tracing. Default:
+	// no-op.
+	Hooks Hooks
+
+	// Mechanism is how leadership is held: Advisory (the default) or
+	// LeaseRow. All instances of one election must use the same one.
+	Mechanism Mechanism
 
 	// TTL bounds how long a leader that lost touch with the database may go
 	// on unnoticed. The leader confirms its lock or lease every TTL/4 and
@@ -87,15 +120,21 @@ type ElectorOptions struct {
 	RetryInterval time.Duration
 }
 
+func (o ElectorConfig) instance() instance {
+	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks}
+}
+
 // check validates the options and fills defaults.
-func (o ElectorOptions) check() (ElectorOptions, error) {
+func (o ElectorConfig) check() (ElectorConfig, error) {
 	switch {
+	case o.Mechanism != Advisory && o.Mechanism != LeaseRow:
+		return o, invalid("ElectorConfig.Mechanism", fmt.Sprintf("%v is neither Advisory nor LeaseRow", o.Mechanism))
 	case o.TTL < 0:
-		return o, invalid("ElectorOptions.TTL", "must not be negative")
+		return o, invalid("ElectorConfig.TTL", "must not be negative")
 	case o.TTL > 0 && o.TTL < 10*time.Millisecond:
-		return o, invalid("ElectorOptions.TTL", "must be at least 10ms")
+		return o, invalid("ElectorConfig.TTL", "must be at least 10ms")
 	case o.RetryInterval < 0:
-		return o, invalid("ElectorOptions.RetryInterval", "must not be negative")
+		return o, invalid("ElectorConfig.RetryInterval", "must not be negative")
 	}
 	if o.TTL == 0 {
 		o.TTL = DefaultTTL
@@ -103,7 +142,8 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 	if o.RetryInterval == 0 {
 		o.RetryInterval = o.TTL / 4
 	}
-	o.Options = o.Options.withDefaults()
+	in := o.instance().withDefaults()
+	o.Holder, o.Logger, o.Hooks = in.Holder, in.Logger, in.Hooks
 	return o, nil
 }
 
@@ -111,7 +151,7 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 // election name: Active/Standby without a flag or a port to remember. While
 // the leader lives it stays leader; when it dies, resigns or loses its
 // connection, a standby takes over within a bounded time (see
-// ElectorOptions.TTL).
+// ElectorConfig.TTL).
 //
 // Each term is recorded in pgclaim_terms (election, holder, term, started_at,
 // ended_at in database time), and the term number is a fencing token from
@@ -119,14 +159,15 @@ func (o ElectorOptions) check() (ElectorOptions, error) {
 // terms never overlap: a new leader starts its term only after the previous
 // one was closed. Prune deletes terms that ended long ago.
 //
-// Leadership changes are reported to Options.Hooks and the Logger:
+// Leadership changes are reported to ElectorConfig.Hooks and the Logger:
 // EventAcquired when this instance starts leading, EventLost when it lost
 // leadership, EventReleased when it resigned. Event.Fence is the term.
 //
 // An Elector campaigns for one instance; it is safe for concurrent use.
 type Elector struct {
 	named
-	o ElectorOptions
+	o  ElectorConfig
+	in instance // o's Holder, Logger and Hooks
 	// key of the advisory variant's lock
 	class, key int32
 
@@ -137,12 +178,12 @@ type Elector struct {
 // NewElector returns an Elector campaigning in the election called name
 // through pool. Like New, it refuses a database without pgclaim's tables
 // (one query, bounded by 10 s).
-func NewElector(pool *pgxpool.Pool, name string, opts ElectorOptions) (*Elector, error) {
+func NewElector(pool *pgxpool.Pool, name string, opts ElectorConfig) (*Elector, error) {
 	n, o, err := newNamed(pool, name, opts, "pgclaim_terms", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	e := &Elector{named: n, o: o, sem: make(chan struct{}, 1)}
+	e := &Elector{named: n, o: o, in: o.instance(), sem: make(chan struct{}, 1)}
 	e.class, e.key = ElectionKey(name)
 	return e, nil
 }
@@ -255,7 +296,7 @@ func (e *Elector) Run(ctx context.Context, fn Func) error {
 			if ferr != nil {
 				e.o.Logger.WarnContext(ctx, "gate: leader function failed as leadership ended", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", ferr.Error())
 			}
-			if t.resigned.Load() && e.o.Lease {
+			if t.resigned.Load() && e.o.Mechanism == LeaseRow {
 				// Let a standby's next try win before standing again.
 				select {
 				case <-ctx.Done():
@@ -273,7 +314,7 @@ func (e *Elector) Run(ctx context.Context, fn Func) error {
 // leadership ended (lost or resigned) before fn returned.
 func (e *Elector) lead(ctx context.Context, t *term, fn Func) (ferr error, ended bool) {
 	h := &termHold{t: t}
-	ferr = e.o.runHeld(ctx, Run{Name: e.name, Holder: e.o.Holder, Fence: t.fence}, h, fn, false)
+	ferr = e.in.runHeld(ctx, Run{Name: e.name, Holder: e.o.Holder, Fence: t.fence}, h, fn, false)
 	return ferr, h.ended
 }
 
@@ -352,7 +393,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 		t   *term
 		err error
 	)
-	if e.o.Lease {
+	if e.o.Mechanism == LeaseRow {
 		t, err = e.campaignLease(ctx, deferEnd)
 	} else {
 		t, err = e.campaignAdvisory(ctx, deferEnd)
@@ -363,7 +404,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 	t.obsCtx = context.WithoutCancel(ctx)
 	t.keep()
 	e.cur.Store(t)
-	e.o.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
+	e.in.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
 	close(t.acquired)
 	go t.watch()
 	return t, nil
@@ -446,7 +487,7 @@ func (t *term) stepDown(why error) {
 	t.mu.Unlock()
 	if why != nil {
 		t.cancel(why)
-		t.e.o.emit(t.obsCtx, Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
+		t.e.in.emit(t.obsCtx, Event{Kind: EventLost, Name: t.e.name, Holder: t.e.o.Holder, Fence: t.fence, Err: why})
 	} else {
 		t.cancel(context.Canceled)
 	}
@@ -526,7 +567,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 		t.endErr = err
 		e.cur.CompareAndSwap(t, nil)
 		if reason == reasonResigned && t.lostErr() == nil {
-			e.o.emit(ctx, Event{Kind: EventReleased, Name: e.name, Holder: e.o.Holder, Fence: t.fence, Duration: time.Since(t.start)})
+			e.in.emit(ctx, Event{Kind: EventReleased, Name: e.name, Holder: e.o.Holder, Fence: t.fence, Duration: time.Since(t.start)})
 		}
 	})
 	select {

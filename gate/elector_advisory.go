@@ -33,7 +33,7 @@ func (e *Elector) warnCollision(ctx context.Context) {
 		if _, k := ElectionKey(o.Election); k != e.key {
 			continue
 		}
-		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorOptions.Lease",
+		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorConfig.Mechanism LeaseRow",
 			"name", e.name, "holder", e.o.Holder, "colliding_election", o.Election, "colliding_holder", o.Holder, "colliding_fence", o.Term)
 	}
 }

@@ -86,7 +86,7 @@ func TestElectorLeaseStalledStampDoesNotBlockElection(t *testing.T) {
 		ttl   = 300 * time.Millisecond
 		retry = 30 * time.Millisecond
 	)
-	o := gate.ElectorOptions{Lease: true, TTL: ttl, RetryInterval: retry}
+	o := gate.ElectorConfig{Mechanism: gate.LeaseRow, TTL: ttl, RetryInterval: retry}
 
 	tracer := &stallTracer{match: "StampTermStart", delay: 3 * ttl, done: make(chan struct{})}
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -168,7 +168,7 @@ func TestElectorLeaseTakesOverRowStampedAfterLease(t *testing.T) {
 		VALUES ('stuck', nextval('pgclaim_fence_seq'), 'old', 'lease', now(), now() - interval '1 second')`); err != nil {
 		t.Fatal(err)
 	}
-	e := newElector(t, db.NewPool(t), "stuck", "new", gate.ElectorOptions{Lease: true, TTL: 300 * time.Millisecond})
+	e := newElector(t, db.NewPool(t), "stuck", "new", gate.ElectorConfig{Mechanism: gate.LeaseRow, TTL: 300 * time.Millisecond})
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := e.Campaign(cctx); err != nil {

@@ -33,7 +33,16 @@ func electorVariants(t *testing.T, f func(t *testing.T, lease bool)) {
 	}
 }
 
-func newElector(t testing.TB, pool *pgxpool.Pool, name, holder string, o gate.ElectorOptions) *gate.Elector {
+// mechanism returns LeaseRow for the lease variant of a test that runs
+// both, Advisory otherwise.
+func mechanism(lease bool) gate.Mechanism {
+	if lease {
+		return gate.LeaseRow
+	}
+	return gate.Advisory
+}
+
+func newElector(t testing.TB, pool *pgxpool.Pool, name, holder string, o gate.ElectorConfig) *gate.Elector {
 	t.Helper()
 	o.Holder = holder
 	e, err := gate.NewElector(pool, name, o)
@@ -116,7 +125,7 @@ func electionHolderPID(ctx context.Context, pool *pgxpool.Pool, name string) (ui
 func TestElectorOneLeaderAndResign(t *testing.T) {
 	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
-		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, RetryInterval: 20 * time.Millisecond}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: time.Second, RetryInterval: 20 * time.Millisecond}
 		ctx := context.Background()
 		es := make([]*gate.Elector, 3)
 		won := make(chan int, len(es))
@@ -188,7 +197,7 @@ func TestElectorAdvisoryLeaderConnectionKilled(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	srv := pgtest.Shared(t)
 	ctx := context.Background()
-	o := gate.ElectorOptions{TTL: 2 * time.Second}
+	o := gate.ElectorConfig{TTL: 2 * time.Second}
 	leader := newElector(t, db.NewPool(t), "scheduler", "leader", o)
 	standby := newElector(t, db.NewPool(t), "scheduler", "standby", o)
 	lctx, err := leader.Campaign(ctx)
@@ -251,7 +260,7 @@ func TestElectorCrashedLeaderReplacedAfterTTL(t *testing.T) {
 	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
 		ctx := context.Background()
-		o := gate.ElectorOptions{Lease: lease, TTL: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond}
 		leader := newElector(t, db.NewPool(t), "scheduler", "leader", o)
 		standby := newElector(t, db.NewPool(t), "scheduler", "standby", o)
 		lctx, err := leader.Campaign(ctx)
@@ -302,7 +311,7 @@ func TestElectorLeaseSurvivesConnectionLoss(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	srv := pgtest.Shared(t)
 	ctx := context.Background()
-	o := gate.ElectorOptions{Lease: true, TTL: time.Second}
+	o := gate.ElectorConfig{Mechanism: gate.LeaseRow, TTL: time.Second}
 	pool := db.NewPool(t)
 	e := newElector(t, pool, "scheduler", "leader", o)
 	lctx, err := e.Campaign(ctx)
@@ -338,7 +347,7 @@ func TestElectorFlip60(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		ttl := 300 * time.Millisecond
-		o := gate.ElectorOptions{Lease: lease, TTL: ttl, RetryInterval: 10 * time.Millisecond}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: ttl, RetryInterval: 10 * time.Millisecond}
 
 		const n = 3
 		var (
@@ -455,7 +464,7 @@ func durStats(ds []time.Duration) string {
 func TestElectorCampaignCancelled(t *testing.T) {
 	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
-		o := gate.ElectorOptions{Lease: lease, TTL: time.Second}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: time.Second}
 		leader := newElector(t, db.NewPool(t), "e", "leader", o)
 		standby := newElector(t, db.NewPool(t), "e", "standby", o)
 		if _, err := leader.Campaign(context.Background()); err != nil {
@@ -501,11 +510,11 @@ func TestElectorRunReturnsFnError(t *testing.T) {
 		db := pgtest.NewDatabase(t)
 		var kinds []string
 		var mu sync.Mutex
-		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: time.Second, Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 			mu.Lock()
 			kinds = append(kinds, e.Kind.String())
 			mu.Unlock()
-		})}}
+		})}
 		e := newElector(t, db.Pool, "e", "a", o)
 		boom := errors.New("boom")
 		var fence int64
@@ -545,14 +554,14 @@ func TestElectorBadInput(t *testing.T) {
 		name  string
 		pool  *pgxpool.Pool
 		elect string
-		o     gate.ElectorOptions
+		o     gate.ElectorConfig
 		field string
 	}{
-		{"nil pool", nil, "x", gate.ElectorOptions{}, "pool"},
-		{"empty name", pool, "", gate.ElectorOptions{}, "name"},
-		{"negative TTL", pool, "x", gate.ElectorOptions{TTL: -time.Second}, "ElectorOptions.TTL"},
-		{"tiny TTL", pool, "x", gate.ElectorOptions{TTL: time.Millisecond}, "ElectorOptions.TTL"},
-		{"negative RetryInterval", pool, "x", gate.ElectorOptions{RetryInterval: -1}, "ElectorOptions.RetryInterval"},
+		{"nil pool", nil, "x", gate.ElectorConfig{}, "pool"},
+		{"empty name", pool, "", gate.ElectorConfig{}, "name"},
+		{"negative TTL", pool, "x", gate.ElectorConfig{TTL: -time.Second}, "ElectorConfig.TTL"},
+		{"tiny TTL", pool, "x", gate.ElectorConfig{TTL: time.Millisecond}, "ElectorConfig.TTL"},
+		{"negative RetryInterval", pool, "x", gate.ElectorConfig{RetryInterval: -1}, "ElectorConfig.RetryInterval"},
 	} {
 		e, err := gate.NewElector(c.pool, c.elect, c.o)
 		if e != nil || !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), c.field+":") {
@@ -560,7 +569,7 @@ func TestElectorBadInput(t *testing.T) {
 		}
 	}
 	// NewElector checks the schema, so the rest needs a real database.
-	e, err := gate.NewElector(pgtest.Pool(t), "x", gate.ElectorOptions{})
+	e, err := gate.NewElector(pgtest.Pool(t), "x", gate.ElectorConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +602,7 @@ func TestElectorServerRestart(t *testing.T) {
 			db := pgtest.NewDatabase(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			o := gate.ElectorOptions{Lease: lease, TTL: 4 * time.Second, RetryInterval: 50 * time.Millisecond}
+			o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: 4 * time.Second, RetryInterval: 50 * time.Millisecond}
 			es := []*gate.Elector{
 				newElector(t, db.NewPool(t), "e", "a", o),
 				newElector(t, db.NewPool(t), "e", "b", o),
@@ -675,18 +684,18 @@ func TestElectorBehindPooler(t *testing.T) {
 	t.Cleanup(pool.Close)
 	ctx := context.Background()
 
-	adv := newElector(t, pool, "e", "a", gate.ElectorOptions{TTL: time.Second})
+	adv := newElector(t, pool, "e", "a", gate.ElectorConfig{TTL: time.Second})
 	if _, err := adv.Campaign(ctx); !errors.Is(err, gate.ErrPooler) {
 		t.Fatalf("advisory Campaign behind a pooler = %v; want ErrPooler", err)
 	}
-	le := newElector(t, pool, "e", "a", gate.ElectorOptions{Lease: true, TTL: time.Second})
+	le := newElector(t, pool, "e", "a", gate.ElectorConfig{Mechanism: gate.LeaseRow, TTL: time.Second})
 	if _, err := le.Campaign(ctx); err != nil {
 		t.Fatalf("lease Campaign behind a pooler: %v", err)
 	}
 	if err := le.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l := newLease(t, pool, "job", "a", gate.LeaseOptions{AtMost: time.Second})
+	l := newLease(t, pool, "job", "a", gate.LeaseConfig{AtMost: time.Second})
 	if err := l.Do(ctx, func(context.Context, gate.Run) error { return nil }); err != nil {
 		t.Fatalf("lease lock behind a pooler: %v", err)
 	}
@@ -698,7 +707,7 @@ func TestElectorBehindPooler(t *testing.T) {
 func TestElectorPrune(t *testing.T) {
 	electorVariants(t, func(t *testing.T, lease bool) {
 		db := pgtest.NewDatabase(t)
-		o := gate.ElectorOptions{Lease: lease, TTL: time.Second, RetryInterval: 20 * time.Millisecond}
+		o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: time.Second, RetryInterval: 20 * time.Millisecond}
 		ctx := context.Background()
 		e := newElector(t, db.Pool, "scheduler", "a", o)
 		other := newElector(t, db.Pool, "other", "a", o)

@@ -16,7 +16,7 @@ func ExampleHeldError() {
 	ctx := context.Background()
 	pool := examplePool()
 	newInstance := func(holder string) *gate.Gate {
-		g, err := gate.New(pool, gate.Config{SkewTolerance: 5 * time.Minute, Options: gate.Options{Holder: holder}})
+		g, err := gate.New(pool, gate.Config{SkewTolerance: 5 * time.Minute, Holder: holder})
 		if err != nil {
 			log.Fatal(err)
 		}

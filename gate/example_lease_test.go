@@ -31,10 +31,10 @@ func ExampleLease_Do() {
 	defer db.Drop(ctx)
 
 	newInstance := func(holder string) *gate.Lease {
-		l, err := gate.NewLease(db.Pool, "push-resume", gate.LeaseOptions{
+		l, err := gate.NewLease(db.Pool, "push-resume", gate.LeaseConfig{
 			AtMost:  time.Minute,     // a crashed holder blocks the job at most this long
 			AtLeast: 5 * time.Second, // a fast run still keeps the lease this long
-			Options: gate.Options{Holder: holder},
+			Holder:  holder,
 		})
 		if err != nil {
 			log.Fatal(err)
@@ -69,7 +69,7 @@ func ExampleElector_Run() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	e, err := gate.NewElector(pool, "scheduler", gate.ElectorOptions{TTL: 5 * time.Second})
+	e, err := gate.NewElector(pool, "scheduler", gate.ElectorConfig{TTL: 5 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}

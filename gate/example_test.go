@@ -44,7 +44,7 @@ func ExampleGate_Once() {
 	pool := examplePool()
 
 	newInstance := func(holder string) *gate.Gate {
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: holder}})
+		g, err := gate.New(pool, gate.Config{Holder: holder})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func ExampleGate_CatchUp() {
 	ctx := context.Background()
 	pool := examplePool()
 	for _, holder := range []string{"app-1:8101", "app-2:8103"} {
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: holder}})
+		g, err := gate.New(pool, gate.Config{Holder: holder})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -109,12 +109,12 @@ func ExampleGate_CatchUp() {
 func ExampleGate_Exclusive() {
 	ctx := context.Background()
 	pool := examplePool()
-	a, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "app-1:8101"}})
+	a, err := gate.New(pool, gate.Config{Holder: "app-1:8101"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer a.Close()
-	b, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "app-2:8103"}})
+	b, err := gate.New(pool, gate.Config{Holder: "app-2:8103"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func ExampleHooksFunc() {
 			fmt.Println(e.Kind, e.Name)
 		}
 	})
-	g, err := gate.New(pool, gate.Config{Options: gate.Options{Hooks: hooks}})
+	g, err := gate.New(pool, gate.Config{Hooks: hooks})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 package gate
 
 // This file holds what every gate mechanism shares: sentinel errors, the
-// Options common to all of them, the Run handed to a job, outcomes, and the
+// settings common to all of them (Holder, Logger, Hooks), the Run handed to a job, outcomes, and the
 // Hooks interface. See doc.go for the package overview.
 
 import (
@@ -96,20 +96,18 @@ type named struct {
 	name string
 }
 
-// namedOptions are the options of a Lease or an Elector: they validate
-// themselves and fill their defaults (check), and embed Options.
-type namedOptions[O any] interface {
+// namedConfig is the config of a Lease or an Elector: they validate
+// themselves and fill their defaults (check), and carry the shared
+// settings (instance).
+type namedConfig[O any] interface {
 	check() (O, error)
-	logger() *slog.Logger
+	instance() instance
 }
-
-// logger returns the Logger (promoted to the options embedding Options).
-func (o Options) logger() *slog.Logger { return o.Logger }
 
 // newNamed validates pool and name, then opts (returned checked, with their
 // defaults), then that the database has tables (see checkSchema), in that
 // order.
-func newNamed[O namedOptions[O]](pool *pgxpool.Pool, name string, opts O, tables ...string) (named, O, error) {
+func newNamed[O namedConfig[O]](pool *pgxpool.Pool, name string, opts O, tables ...string) (named, O, error) {
 	if pool == nil {
 		return named{}, opts, invalid("pool", "must not be nil")
 	}
@@ -121,7 +119,7 @@ func newNamed[O namedOptions[O]](pool *pgxpool.Pool, name string, opts O, tables
 		return named{}, opts, err
 	}
 	q := store.New(readCommitted{pool})
-	if err := checkSchema(o.logger(), q, tables...); err != nil {
+	if err := checkSchema(o.instance().Logger, q, tables...); err != nil {
 		return named{}, opts, err
 	}
 	return named{pool: pool, q: q, name: name}, o, nil
@@ -135,29 +133,17 @@ func checkName(field, name string) error {
 	return nil
 }
 
-// Options are the settings every gate mechanism shares. The zero value is
-// ready to use.
-type Options struct {
-	// Holder identifies this instance in the ledger, in lock rows and in
-	// logs. Default: "hostname:pid".
+// instance holds the settings every gate mechanism shares (Holder, Logger
+// and Hooks of Config, LeaseConfig and ElectorConfig), with their defaults.
+type instance struct {
 	Holder string
-
-	// Logger receives acquired / skipped / lost / finished records, each
-	// with the caller's context where there is one. Default (nil):
-	// slog.Default(), so warnings and errors (a lost lock, a tick skipped
-	// because its job's lock is held, an outcome that could not be
-	// recorded) reach the process's logger; acquired and skipped records
-	// are at debug level, finished and released at info. Set a logger with
-	// slog.DiscardHandler to silence the gate.
 	Logger *slog.Logger
-
-	// Hooks observes the same events for metrics. Default: no-op.
-	Hooks Hooks
+	Hooks  Hooks
 }
 
 // withDefaults fills unset fields. It never fails: a Holder can always be
 // derived.
-func (o Options) withDefaults() Options {
+func (o instance) withDefaults() instance {
 	if o.Holder == "" {
 		o.Holder = defaultHolder()
 	}

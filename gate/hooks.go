@@ -11,7 +11,7 @@ import (
 // ctx (the caller's; for background work, the acquiring call's values): acquired and skipped at debug level
 // (a tick skipped because its job's lock is held at warn), finished at info
 // (error when the job failed), abandoned at warn, lost at error.
-func (o *Options) emit(ctx context.Context, e Event) {
+func (o *instance) emit(ctx context.Context, e Event) {
 	o.Hooks.Observe(ctx, e)
 	level := slog.LevelDebug
 	switch e.Kind {

@@ -44,7 +44,7 @@ func TestHooksAndLogs(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	g := newGate(t, db.Pool, "observed", gate.Config{Options: gate.Options{Hooks: rec, Logger: logger}})
+	g := newGate(t, db.Pool, "observed", gate.Config{Hooks: rec, Logger: logger})
 	at := dbNow(t, db.Pool).Truncate(time.Second)
 
 	if err := g.Once(ctx, "job", at, func(context.Context, gate.Run) error {

@@ -97,7 +97,7 @@ func TestIsolationLedger(t *testing.T) {
 					p0 = p
 				}
 				gates[i] = newGate(t, p, fmt.Sprintf("inst-%d", i), gate.Config{
-					LedgerOnly: ledgerOnly, Options: gate.Options{Logger: logs.logger()},
+					LedgerOnly: ledgerOnly, Logger: logs.logger(),
 				})
 			}
 			job := fmt.Sprintf("job-ledgeronly-%v", ledgerOnly)
@@ -191,7 +191,7 @@ func TestIsolationAbandon(t *testing.T) {
 			if i == 0 {
 				p0 = p
 			}
-			gates[i] = newGate(t, p, fmt.Sprintf("inst-%d", i), gate.Config{Options: gate.Options{Logger: logs.logger()}})
+			gates[i] = newGate(t, p, fmt.Sprintf("inst-%d", i), gate.Config{Logger: logs.logger()})
 		}
 		var abandoned atomic.Int32
 		for round := range 10 {
@@ -239,9 +239,9 @@ func TestIsolationLease(t *testing.T) {
 		var logs warnLog
 		leases := make([]*gate.Lease, contenders)
 		for i := range leases {
-			l, err := gate.NewLease(pools(), "shared", gate.LeaseOptions{
-				Options: gate.Options{Holder: fmt.Sprintf("inst-%d", i), Logger: logs.logger()},
-				AtMost:  200 * time.Millisecond, NoKeepAlive: true,
+			l, err := gate.NewLease(pools(), "shared", gate.LeaseConfig{
+				Holder: fmt.Sprintf("inst-%d", i), Logger: logs.logger(),
+				AtMost: 200 * time.Millisecond, NoKeepAlive: true,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -302,8 +302,8 @@ func TestIsolationElector(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			var logs warnLog
 			name := fmt.Sprintf("iso-lease-%v", lease)
-			o := gate.ElectorOptions{Lease: lease, TTL: 400 * time.Millisecond, RetryInterval: 5 * time.Millisecond,
-				Options: gate.Options{Logger: logs.logger()}}
+			o := gate.ElectorConfig{Mechanism: mechanism(lease), TTL: 400 * time.Millisecond, RetryInterval: 5 * time.Millisecond,
+				Logger: logs.logger()}
 			var terms atomic.Int32
 			var wg sync.WaitGroup
 			var last *pgxpool.Pool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -18,10 +19,21 @@ import (
 // already released.
 var ErrReleased = errors.New("gate: lease already released")
 
-// LeaseOptions configure a Lease.
-type LeaseOptions struct {
-	// Options are the settings every gate mechanism shares.
-	Options
+// LeaseConfig configure a Lease.
+type LeaseConfig struct {
+	// Holder identifies this instance in lock rows and in logs. Default:
+	// "hostname:pid".
+	Holder string
+
+	// Logger receives acquired / lost / released records, each with the caller's context
+	// where there is one. Default (nil): slog.Default(), so warnings and
+	// errors reach the process's logger; set a logger with
+	// slog.DiscardHandler to silence it.
+	Logger *slog.Logger
+
+	// Hooks observes the same events for metrics and tracing. Default:
+	// no-op.
+	Hooks Hooks
 
 	// AtMost is the lease length: a holder that neither extends nor
 	// releases the lease (it crashed, or lost the network) loses it this
@@ -45,26 +57,31 @@ type LeaseOptions struct {
 	NoKeepAlive bool
 }
 
+func (o LeaseConfig) instance() instance {
+	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks}
+}
+
 // check validates the options and fills defaults.
-func (o LeaseOptions) check() (LeaseOptions, error) {
+func (o LeaseConfig) check() (LeaseConfig, error) {
 	switch {
 	case o.AtMost <= 0:
-		return o, invalid("LeaseOptions.AtMost", "must be positive")
+		return o, invalid("LeaseConfig.AtMost", "must be positive")
 	case o.AtMost < time.Millisecond:
-		return o, invalid("LeaseOptions.AtMost", "must be at least 1ms")
+		return o, invalid("LeaseConfig.AtMost", "must be at least 1ms")
 	case o.AtLeast < 0:
-		return o, invalid("LeaseOptions.AtLeast", "must not be negative")
+		return o, invalid("LeaseConfig.AtLeast", "must not be negative")
 	case o.AtLeast > o.AtMost:
-		return o, invalid("LeaseOptions.AtLeast", fmt.Sprintf("%v exceeds AtMost (%v)", o.AtLeast, o.AtMost))
+		return o, invalid("LeaseConfig.AtLeast", fmt.Sprintf("%v exceeds AtMost (%v)", o.AtLeast, o.AtMost))
 	case o.KeepAlive < 0:
-		return o, invalid("LeaseOptions.KeepAlive", "must not be negative")
+		return o, invalid("LeaseConfig.KeepAlive", "must not be negative")
 	case o.KeepAlive >= o.AtMost:
-		return o, invalid("LeaseOptions.KeepAlive", fmt.Sprintf("%v must be less than AtMost (%v)", o.KeepAlive, o.AtMost))
+		return o, invalid("LeaseConfig.KeepAlive", fmt.Sprintf("%v must be less than AtMost (%v)", o.KeepAlive, o.AtMost))
 	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = o.AtMost / 3
 	}
-	o.Options = o.Options.withDefaults()
+	in := o.instance().withDefaults()
+	o.Holder, o.Logger, o.Hooks = in.Holder, in.Logger, in.Hooks
 	return o, nil
 }
 
@@ -84,18 +101,19 @@ func (o LeaseOptions) check() (LeaseOptions, error) {
 // acquisitions.
 type Lease struct {
 	named
-	o LeaseOptions
+	o  LeaseConfig
+	in instance // o's Holder, Logger and Hooks
 }
 
 // NewLease returns the lease lock called name, kept through pool. Like
 // New, it refuses a database without pgclaim's tables (one query, bounded
 // by 10 s).
-func NewLease(pool *pgxpool.Pool, name string, opts LeaseOptions) (*Lease, error) {
+func NewLease(pool *pgxpool.Pool, name string, opts LeaseConfig) (*Lease, error) {
 	n, o, err := newNamed(pool, name, opts, "pgclaim_locks", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{named: n, o: o}, nil
+	return &Lease{named: n, o: o, in: o.instance()}, nil
 }
 
 // Name returns the lease's name.
@@ -115,7 +133,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 		AtMostUs: l.o.AtMost.Microseconds(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		l.o.emit(ctx, Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
+		l.in.emit(ctx, Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
 		return nil, fmt.Errorf("%w: lease %q", ErrHeld, l.name)
 	}
 	if err != nil {
@@ -126,7 +144,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 	h.mu.Lock()
 	h.valid = lockcore.NewValidity(sent, l.o.AtMost, h.expired)
 	h.mu.Unlock()
-	l.o.emit(ctx, Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
+	l.in.emit(ctx, Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
 	if !l.o.NoKeepAlive {
 		h.keeper = lockcore.Renew(h.ctx, lockcore.RenewConfig{
 			Every: l.o.KeepAlive, Retry: l.o.KeepAlive, Validity: h.valid, Renew: h.renew,
@@ -155,7 +173,7 @@ func (l *Lease) Do(ctx context.Context, fn Func) error {
 		return err
 	}
 	run := Run{Name: l.name, Holder: l.o.Holder, Fence: h.fence}
-	return l.o.runHeld(ctx, run, leaseHold{h}, fn, true)
+	return l.in.runHeld(ctx, run, leaseHold{h}, fn, true)
 }
 
 // leaseHold is a Do's hold of the lease (the lease row implementation of
@@ -288,7 +306,7 @@ func (h *LeaseHandle) Release(ctx context.Context) error {
 		lost = h.markLost(fmt.Errorf("%w: lease %q (fence %d) expired or was taken over before release", ErrLockLost, l.name, h.fence))
 	}
 	h.cancel(context.Canceled)
-	l.o.emit(ctx, Event{Kind: EventReleased, Name: l.name, Holder: l.o.Holder, Fence: h.fence, Duration: time.Since(h.start), Err: lost})
+	l.in.emit(ctx, Event{Kind: EventReleased, Name: l.name, Holder: l.o.Holder, Fence: h.fence, Duration: time.Since(h.start), Err: lost})
 	return lost
 }
 
@@ -305,7 +323,7 @@ func (h *LeaseHandle) markLost(why error) error {
 	h.valid.Stop()
 	h.mu.Unlock()
 	h.cancel(why)
-	h.l.o.emit(h.ctx, Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
+	h.l.in.emit(h.ctx, Event{Kind: EventLost, Name: h.l.name, Holder: h.l.o.Holder, Fence: h.fence, Err: why})
 	return why
 }
 

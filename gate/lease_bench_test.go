@@ -40,7 +40,7 @@ func BenchmarkLeaseCycle(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	leaseCycle := func(o gate.LeaseOptions) func() error {
+	leaseCycle := func(o gate.LeaseConfig) func() error {
 		l := newLease(b, pool, "bench", "a", o)
 		return func() error {
 			h, err := l.TryAcquire(ctx)
@@ -54,8 +54,8 @@ func BenchmarkLeaseCycle(b *testing.B) {
 		name  string
 		cycle func() error
 	}{
-		{"lease", leaseCycle(gate.LeaseOptions{AtMost: time.Minute})},
-		{"lease-nokeepalive", leaseCycle(gate.LeaseOptions{AtMost: time.Minute, NoKeepAlive: true})},
+		{"lease", leaseCycle(gate.LeaseConfig{AtMost: time.Minute})},
+		{"lease-nokeepalive", leaseCycle(gate.LeaseConfig{AtMost: time.Minute, NoKeepAlive: true})},
 		{"shedlock-sql", func() error {
 			took, err := shedlock.Lock(ctx, pool, "bench", "a", time.Minute)
 			if err != nil {
@@ -99,7 +99,7 @@ func BenchmarkElectorTakeover(b *testing.B) {
 			db := pgtest.NewDatabase(b)
 			srv := pgtest.Shared(b)
 			ctx := context.Background()
-			o := gate.ElectorOptions{Lease: c.lease, TTL: 2 * time.Second, RetryInterval: 10 * time.Millisecond}
+			o := gate.ElectorConfig{Mechanism: mechanism(c.lease), TTL: 2 * time.Second, RetryInterval: 10 * time.Millisecond}
 			es := []*gate.Elector{
 				newElector(b, db.NewPool(b), "bench", "a", o),
 				newElector(b, db.NewPool(b), "bench", "b", o),

@@ -19,7 +19,7 @@ import (
 )
 
 // newLease builds a lease or fails the test.
-func newLease(t testing.TB, pool *pgxpool.Pool, name, holder string, o gate.LeaseOptions) *gate.Lease {
+func newLease(t testing.TB, pool *pgxpool.Pool, name, holder string, o gate.LeaseConfig) *gate.Lease {
 	t.Helper()
 	o.Holder = holder
 	l, err := gate.NewLease(pool, name, o)
@@ -81,7 +81,7 @@ func waitAcquire(t testing.TB, l *gate.Lease, limit time.Duration) (*gate.LeaseH
 	}
 }
 
-var manualLease = gate.LeaseOptions{AtMost: 10 * time.Second, NoKeepAlive: true}
+var manualLease = gate.LeaseConfig{AtMost: 10 * time.Second, NoKeepAlive: true}
 
 func TestLeaseLockUnlock(t *testing.T) {
 	t.Parallel()
@@ -171,7 +171,7 @@ func TestLeaseRelockAfterUnlock(t *testing.T) {
 func TestLeaseExpiresAfterAtMost(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 300 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: 300 * time.Millisecond, NoKeepAlive: true}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 
@@ -206,7 +206,7 @@ func TestLeaseExpiresAfterAtMost(t *testing.T) {
 func TestLeaseAtLeastHoldsAfterUnlock(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 5 * time.Second, AtLeast: 400 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: 5 * time.Second, AtLeast: 400 * time.Millisecond, NoKeepAlive: true}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 	h := mustAcquire(t, a)
@@ -239,7 +239,7 @@ func TestLeaseAtLeastHoldsAfterUnlock(t *testing.T) {
 func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: time.Second, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: time.Second, NoKeepAlive: true}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 	h := mustAcquire(t, a)
@@ -267,7 +267,7 @@ func TestLeaseExtend(t *testing.T) {
 func TestLeaseExtendExpiredFails(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 100 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: 100 * time.Millisecond, NoKeepAlive: true}
 	h := mustAcquire(t, newLease(t, pool, "job", "a", o))
 	time.Sleep(150 * time.Millisecond)
 	err := h.Extend(context.Background())
@@ -288,7 +288,7 @@ func TestLeaseExtendExpiredFails(t *testing.T) {
 func TestLeaseOldHandleDeadAfterExtend(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 500 * time.Millisecond, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: 500 * time.Millisecond, NoKeepAlive: true}
 	l := newLease(t, pool, "job", "same-host:1", o)
 	old := mustAcquire(t, l)
 	time.Sleep(600 * time.Millisecond)
@@ -328,7 +328,7 @@ func TestLeaseNeverTakesOverAnotherName(t *testing.T) {
 	}
 	before := map[string]store.LeaseByNameRow{"expired-a": lockRow(t, pool, "expired-a"), "expired-b": lockRow(t, pool, "expired-b")}
 
-	o := gate.LeaseOptions{AtMost: time.Minute, NoKeepAlive: true}
+	o := gate.LeaseConfig{AtMost: time.Minute, NoKeepAlive: true}
 	h := mustAcquire(t, newLease(t, pool, "fresh", "a", o)) // insert path
 	mustBeHeld(t, newLease(t, pool, "fresh", "b", o))       // conflict path, not expired
 	h.Release(ctx)
@@ -370,7 +370,7 @@ func TestLeaseCounterNoLostUpdate(t *testing.T) {
 	for w := range workers {
 		pool := pools[w%len(pools)]
 		for ni, name := range []string{"one", "two"} {
-			l := newLease(t, pool, name, fmt.Sprintf("worker-%d", w), gate.LeaseOptions{AtMost: 10 * time.Second})
+			l := newLease(t, pool, name, fmt.Sprintf("worker-%d", w), gate.LeaseConfig{AtMost: 10 * time.Second})
 			wg.Go(func() {
 				for i := 0; i < perName; {
 					err := l.Do(ctx, func(ctx context.Context, run gate.Run) error {
@@ -416,7 +416,7 @@ func TestLeaseCounterNoLostUpdate(t *testing.T) {
 func TestLeaseKeepAliveOutlivesAtMost(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	o := gate.LeaseOptions{AtMost: 600 * time.Millisecond}
+	o := gate.LeaseConfig{AtMost: 600 * time.Millisecond}
 	a := newLease(t, pool, "job", "a", o)
 	b := newLease(t, pool, "job", "b", o)
 	var checks int
@@ -459,9 +459,9 @@ func TestLeaseTakenOverHolderCancelled(t *testing.T) {
 		v, _ := events.LoadOrStore(e.Kind, new(atomic.Int32))
 		v.(*atomic.Int32).Add(1)
 	})
-	oa := gate.LeaseOptions{AtMost: 2 * time.Second, KeepAlive: 50 * time.Millisecond, Options: gate.Options{Hooks: hooks}}
+	oa := gate.LeaseConfig{AtMost: 2 * time.Second, KeepAlive: 50 * time.Millisecond, Hooks: hooks}
 	a := newLease(t, pool, "job", "a", oa)
-	b := newLease(t, pool, "job", "b", gate.LeaseOptions{AtMost: 10 * time.Second, NoKeepAlive: true})
+	b := newLease(t, pool, "job", "b", gate.LeaseConfig{AtMost: 10 * time.Second, NoKeepAlive: true})
 
 	started := make(chan int64)
 	var newHolder *gate.LeaseHandle
@@ -507,11 +507,11 @@ func TestLeaseDoReportsOutcome(t *testing.T) {
 	pool := pgtest.Pool(t)
 	var mu sync.Mutex
 	var got []gate.Event
-	o := gate.LeaseOptions{AtMost: time.Second, Options: gate.Options{Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
+	o := gate.LeaseConfig{AtMost: time.Second, Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		mu.Lock()
 		got = append(got, e)
 		mu.Unlock()
-	})}}
+	})}
 	l := newLease(t, pool, "job", "a", o)
 	boom := errors.New("boom")
 	if err := l.Do(context.Background(), func(context.Context, gate.Run) error { return boom }); !errors.Is(err, boom) {
@@ -541,23 +541,23 @@ func TestLeaseBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	ok := gate.LeaseOptions{AtMost: time.Second}
+	ok := gate.LeaseConfig{AtMost: time.Second}
 	for _, c := range []struct {
 		name  string
 		pool  *pgxpool.Pool
 		lease string
-		o     gate.LeaseOptions
+		o     gate.LeaseConfig
 		field string
 	}{
 		{"nil pool", nil, "x", ok, "pool"},
 		{"empty name", pool, "", ok, "name"},
-		{"zero AtMost", pool, "x", gate.LeaseOptions{}, "LeaseOptions.AtMost"},
-		{"negative AtMost", pool, "x", gate.LeaseOptions{AtMost: -time.Second}, "LeaseOptions.AtMost"},
-		{"tiny AtMost", pool, "x", gate.LeaseOptions{AtMost: time.Microsecond}, "LeaseOptions.AtMost"},
-		{"AtLeast > AtMost", pool, "x", gate.LeaseOptions{AtMost: time.Second, AtLeast: 2 * time.Second}, "LeaseOptions.AtLeast"},
-		{"negative AtLeast", pool, "x", gate.LeaseOptions{AtMost: time.Second, AtLeast: -1}, "LeaseOptions.AtLeast"},
-		{"KeepAlive = AtMost", pool, "x", gate.LeaseOptions{AtMost: time.Second, KeepAlive: time.Second}, "LeaseOptions.KeepAlive"},
-		{"negative KeepAlive", pool, "x", gate.LeaseOptions{AtMost: time.Second, KeepAlive: -1}, "LeaseOptions.KeepAlive"},
+		{"zero AtMost", pool, "x", gate.LeaseConfig{}, "LeaseConfig.AtMost"},
+		{"negative AtMost", pool, "x", gate.LeaseConfig{AtMost: -time.Second}, "LeaseConfig.AtMost"},
+		{"tiny AtMost", pool, "x", gate.LeaseConfig{AtMost: time.Microsecond}, "LeaseConfig.AtMost"},
+		{"AtLeast > AtMost", pool, "x", gate.LeaseConfig{AtMost: time.Second, AtLeast: 2 * time.Second}, "LeaseConfig.AtLeast"},
+		{"negative AtLeast", pool, "x", gate.LeaseConfig{AtMost: time.Second, AtLeast: -1}, "LeaseConfig.AtLeast"},
+		{"KeepAlive = AtMost", pool, "x", gate.LeaseConfig{AtMost: time.Second, KeepAlive: time.Second}, "LeaseConfig.KeepAlive"},
+		{"negative KeepAlive", pool, "x", gate.LeaseConfig{AtMost: time.Second, KeepAlive: -1}, "LeaseConfig.KeepAlive"},
 	} {
 		l, err := gate.NewLease(c.pool, c.lease, c.o)
 		if l != nil || !errors.Is(err, gate.ErrInvalid) || !strings.Contains(err.Error(), c.field+":") {
@@ -589,7 +589,7 @@ func TestLeaseWithoutPreparedStatements(t *testing.T) {
 		}
 		defer pool.Close()
 		ctx := context.Background()
-		o := gate.LeaseOptions{AtMost: time.Second, AtLeast: 10 * time.Millisecond, KeepAlive: 20 * time.Millisecond}
+		o := gate.LeaseConfig{AtMost: time.Second, AtLeast: 10 * time.Millisecond, KeepAlive: 20 * time.Millisecond}
 		l := newLease(t, pool, "job-"+mode.String(), "a", o)
 		err = l.Do(ctx, func(ctx context.Context, run gate.Run) error {
 			time.Sleep(60 * time.Millisecond) // a few keep-alive extensions
@@ -598,7 +598,7 @@ func TestLeaseWithoutPreparedStatements(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: Do: %v", mode, err)
 		}
-		e := newElector(t, pool, "e-"+mode.String(), "a", gate.ElectorOptions{Lease: true, TTL: 400 * time.Millisecond})
+		e := newElector(t, pool, "e-"+mode.String(), "a", gate.ElectorConfig{Mechanism: gate.LeaseRow, TTL: 400 * time.Millisecond})
 		lctx, err := e.Campaign(ctx)
 		if err != nil {
 			t.Fatalf("%v: Campaign: %v", mode, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +31,22 @@ type Schedule interface {
 
 // Config configures a Gate. The zero value is ready to use.
 type Config struct {
-	Options
+	// Holder identifies this instance in the ledger, in lock rows and in logs. Default:
+	// "hostname:pid".
+	Holder string
+
+	// Logger receives acquired / skipped / lost / finished (acquired and skipped at debug
+	// level, finished and released at info; a lost lock, a tick skipped
+	// because its job's lock is held, an outcome that could not be recorded
+	// at warn or error) records, each with the caller's context
+	// where there is one. Default (nil): slog.Default(), so warnings and
+	// errors reach the process's logger; set a logger with
+	// slog.DiscardHandler to silence it.
+	Logger *slog.Logger
+
+	// Hooks observes the same events for metrics and tracing. Default:
+	// no-op.
+	Hooks Hooks
 
 	// SkewTolerance bounds how far a fireAt given to Once may be from
 	// database time; further away, Once refuses with ErrClockSkew. Zero
@@ -59,6 +75,10 @@ type Config struct {
 	LedgerOnly bool
 }
 
+func (c Config) instance() instance {
+	return instance{Holder: c.Holder, Logger: c.Logger, Hooks: c.Hooks}
+}
+
 // Gate runs jobs at most once per scheduled instant (the tick ledger in
 // pgclaim_ticks) and never concurrently with another run of the same job
 // (a session advisory lock held while the job runs). It is safe for
@@ -66,7 +86,7 @@ type Config struct {
 type Gate struct {
 	pool      *pgxpool.Pool
 	q         *store.Queries
-	opts      Options
+	opts      instance
 	tolerance time.Duration
 	wait      time.Duration
 	ledger    bool // LedgerOnly
@@ -99,7 +119,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 		tol = DefaultSkewTolerance
 	}
 	q := store.New(readCommitted{pool})
-	opts := cfg.Options.withDefaults()
+	opts := cfg.instance().withDefaults()
 	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq"); err != nil {
 		return nil, err
 	}

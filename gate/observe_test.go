@@ -68,7 +68,7 @@ func TestHooksContext(t *testing.T) {
 	t.Run("Gate", func(t *testing.T) {
 		t.Parallel()
 		rec := &ctxRecorder{}
-		g := newGate(t, db.Pool, "observed", gate.Config{Options: gate.Options{Hooks: rec}})
+		g := newGate(t, db.Pool, "observed", gate.Config{Hooks: rec})
 		at := dbNow(t, db.Pool).Truncate(time.Second)
 		if err := g.Once(obsCall("Once"), "ctx-job", at, noop); err != nil {
 			t.Fatal(err)
@@ -84,7 +84,7 @@ func TestHooksContext(t *testing.T) {
 	t.Run("Lease", func(t *testing.T) {
 		t.Parallel()
 		rec := &ctxRecorder{}
-		l := newLease(t, db.Pool, "ctx-lease", "observed", gate.LeaseOptions{AtMost: 10 * time.Second, KeepAlive: 50 * time.Millisecond, Options: gate.Options{Hooks: rec}})
+		l := newLease(t, db.Pool, "ctx-lease", "observed", gate.LeaseConfig{AtMost: 10 * time.Second, KeepAlive: 50 * time.Millisecond, Hooks: rec})
 		h, err := l.TryAcquire(obsCall("TryAcquire"))
 		if err != nil {
 			t.Fatal(err)
@@ -116,7 +116,7 @@ func TestHooksContext(t *testing.T) {
 		if lease {
 			name = "ctx-election-lease"
 		}
-		e := newElector(t, db.Pool, name, "observed", gate.ElectorOptions{Lease: lease, TTL: time.Second, Options: gate.Options{Hooks: rec}})
+		e := newElector(t, db.Pool, name, "observed", gate.ElectorConfig{Mechanism: mechanism(lease), TTL: time.Second, Hooks: rec})
 		if _, err := e.Campaign(obsCall("Campaign")); err != nil {
 			t.Fatal(err)
 		}

@@ -61,9 +61,7 @@ func TestOnceSkipBehindLongRunReported(t *testing.T) {
 		mu.Unlock()
 	})
 	slow := newGate(t, db.Pool, "host-a", gate.Config{})
-	other := newGate(t, db.NewPool(t), "host-b", gate.Config{Options: gate.Options{
-		Logger: slog.New(ctxHandler{mu: &mu, recs: &recs}), Hooks: hooks,
-	}})
+	other := newGate(t, db.NewPool(t), "host-b", gate.Config{Logger: slog.New(ctxHandler{mu: &mu, recs: &recs}), Hooks: hooks})
 	noon := dbNow(t, db.Pool).Truncate(time.Minute)
 	started, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -160,9 +158,9 @@ func TestNewUnmigrated(t *testing.T) {
 		g.Close()
 	}
 	check("gate.New", err)
-	_, err = gate.NewLease(db.Pool, "l", gate.LeaseOptions{AtMost: time.Second})
+	_, err = gate.NewLease(db.Pool, "l", gate.LeaseConfig{AtMost: time.Second})
 	check("gate.NewLease", err)
-	_, err = gate.NewElector(db.Pool, "e", gate.ElectorOptions{})
+	_, err = gate.NewElector(db.Pool, "e", gate.ElectorConfig{})
 	check("gate.NewElector", err)
 }
 
@@ -183,16 +181,16 @@ func TestNewUnreachable(t *testing.T) {
 	}
 	defer pool.Close()
 	var buf bytes.Buffer
-	opts := gate.Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))}
-	g, err := gate.New(pool, gate.Config{Options: opts})
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	g, err := gate.New(pool, gate.Config{Logger: log})
 	if err != nil {
 		t.Fatalf("gate.New on an unreachable database: %v; want a warning only", err)
 	}
 	g.Close()
-	if _, err := gate.NewLease(pool, "l", gate.LeaseOptions{Options: opts, AtMost: time.Second}); err != nil {
+	if _, err := gate.NewLease(pool, "l", gate.LeaseConfig{Logger: log, AtMost: time.Second}); err != nil {
 		t.Fatalf("gate.NewLease on an unreachable database: %v", err)
 	}
-	if _, err := gate.NewElector(pool, "e", gate.ElectorOptions{Options: opts}); err != nil {
+	if _, err := gate.NewElector(pool, "e", gate.ElectorConfig{Logger: log}); err != nil {
 		t.Fatalf("gate.NewElector on an unreachable database: %v", err)
 	}
 	if n := strings.Count(buf.String(), "could not check pgclaim's tables"); n != 3 {

@@ -12,7 +12,7 @@ import (
 // EventFinished when finish is set, a panic is re-raised, and the run's
 // error is returned (the job's; the loss, with the job's error; a release
 // failure joined).
-func (o *Options) runHeld(ctx context.Context, run Run, h lockcore.Held, fn Func, finish bool) error {
+func (o *instance) runHeld(ctx context.Context, run Run, h lockcore.Held, fn Func, finish bool) error {
 	r := lockcore.Run(ctx, h, func(ctx context.Context) error { return fn(ctx, run) })
 	err := r.Err()
 	if finish {

@@ -87,17 +87,17 @@ func TestProvisionOrder(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		opts  Options
+		opts  Config
 		ok    map[string]bool
 		tried string
 		want  Source // "" means an error
 	}{
-		{"url wins", Options{URL: "postgres://x"}, map[string]bool{"url": true, "container": true, "local": true}, "url", "url"},
-		{"bad url is an error, no fallback", Options{URL: "postgres://x"}, map[string]bool{"container": true, "local": true}, "url", ""},
-		{"container before local", Options{}, map[string]bool{"container": true, "local": true}, "container", "container"},
-		{"local when no engine", Options{}, map[string]bool{"local": true}, "container,local", "local"},
-		{"no container requested", Options{NoContainer: true}, map[string]bool{"container": true, "local": true}, "local", "local"},
-		{"nothing", Options{}, nil, "container,local", ""},
+		{"url wins", Config{URL: "postgres://x"}, map[string]bool{"url": true, "container": true, "local": true}, "url", "url"},
+		{"bad url is an error, no fallback", Config{URL: "postgres://x"}, map[string]bool{"container": true, "local": true}, "url", ""},
+		{"container before local", Config{}, map[string]bool{"container": true, "local": true}, "container", "container"},
+		{"local when no engine", Config{}, map[string]bool{"local": true}, "container,local", "local"},
+		{"no container requested", Config{NoContainer: true}, map[string]bool{"container": true, "local": true}, "local", "local"},
+		{"nothing", Config{}, nil, "container,local", ""},
 	}
 	for _, c := range cases {
 		tried = nil
@@ -119,7 +119,7 @@ func TestProvisionOrder(t *testing.T) {
 
 func TestUnavailableNamesAllThreeOptions(t *testing.T) {
 	t.Parallel()
-	_, err := provision(context.Background(), Options{NoContainer: true, BinDir: t.TempDir()}, realSources)
+	_, err := provision(context.Background(), Config{NoContainer: true, BinDir: t.TempDir()}, realSources)
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("got %v, want ErrUnavailable", err)
 	}
@@ -153,7 +153,7 @@ func TestSourceOnThisMachine(t *testing.T) {
 func TestStartFromURL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, err := Start(ctx, Options{URL: Shared(t).URL()})
+	s, err := Start(ctx, Config{URL: Shared(t).URL()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestStartFromURL(t *testing.T) {
 	if err := s.Restart(ctx); !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("restart of a URL server: got %v, want ErrUnsupported", err)
 	}
-	if _, err := Start(ctx, Options{URL: "postgres://nobody@127.0.0.1:1/x?connect_timeout=2"}); err == nil || !strings.Contains(err.Error(), EnvURL) {
+	if _, err := Start(ctx, Config{URL: "postgres://nobody@127.0.0.1:1/x?connect_timeout=2"}); err == nil || !strings.Contains(err.Error(), EnvURL) {
 		t.Fatalf("unreachable URL: got %v, want an error naming %s", err, EnvURL)
 	}
 }

@@ -24,7 +24,7 @@ type Source string
 
 // The sources a Server can come from, in the order Start tries them.
 const (
-	SourceURL       Source = "url"       // the server named by PGCLAIM_TEST_DATABASE_URL (or Options.URL)
+	SourceURL       Source = "url"       // the server named by PGCLAIM_TEST_DATABASE_URL (or Config.URL)
 	SourceContainer Source = "container" // a container started with testcontainers-go
 	SourceLocal     Source = "local"     // a cluster started from local PostgreSQL binaries
 )
@@ -164,8 +164,8 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// Options adjust Start. The zero value provisions in the default order.
-type Options struct {
+// Config adjusts Start. The zero value provisions in the default order.
+type Config struct {
 	// URL, when set, is used instead of the PGCLAIM_TEST_DATABASE_URL
 	// environment variable.
 	URL string
@@ -189,8 +189,8 @@ type Options struct {
 //
 // When none is available the error wraps ErrUnavailable and names all three
 // options. Start is for programs; tests use Shared, NewDatabase or Pool.
-func Start(ctx context.Context, opts ...Options) (*Server, error) {
-	var o Options
+func Start(ctx context.Context, opts ...Config) (*Server, error) {
+	var o Config
 	if len(opts) > 0 {
 		o = opts[0]
 	}
@@ -212,7 +212,7 @@ var realSources = sources{url: fromURL, container: startContainer, local: startL
 
 var errNoEngine = errors.New("no Docker engine answered")
 
-func provision(ctx context.Context, o Options, src sources) (*Server, error) {
+func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 	logf := o.Logf
 	if logf == nil {
 		logf = func(string, ...any) {}

@@ -72,7 +72,7 @@ func TestLocks(t *testing.T) {
 
 	// A running tick of push-resume, its advisory lock held by the gate.
 	active := appPool(t, db, "svc-active")
-	g, err := gate.New(active, gate.Config{Options: gate.Options{Holder: "host-a:101"}})
+	g, err := gate.New(active, gate.Config{Holder: "host-a:101"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestLocks(t *testing.T) {
 	}
 
 	// The leader of an election, and a standby waiting for it.
-	el, err := gate.NewElector(appPool(t, db, "svc-active"), "notifier", gate.ElectorOptions{Options: gate.Options{Holder: "host-a:101"}})
+	el, err := gate.NewElector(appPool(t, db, "svc-active"), "notifier", gate.ElectorConfig{Holder: "host-a:101"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer el.Resign(ctx)
-	standby, err := gate.NewElector(appPool(t, db, "svc-standby"), "notifier", gate.ElectorOptions{Options: gate.Options{Holder: "host-b:202"}})
+	standby, err := gate.NewElector(appPool(t, db, "svc-standby"), "notifier", gate.ElectorConfig{Holder: "host-b:202"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +123,8 @@ func TestLocks(t *testing.T) {
 	defer func() { stopStandby(); <-standbyDone }()
 
 	// A held lease, and one that expired.
-	lease, err := gate.NewLease(db.Pool, "report-lease", gate.LeaseOptions{
-		Options: gate.Options{Holder: "host-b:202"}, AtMost: time.Hour, NoKeepAlive: true,
+	lease, err := gate.NewLease(db.Pool, "report-lease", gate.LeaseConfig{
+		Holder: "host-b:202", AtMost: time.Hour, NoKeepAlive: true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,8 +18,8 @@ import (
 // acquire takes the lease name for holder, for an hour, without keep-alive.
 func acquire(t *testing.T, db *pgtest.Database, name, holder string) *gate.LeaseHandle {
 	t.Helper()
-	l, err := gate.NewLease(db.Pool, name, gate.LeaseOptions{
-		Options: gate.Options{Holder: holder}, AtMost: time.Hour, NoKeepAlive: true,
+	l, err := gate.NewLease(db.Pool, name, gate.LeaseConfig{
+		Holder: holder, AtMost: time.Hour, NoKeepAlive: true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -88,7 +88,7 @@ func TestTicksRunning(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDatabase(t)
-	g, err := gate.New(db.Pool, gate.Config{Options: gate.Options{Holder: "host-a:101"}})
+	g, err := gate.New(db.Pool, gate.Config{Holder: "host-a:101"})
 	if err != nil {
 		t.Fatal(err)
 	}

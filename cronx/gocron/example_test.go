@@ -64,7 +64,7 @@ func ExampleLocker() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	locker, err := pggocron.NewLocker(pool, gate.LeaseOptions{AtMost: time.Minute, AtLeast: 2 * time.Second})
+	locker, err := pggocron.NewLocker(pool, gate.LeaseConfig{AtMost: time.Minute, AtLeast: 2 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func ExampleElector() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ge, err := gate.NewElector(pool, "scheduler", gate.ElectorOptions{})
+	ge, err := gate.NewElector(pool, "scheduler", gate.ElectorConfig{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -16,7 +16,7 @@
 //     CronSchedule. NewJob builds the same job as a Job, whose Task goes
 //     to gocron and whose RunAt fires it for a chosen instant (in a test).
 //   - Locker is a gocron.Locker holding a lease lock (gate.Lease) per job
-//     name while the job runs, and for at least LeaseOptions.AtLeast after
+//     name while the job runs, and for at least LeaseConfig.AtLeast after
 //     it was taken. That is lease semantics, not tick semantics: see Locker.
 //   - Elector is a gocron.Elector backed by gate.Elector: only the leader
 //     runs jobs.
@@ -55,7 +55,7 @@ var ErrNoInstant = tick.ErrNoInstant
 // job (the key gocron passes), with database-time expiry, keep-alive while
 // the job runs, and a fencing token per acquisition.
 //
-// Unlock keeps the lease held until LeaseOptions.AtLeast after it was
+// Unlock keeps the lease held until LeaseConfig.AtLeast after it was
 // taken. That is what stops a fast job from running twice: gocron fires the
 // same job on every instance when each one's clock reaches the instant, so
 // an instance whose clock is late by d fires d after the others; if the
@@ -69,13 +69,13 @@ var ErrNoInstant = tick.ErrNoInstant
 // by the scheduled instant and so tolerates any offset below the gate's
 // skew tolerance, and never mistakes one tick for the next.
 //
-// A job that runs longer than LeaseOptions.AtMost keeps its lease through
+// A job that runs longer than LeaseConfig.AtMost keeps its lease through
 // the automatic keep-alive; if the lease is lost nonetheless (the database
 // was unreachable for AtMost), gocron's job is not told: the Locker cannot
 // reach it. Jobs that must stop when exclusion is lost belong in NewTask.
 type Locker struct {
 	pool *pgxpool.Pool
-	opts gate.LeaseOptions
+	opts gate.LeaseConfig
 
 	mu     sync.Mutex
 	leases map[string]*gate.Lease
@@ -84,7 +84,7 @@ type Locker struct {
 // NewLocker returns a Locker taking lease locks through pool with opts.
 // opts.AtMost and opts.AtLeast are required (see Locker for choosing
 // AtLeast).
-func NewLocker(pool *pgxpool.Pool, opts gate.LeaseOptions) (*Locker, error) {
+func NewLocker(pool *pgxpool.Pool, opts gate.LeaseConfig) (*Locker, error) {
 	if pool == nil {
 		return nil, tick.Invalid("gocron", "pool", "must not be nil")
 	}
@@ -93,7 +93,7 @@ func NewLocker(pool *pgxpool.Pool, opts gate.LeaseOptions) (*Locker, error) {
 		return nil, err
 	}
 	if opts.AtLeast == 0 {
-		return nil, tick.Invalid("gocron", "LeaseOptions.AtLeast", "must be set: "+
+		return nil, tick.Invalid("gocron", "LeaseConfig.AtLeast", "must be set: "+
 			"without it a fast job unlocks before an instance whose clock is late fires, and runs twice")
 	}
 	return &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}, nil

@@ -95,7 +95,7 @@ func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string
 	}{{"a", 0}, {"b", -skew}} {
 		pool := db.NewPool(t)
 		// NewLocker refuses AtLeast 0; the control builds one anyway.
-		opts := gate.LeaseOptions{Options: gate.Options{Holder: in.holder}, AtMost: 5 * time.Second, AtLeast: atLeast}
+		opts := gate.LeaseConfig{Holder: in.holder, AtMost: 5 * time.Second, AtLeast: atLeast}
 		locker := &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}
 		s := newScheduler(t, gocronv2.WithDistributedLocker(locker))
 		_, err := s.NewJob(gocronv2.CronJob(everySecond, true), gocronv2.NewTask(recordRun(t, pool, in.holder, in.skew)),
@@ -149,8 +149,8 @@ func TestLocker(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
-	opts := func(h string) gate.LeaseOptions {
-		return gate.LeaseOptions{Options: gate.Options{Holder: h}, AtMost: 5 * time.Second, AtLeast: 300 * time.Millisecond}
+	opts := func(h string) gate.LeaseConfig {
+		return gate.LeaseConfig{Holder: h, AtMost: 5 * time.Second, AtLeast: 300 * time.Millisecond}
 	}
 	a, err := NewLocker(db.Pool, opts("a"))
 	if err != nil {
@@ -207,8 +207,8 @@ func TestLocker(t *testing.T) {
 func TestUnlockWithCancelledContext(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
-	opts := func(h string) gate.LeaseOptions {
-		return gate.LeaseOptions{Options: gate.Options{Holder: h}, AtMost: time.Minute, AtLeast: 100 * time.Millisecond}
+	opts := func(h string) gate.LeaseConfig {
+		return gate.LeaseConfig{Holder: h, AtMost: time.Minute, AtLeast: 100 * time.Millisecond}
 	}
 	a, err := NewLocker(db.Pool, opts("a"))
 	if err != nil {
@@ -257,7 +257,7 @@ func TestTaskOneRunPerTick(t *testing.T) {
 		skew   time.Duration
 	}{{"b", 400 * time.Millisecond}, {"c", -400 * time.Millisecond}} {
 		pool := db.NewPool(t)
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.Hooks(in.holder)}})
+		g, err := gate.New(pool, gate.Config{Holder: in.holder, Hooks: obs.Hooks(in.holder)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +319,7 @@ func TestElectorOneRunPerTick(t *testing.T) {
 	var scheds []gocronv2.Scheduler
 	for _, h := range []string{"a", "b"} {
 		pool := db.NewPool(t)
-		ge, err := gate.NewElector(pool, "scheduler", gate.ElectorOptions{Options: gate.Options{Holder: h}, TTL: time.Second})
+		ge, err := gate.NewElector(pool, "scheduler", gate.ElectorConfig{Holder: h, TTL: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,7 +388,7 @@ func TestElectorOneRunPerTick(t *testing.T) {
 
 func TestElectorNotLeader(t *testing.T) {
 	t.Parallel()
-	ge, err := gate.NewElector(pgtest.Pool(t), "scheduler", gate.ElectorOptions{})
+	ge, err := gate.NewElector(pgtest.Pool(t), "scheduler", gate.ElectorConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,15 +421,15 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 
-	lease := gate.LeaseOptions{AtMost: time.Second, AtLeast: 100 * time.Millisecond}
+	lease := gate.LeaseConfig{AtMost: time.Second, AtLeast: 100 * time.Millisecond}
 	_, err = NewLocker(nil, lease)
 	check("NewLocker nil pool", err, "gocron: pool: must not be nil")
-	_, err = NewLocker(pool, gate.LeaseOptions{AtLeast: 100 * time.Millisecond})
-	check("NewLocker zero AtMost", err, "gate: LeaseOptions.AtMost")
-	_, err = NewLocker(pool, gate.LeaseOptions{AtMost: time.Second})
-	check("NewLocker zero AtLeast", err, "gocron: LeaseOptions.AtLeast: must be set")
-	_, err = NewLocker(pool, gate.LeaseOptions{AtMost: time.Second, AtLeast: 2 * time.Second})
-	check("NewLocker AtLeast > AtMost", err, "gate: LeaseOptions.AtLeast")
+	_, err = NewLocker(pool, gate.LeaseConfig{AtLeast: 100 * time.Millisecond})
+	check("NewLocker zero AtMost", err, "gate: LeaseConfig.AtMost")
+	_, err = NewLocker(pool, gate.LeaseConfig{AtMost: time.Second})
+	check("NewLocker zero AtLeast", err, "gocron: LeaseConfig.AtLeast: must be set")
+	_, err = NewLocker(pool, gate.LeaseConfig{AtMost: time.Second, AtLeast: 2 * time.Second})
+	check("NewLocker AtLeast > AtMost", err, "gate: LeaseConfig.AtLeast")
 	l, err := NewLocker(pool, lease)
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ func ExampleWrap() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "app-1"}})
+	g, err := gate.New(pool, gate.Config{Holder: "app-1"})
 	if err != nil {
 		log.Fatal(err)
 	}

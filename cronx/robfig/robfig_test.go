@@ -58,7 +58,7 @@ func runSchedulers(t *testing.T, insts ...instance) {
 	var crons []*cron.Cron
 	for _, in := range insts {
 		pool := db.NewPool(t)
-		g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: in.holder, Hooks: obs.Hooks(in.holder)}})
+		g, err := gate.New(pool, gate.Config{Holder: in.holder, Hooks: obs.Hooks(in.holder)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,7 +188,7 @@ func TestCatchUp(t *testing.T) {
 	sched := hourlyFrom{at: time.Now().Add(-30 * time.Second).Truncate(time.Second)}
 	var errs []error
 	for _, h := range []string{"a", "b"} {
-		g, err := gate.New(db.NewPool(t), gate.Config{Options: gate.Options{Holder: h}})
+		g, err := gate.New(db.NewPool(t), gate.Config{Holder: h})
 		if err != nil {
 			t.Fatal(err)
 		}

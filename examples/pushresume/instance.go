@@ -301,12 +301,11 @@ func (in *instance) build() error {
 	if err != nil {
 		return err
 	}
-	opts := gate.Options{Holder: in.holder, Logger: in.log}
-	in.gate, err = gate.New(in.pool, gate.Config{Options: opts})
+	in.gate, err = gate.New(in.pool, gate.Config{Holder: in.holder, Logger: in.log})
 	if err != nil {
 		return err
 	}
-	in.elector, err = gate.NewElector(in.pool, election, gate.ElectorOptions{Options: opts, TTL: cfg.TTL})
+	in.elector, err = gate.NewElector(in.pool, election, gate.ElectorConfig{Holder: in.holder, Logger: in.log, TTL: cfg.TTL})
 	return err
 }
 

@@ -28,7 +28,7 @@ type env struct {
 }
 
 func newEnv(ctx context.Context, cfg Config, prog *progress) (*env, error) {
-	opts := pgtest.Options{Logf: func(f string, a ...any) { prog.logf("postgres: "+f, a...) }}
+	opts := pgtest.Config{Logf: func(f string, a ...any) { prog.logf("postgres: "+f, a...) }}
 	if cfg.DatabaseURL != "" {
 		opts.URL = cfg.DatabaseURL
 		opts.NoContainer = true

@@ -87,8 +87,12 @@ func runChild() int {
 			return 1
 		}
 		defer pool.Close()
-		el, err := gate.NewElector(pool, name, gate.ElectorOptions{
-			Options: gate.Options{Holder: holder}, Lease: mode == "lease", TTL: ttl,
+		mechanism := gate.Advisory
+		if mode == "lease" {
+			mechanism = gate.LeaseRow
+		}
+		el, err := gate.NewElector(pool, name, gate.ElectorConfig{
+			Holder: holder, Mechanism: mechanism, TTL: ttl,
 		})
 		if err != nil {
 			out.emit("error", oneLine(err.Error()))

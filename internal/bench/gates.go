@@ -40,28 +40,28 @@ func gateMechs() []gateMech {
 	}
 	return []gateMech{
 		{"pgclaim", "gate.Once (ledger + advisory)", true, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}})
+			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Once(ctx, name, at(i), run(job, i)) }, g.Close, nil
 		}},
 		{"pgclaim", "gate.Once, LedgerOnly", true, false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}, LedgerOnly: true})
+			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), LedgerOnly: true})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Once(ctx, name+"-ledger", at(i), run(job, i)) }, g.Close, nil
 		}},
 		{"pgclaim", "gate.Exclusive (advisory)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}})
+			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Exclusive(ctx, name, run(job, i)) }, g.Close, nil
 		}},
 		{"pgclaim", "gate.Lease.Do (lease row)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			l, err := gate.NewLease(pool, name, gate.LeaseOptions{Options: gate.Options{Holder: fmt.Sprintf("c%d", c)}, AtMost: 30 * time.Second})
+			l, err := gate.NewLease(pool, name, gate.LeaseConfig{Holder: fmt.Sprintf("c%d", c), AtMost: 30 * time.Second})
 			if err != nil {
 				return nil, nil, err
 			}

@@ -297,7 +297,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		return nil, err
 	}
 
-	h.srv, err = pgtest.Start(ctx, pgtest.Options{NoContainer: true})
+	h.srv, err = pgtest.Start(ctx, pgtest.Config{NoContainer: true})
 	if err != nil {
 		return nil, err
 	}
@@ -623,7 +623,7 @@ func probePooler(ctx context.Context, url string) Check {
 		return c
 	}
 	defer pool.Close()
-	g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: "probe"}})
+	g, err := gate.New(pool, gate.Config{Holder: "probe"})
 	if err != nil {
 		c.fail("gate.New: %v", err)
 		return c
@@ -643,7 +643,7 @@ func probePooler(ctx context.Context, url string) Check {
 		c.fail("advisory Gate.Exclusive behind PgBouncer: got %v, want gate.ErrPooler", err)
 	}
 	c.Checked++
-	e, err := gate.NewElector(pool, "chaos-probe", gate.ElectorOptions{Options: gate.Options{Holder: "probe"}, TTL: time.Second})
+	e, err := gate.NewElector(pool, "chaos-probe", gate.ElectorConfig{Holder: "probe", TTL: time.Second})
 	if err == nil {
 		_, err = e.Campaign(pctx)
 	}
@@ -655,7 +655,7 @@ func probePooler(ctx context.Context, url string) Check {
 	}
 	// The lease variants work there.
 	c.Checked++
-	l, err := gate.NewLease(pool, "chaos-probe", gate.LeaseOptions{Options: gate.Options{Holder: "probe"}, AtMost: time.Second})
+	l, err := gate.NewLease(pool, "chaos-probe", gate.LeaseConfig{Holder: "probe", AtMost: time.Second})
 	if err == nil {
 		err = l.Do(pctx, func(context.Context, gate.Run) error { return nil })
 	}
@@ -663,7 +663,7 @@ func probePooler(ctx context.Context, url string) Check {
 		c.fail("gate.Lease behind PgBouncer: %v", err)
 	}
 	c.Checked++
-	le, err := gate.NewElector(pool, "chaos-probe-lease", gate.ElectorOptions{Options: gate.Options{Holder: "probe"}, Lease: true, TTL: time.Second})
+	le, err := gate.NewElector(pool, "chaos-probe-lease", gate.ElectorConfig{Holder: "probe", Mechanism: gate.LeaseRow, TTL: time.Second})
 	if err == nil {
 		if _, err = le.Campaign(pctx); err == nil {
 			err = le.Resign(pctx)

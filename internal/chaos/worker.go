@@ -205,8 +205,7 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
-	gopts := gate.Options{Holder: w.holder, Logger: w.log}
-	w.gate, err = gate.New(w.pool, gate.Config{Options: gopts, SkewTolerance: cfg.SkewTolerance, LedgerOnly: cfg.Bouncer})
+	w.gate, err = gate.New(w.pool, gate.Config{Holder: w.holder, Logger: w.log, SkewTolerance: cfg.SkewTolerance, LedgerOnly: cfg.Bouncer})
 	if err != nil {
 		return err
 	}
@@ -214,12 +213,16 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	election := electionDirect
 	if cfg.Bouncer {
 		election = electionBouncer
-		w.tickL, err = gate.NewLease(w.pool, tickLeaseName, gate.LeaseOptions{Options: gopts, AtMost: cfg.LeaseAtMost})
+		w.tickL, err = gate.NewLease(w.pool, tickLeaseName, gate.LeaseConfig{Holder: w.holder, Logger: w.log, AtMost: cfg.LeaseAtMost})
 		if err != nil {
 			return err
 		}
 	}
-	elector, err := gate.NewElector(w.pool, election, gate.ElectorOptions{Options: gopts, Lease: cfg.Bouncer, TTL: cfg.ElectorTTL})
+	mech := gate.Advisory
+	if cfg.Bouncer {
+		mech = gate.LeaseRow
+	}
+	elector, err := gate.NewElector(w.pool, election, gate.ElectorConfig{Holder: w.holder, Logger: w.log, Mechanism: mech, TTL: cfg.ElectorTTL})
 	if err != nil {
 		return err
 	}

@@ -121,13 +121,13 @@ func LogsByDefault(t *testing.T, build Build) {
 	db := pgtest.NewDatabase(t)
 	var mu sync.Mutex
 	var skips []gate.Event
-	g, err := gate.New(db.Pool, gate.Config{Options: gate.Options{Holder: "a", Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
+	g, err := gate.New(db.Pool, gate.Config{Holder: "a", Hooks: gate.HooksFunc(func(_ context.Context, e gate.Event) {
 		if e.Kind == gate.EventSkipped {
 			mu.Lock()
 			skips = append(skips, e)
 			mu.Unlock()
 		}
-	})}})
+	})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func LogsByDefault(t *testing.T, build Build) {
 	}
 
 	// Taken: another instance fires tick T after it ran: a normal skip.
-	g2, err := gate.New(db.NewPool(t), gate.Config{Options: gate.Options{Holder: "b"}})
+	g2, err := gate.New(db.NewPool(t), gate.Config{Holder: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}

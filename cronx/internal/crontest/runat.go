@@ -36,7 +36,7 @@ func RunAt(t *testing.T, pkg string, build BuildRunAt) {
 	}
 	var runAts []func(context.Context, time.Time) error
 	for _, h := range []string{"a", "b"} {
-		g, err := gate.New(db.NewPool(t), gate.Config{SkewTolerance: 48 * time.Hour, Options: gate.Options{Holder: h}})
+		g, err := gate.New(db.NewPool(t), gate.Config{SkewTolerance: 48 * time.Hour, Holder: h})
 		if err != nil {
 			t.Fatal(err)
 		}

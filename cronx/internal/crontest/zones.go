@@ -135,7 +135,7 @@ func ZoneHelper(t *testing.T, start StartZone) {
 			mu.Unlock()
 		}
 	})
-	g, err := gate.New(pool, gate.Config{Options: gate.Options{Holder: holder, Hooks: hooks}})
+	g, err := gate.New(pool, gate.Config{Holder: holder, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
