@@ -30,7 +30,7 @@ const (
 	EventLost
 	// EventTakenOver: a run whose holder had died (session or lease gone)
 	// was taken over by this instance as the next attempt, or recorded
-	// failed when it had no attempts left. Holder is the dead holder.
+	// failed when it had no attempts left. Reason names the dead holder.
 	EventTakenOver
 	// EventFollowed: Register found a stored definition different from
 	// the one given, with an equal or higher version, and follows it.
@@ -67,7 +67,7 @@ type Event struct {
 	RunKind  string    // "scheduled", "triggered" or "backfill"
 	Attempt  int
 	Fence    int64
-	Holder   string        // this instance, or the dead holder for EventTakenOver
+	Holder   string        // this instance
 	State    string        // the run's state after the event, where one was written
 	Duration time.Duration // how long the attempt ran (EventFinished)
 	Reason   string        // why (skipped, failed, taken over, followed)

@@ -3,6 +3,7 @@ package schedule
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +16,11 @@ import (
 // tlog writes log records to the test's log.
 type tlog struct{ t testing.TB }
 
-func (w tlog) Write(p []byte) (int, error) { w.t.Helper(); w.t.Log(string(p)); return len(p), nil }
+func (w tlog) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
 
 func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))

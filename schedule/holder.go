@@ -210,6 +210,8 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			s.finish(ctx, cur, nil)
 			cur = nil
 		case <-h.lost():
+			run := cur.run
+			s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
 			cur.cancel(h.cause())
 			<-cur.done
 			s.finish(ctx, cur, h.cause())
@@ -424,13 +426,13 @@ func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []
 					return nil, fmt.Errorf("schedule: %q: record dead run: %w", e.name, err)
 				}
 				if n > 0 {
-					s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: o.attempt, Fence: *o.fence, Holder: o.holder, State: stateFailed, Reason: reason})
+					s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: o.attempt, Fence: *o.fence, Holder: s.holder, State: stateFailed, Reason: reason})
 				}
 				continue
 			}
 			a, err := s.claim(ctx, e, st, o)
 			if a != nil {
-				s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: a.run.Attempt, Fence: a.run.Fence, Holder: o.holder, State: stateRunning,
+				s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: a.run.Attempt, Fence: a.run.Fence, Holder: s.holder, State: stateRunning,
 					Reason: fmt.Sprintf("attempt %d's holder %s died or lost its lock", o.attempt, o.holder)})
 				s.begin(ctx, e, a, lease)
 			}
