@@ -26,6 +26,7 @@ WHERE schedule = $3::text
   AND fence IS NOT DISTINCT FROM $6::bigint
   AND (state <> 'retrying' OR next_attempt_at <= now())
   AND (state <> 'running' OR NOT $7::boolean OR lease_until <= now())
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $3::text AND s.paused)
 RETURNING attempt, fence, kind, started_at
 `
 
@@ -50,7 +51,9 @@ type ClaimRunRow struct {
 // fence (NULL for a run never attempted) that bumps attempt and issues a
 // fresh fencing token. A running run is taken over only by the holder of
 // the schedule's lock (which its old holder no longer has) and, with
-// leases, only once its lease has expired. No row: someone else moved it.
+// leases, only once its lease has expired. Nothing starts while the
+// schedule is paused (read by this statement: a pause committed before it
+// stops it). No row: someone else moved it, or paused.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
 	row := q.db.QueryRow(ctx, claimRun,
 		arg.Holder,

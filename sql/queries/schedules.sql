@@ -81,7 +81,9 @@ ON CONFLICT DO NOTHING;
 -- fence (NULL for a run never attempted) that bumps attempt and issues a
 -- fresh fencing token. A running run is taken over only by the holder of
 -- the schedule's lock (which its old holder no longer has) and, with
--- leases, only once its lease has expired. No row: someone else moved it.
+-- leases, only once its lease has expired. Nothing starts while the
+-- schedule is paused (read by this statement: a pause committed before it
+-- stops it). No row: someone else moved it, or paused.
 UPDATE pgclaim_schedule_runs
 SET state = 'running',
     attempt = attempt + 1,
@@ -96,6 +98,7 @@ WHERE schedule = sqlc.arg(schedule)::text
   AND fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
   AND (state <> 'retrying' OR next_attempt_at <= now())
   AND (state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
 RETURNING attempt, fence, kind, started_at;
 
 -- name: RenewRun :one
