@@ -83,3 +83,62 @@ func opErr(op, name string, err error) error {
 		return fmt.Errorf("schedule: %q: %s: %w", name, op, err)
 	}
 }
+
+// Missed returns the instants of the schedule name that were due after
+// since and are missed: due by its stored definition, after its life began
+// (starts_at), outside its latest pause, older than Config.Grace by
+// database time, and without a row — nothing recorded them, so no instance
+// ran, skipped or decided them. At most limit (at least 1), oldest first;
+// more says whether further missed instants follow. An instance that runs
+// the schedule records each missed instant when it next looks (its
+// catch-up policy decides it, and EventMissed reports it), after which it
+// is no longer listed here. Unknown name: ErrNotFound.
+func (s *Scheduler) Missed(ctx context.Context, name string, since time.Time, limit int) (instants []time.Time, more bool, err error) {
+	if name == "" {
+		return nil, false, invalid("name", "must not be empty")
+	}
+	limit = max(limit, 1)
+	st, err := loadSchedule(ctx, s.q, name)
+	if err != nil {
+		return nil, false, err
+	}
+	from := st.startsAt
+	if since.After(from) {
+		from = since
+	}
+	upto := st.dbNow.Add(-s.cfg.Grace)
+	if st.paused && st.pausedAt.Before(upto) {
+		upto = st.pausedAt
+	}
+	inPause := func(t time.Time) bool {
+		return !st.pausedAt.IsZero() && !t.Before(st.pausedAt) && (st.resumedAt.IsZero() || !t.After(st.resumedAt))
+	}
+	for from.Before(upto) {
+		batch, next := st.spec.between(from, upto, recordChunk)
+		if len(batch) == 0 {
+			break
+		}
+		rows, err := s.q.RunInstants(ctx, store.RunInstantsParams{Schedule: name, Kind: kindScheduled, After: ts(from), Upto: ts(batch[len(batch)-1])})
+		if err != nil {
+			return nil, false, fmt.Errorf("schedule: %q: read runs: %w", name, err)
+		}
+		have := make(map[time.Time]bool, len(rows))
+		for _, r := range rows {
+			have[tm(r)] = true
+		}
+		for _, t := range batch {
+			if have[t] || inPause(t) {
+				continue
+			}
+			if len(instants) == limit {
+				return instants, true, nil
+			}
+			instants = append(instants, t)
+		}
+		if !next {
+			break
+		}
+		from = batch[len(batch)-1]
+	}
+	return instants, false, nil
+}
