@@ -31,6 +31,10 @@ type locker interface {
 	// taken over at its lease's expiry) rather than a session lock (at
 	// once).
 	leases() bool
+	// check refuses a setup that cannot work (a pooler in front of
+	// session locks); a database it cannot reach is not an error here.
+	check(ctx context.Context) error
+	// close closes what the locker keeps between runs.
 	close()
 }
 
@@ -66,20 +70,15 @@ var pingEvery = 5 * time.Second
 // session ends, which is what lets another instance take a dead holder's
 // run over at once.
 type advisoryLocker struct {
-	pool   *pgxpool.Pool
-	mu     sync.Mutex
-	idle   []*pgx.Conn
-	closed bool
+	pool *pgxpool.Pool
+	mu   sync.Mutex
+	idle []*pgx.Conn
 }
 
 func (l *advisoryLocker) leases() bool { return false }
 
 func (l *advisoryLocker) conn(ctx context.Context) (*pgx.Conn, error) {
 	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, errors.New("schedule: scheduler closed")
-	}
 	for n := len(l.idle); n > 0; n = len(l.idle) {
 		c := l.idle[n-1]
 		l.idle = l.idle[:n-1]
@@ -108,10 +107,21 @@ func (l *advisoryLocker) conn(ctx context.Context) (*pgx.Conn, error) {
 	return c, nil
 }
 
+func (l *advisoryLocker) check(ctx context.Context) error {
+	c, err := l.conn(ctx)
+	if errors.Is(err, gate.ErrPooler) {
+		return err
+	}
+	if err == nil {
+		l.put(c)
+	}
+	return nil
+}
+
 func (l *advisoryLocker) put(c *pgx.Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed || len(l.idle) >= maxIdleConns || c.IsClosed() || c.PgConn().TxStatus() != 'I' {
+	if len(l.idle) >= maxIdleConns || c.IsClosed() || c.PgConn().TxStatus() != 'I' {
 		go closeConn(c)
 		return
 	}
@@ -121,7 +131,7 @@ func (l *advisoryLocker) put(c *pgx.Conn) {
 func (l *advisoryLocker) close() {
 	l.mu.Lock()
 	idle := l.idle
-	l.idle, l.closed = nil, true
+	l.idle = nil
 	l.mu.Unlock()
 	for _, c := range idle {
 		closeConn(c)
@@ -235,6 +245,8 @@ type leaseLocker struct {
 
 func (l *leaseLocker) leases() bool { return true }
 func (l *leaseLocker) close()       {}
+
+func (l *leaseLocker) check(context.Context) error { return nil }
 
 func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
 	var fence int64

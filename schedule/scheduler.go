@@ -227,7 +227,9 @@ type result struct {
 // Run runs the registered schedules until ctx ends: it sleeps until the
 // next instant of any of them, then runs what is due. It returns ctx's
 // error after the runs in flight have ended (their contexts are cancelled
-// with ctx). Run must not be called twice at once.
+// with ctx). Run must not be called twice at once. Behind a connection
+// pooler without Config.LeaseLocks it returns an error wrapping
+// gate.ErrPooler at once: session locks cannot be trusted there.
 func (s *Scheduler) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.running {
@@ -242,6 +244,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.mu.Unlock()
 	}()
 	defer s.locks.close()
+	if err := s.locks.check(ctx); err != nil {
+		return err
+	}
 
 	kicks := make(chan string, 64)
 	var wg sync.WaitGroup
