@@ -23,6 +23,7 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 		{Name: "none", Spec: "* * * * * *", Version: 1, CatchUp: CatchUpNone},
 		{Name: "latest", Spec: "* * * * * *", Version: 1, CatchUp: CatchUpLatest},
 		{Name: "all", Spec: "* * * * * *", Version: 1, CatchUp: CatchUpAll, CatchUpCap: 5},
+		{Name: "window", Spec: "* * * * * *", Version: 1, CatchUp: CatchUpAll, CatchUpCap: 100, CatchUpWindow: 3 * time.Second},
 	}
 	var ins []*instance
 	for i := range 2 {
@@ -108,6 +109,16 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 			t.Errorf("all: skipped %v is newer than one run (%v)", r.Instant, ran[0].Instant)
 		}
 	}
+	// all inside a 3 s window: the older instants skipped as outside it.
+	ran, skipped = old("window")
+	if len(ran) < 2 || len(ran) > 4 || len(skipped) < 6 {
+		t.Errorf("window: %d ran, %d skipped; want the ~3 inside the window run", len(ran), len(skipped))
+	}
+	for _, r := range skipped {
+		if !strings.Contains(deref(r.Reason), "older than the catch-up window of 3s") || r.Instant.After(ran[0].Instant) {
+			t.Errorf("window: %v reason %q", r.Instant, deref(r.Reason))
+		}
+	}
 	var ordered bool
 	if err := db.Pool.QueryRow(ctx, `SELECT bool_and(s) FROM (SELECT started_at >= lag(started_at, 1, started_at) OVER (ORDER BY instant) AS s
 		FROM pgclaim_schedule_runs WHERE schedule = 'all' AND state = 'succeeded') x`).Scan(&ordered); err != nil || !ordered {
@@ -117,8 +128,8 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT schedule, instant FROM effects GROUP BY 1, 2 HAVING count(*) > 1) x`).Scan(&effects); err != nil || effects != 0 {
 		t.Errorf("%d instants took effect more than once (%v)", effects, err)
 	}
-	if n := len(ev.of(EventMissed)); n < 27 {
-		t.Errorf("%d missed events, want one per late instant (~30)", n)
+	if n := len(ev.of(EventMissed)); n < 36 {
+		t.Errorf("%d missed events, want one per late instant (~40)", n)
 	}
 }
 

@@ -160,3 +160,59 @@ func TestLeaseStalledRunnerCannotComplete(t *testing.T) {
 		}
 	}
 }
+
+// A run whose holder died on its last attempt is recorded failed, naming
+// the holder; it is not run again.
+func TestDeadRunWithoutAttemptsFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	z := newZombie()
+	def := Definition{Name: "once", Spec: "*/3 * * * * *", Version: 1, Retry: RetryPolicy{MaxAttempts: 1}}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+	}
+	var first Run
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	class, key := lockKey(def.Name)
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key); err != nil {
+		t.Fatal(err)
+	}
+	var failed runRow
+	waitFor(t, 20*time.Second, "the dead run recorded failed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateFailed {
+				failed = r
+				return true
+			}
+		}
+		return false
+	})
+	if failed.Attempt != 1 || !strings.Contains(deref(failed.Reason), "its holder "+first.Holder+" died") || !strings.Contains(deref(failed.Reason), "no attempts left") {
+		t.Fatalf("failed run: attempt %d reason %q", failed.Attempt, deref(failed.Reason))
+	}
+	close(z.release)
+	waitFor(t, 10*time.Second, "the late completion refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range runsOf(t, db.Pool, def.Name) {
+		if r.Instant.Equal(first.Instant) && r.State != stateFailed {
+			t.Fatalf("after the late completion: %+v", r)
+		}
+	}
+}
