@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -161,6 +162,8 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		}
 		var wake time.Time
 		if st != nil {
+			// What this pass writes is added to st and open as it is
+			// written, so the pass reads the database once.
 			s.setStored(e, st)
 			busy, pending := "", false
 			for _, o := range open {
@@ -174,23 +177,18 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 				}
 			}
 			if !st.paused {
-				n, err := s.record(ctx, st, busy, pending)
+				added, err := s.record(ctx, st, busy, pending)
 				if err != nil && cur == nil {
 					return s.retryLater(ctx, r, err)
 				}
-				if n > 0 {
-					continue // read what was recorded
-				}
+				open = mergeOpen(open, added)
 			}
 			if cur == nil && !st.paused {
 				started, err := s.startNext(ctx, e, st, open)
 				if err != nil {
 					return s.retryLater(ctx, r, err)
 				}
-				if started != nil {
-					cur = started
-					continue
-				}
+				cur = started
 			}
 			wake = s.nextWake(st, open, cur != nil)
 		} else {
@@ -264,10 +262,11 @@ func (s *Scheduler) nextWake(st *stored, open []openRun, running bool) time.Time
 }
 
 // record records the scheduled instants that came due since the last one
-// recorded, each decided by the catch-up and overlap policies, and returns
-// how many it wrote. busy names the run still in progress ("" if none);
-// pending says a run already waits.
-func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending bool) (int, error) {
+// recorded, each decided by the catch-up and overlap policies, moves
+// st.cursor past them, and returns the pending runs it wrote. busy names
+// the run still in progress ("" if none); pending says a run already
+// waits.
+func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending bool) ([]openRun, error) {
 	d := st.def
 	from := st.startsAt
 	if st.cursor.After(from) {
@@ -288,15 +287,22 @@ func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending
 		return "missed: " + what
 	}
 	var recs []rec
-	written := 0
+	var added []openRun
 	flush := func() error {
 		if len(recs) == 0 {
 			return nil
 		}
-		n, err := s.write(ctx, d.Name, recs)
-		written += n
+		if err := s.write(ctx, d.Name, recs); err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if r.state == statePending {
+				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending, ready: true})
+			}
+		}
+		st.cursor = recs[len(recs)-1].instant
 		recs = recs[:0]
-		return err
+		return nil
 	}
 	// Instants overtaken by at least keep later ones never run.
 	var ring []time.Time
@@ -316,7 +322,7 @@ func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending
 			}
 			ring = append(ring[:0], ring[n:]...)
 			if err := flush(); err != nil {
-				return written, err
+				return added, err
 			}
 		}
 		if !more {
@@ -364,7 +370,17 @@ func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending
 		}
 	}
 	err := flush()
-	return written, err
+	return added, err
+}
+
+// mergeOpen adds the runs just recorded to open, keeping it oldest first.
+func mergeOpen(open, added []openRun) []openRun {
+	if len(added) == 0 {
+		return open
+	}
+	out := append(open, added...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].instant.Before(out[j].instant) })
+	return out
 }
 
 // rec is one instant to record.
@@ -376,7 +392,7 @@ type rec struct {
 }
 
 // write records recs and reports each.
-func (s *Scheduler) write(ctx context.Context, name string, recs []rec) (int, error) {
+func (s *Scheduler) write(ctx context.Context, name string, recs []rec) error {
 	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
 	for _, r := range recs {
 		p.Instants = append(p.Instants, ts(r.instant))
@@ -384,14 +400,12 @@ func (s *Scheduler) write(ctx context.Context, name string, recs []rec) (int, er
 		p.Missed = append(p.Missed, r.missed)
 		p.Reasons = append(p.Reasons, r.reason)
 	}
-	var n int64
 	err := s.tx(ctx, func(q *store.Queries) error {
-		var err error
-		n, err = q.RecordInstants(ctx, p)
+		_, err := q.RecordInstants(ctx, p)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("schedule: %q: record instants: %w", name, err)
+		return fmt.Errorf("schedule: %q: record instants: %w", name, err)
 	}
 	for _, r := range recs {
 		if r.missed {
@@ -401,7 +415,7 @@ func (s *Scheduler) write(ctx context.Context, name string, recs []rec) (int, er
 			s.emit(ctx, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
 		}
 	}
-	return int(n), nil
+	return nil
 }
 
 // startNext claims the oldest run that can start now and starts its
