@@ -97,6 +97,13 @@
 // cancelled when a renewal cannot be made in time. Notifications are not
 // used; the poll bounds every latency.
 //
+// Only the holder of a schedule's lock records instants and starts or
+// takes over attempts: with a session lock those statements run on the
+// lock's own session (so they fail once it has ended, and cost one round
+// trip each at the session's READ COMMITTED); with a lease they check the
+// lease's fence in the statement. A runner that lost its lock without
+// noticing yet changes nothing.
+//
 // A zombie — an attempt that kept running after its run was taken over —
 // cannot complete: its finish is a compare-and-swap on a fence that is no
 // longer the run's. It changes nothing, and is reported as EventLost with
@@ -155,6 +162,6 @@
 //
 // Every statement the package sends through the pool runs in an explicit
 // READ COMMITTED transaction, and the lock connections set their session
-// default to read committed, whatever default_transaction_isolation the
-// database, role or pool sets.
+// default to read committed (store.SessionSetup), whatever
+// default_transaction_isolation the database, role or pool sets.
 package schedule

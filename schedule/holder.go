@@ -108,12 +108,12 @@ func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result 
 	return r
 }
 
-// state reads the stored definition and the open runs of name.
-func (s *Scheduler) state(ctx context.Context, name string) (*stored, []openRun, error) {
+// state reads the stored definition and the open runs of name, holding h.
+func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []openRun, error) {
 	var st *stored
 	var open []openRun
 	sent := time.Now()
-	err := s.tx(ctx, func(q *store.Queries) error {
+	err := h.do(ctx, func(q *store.Queries, _ guard) error {
 		var err error
 		if st, err = loadSchedule(ctx, q, name); err != nil {
 			return err
@@ -151,7 +151,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		st, open, err := s.state(ctx, e.name)
+		st, open, err := s.state(ctx, h, e.name)
 		if err != nil {
 			if cur != nil {
 				// Keep the attempt; look again soon.
@@ -177,14 +177,14 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 				}
 			}
 			if !st.paused {
-				added, err := s.record(ctx, st, busy, pending)
+				added, err := s.record(ctx, h, st, busy, pending)
 				if err != nil && cur == nil {
 					return s.retryLater(ctx, r, err)
 				}
 				open = mergeOpen(open, added)
 			}
 			if cur == nil && !st.paused {
-				started, err := s.startNext(ctx, e, st, open)
+				started, err := s.startNext(ctx, h, e, st, open)
 				if err != nil {
 					return s.retryLater(ctx, r, err)
 				}
@@ -266,7 +266,7 @@ func (s *Scheduler) nextWake(st *stored, open []openRun, running bool) time.Time
 // st.cursor past them, and returns the pending runs it wrote. busy names
 // the run still in progress ("" if none); pending says a run already
 // waits.
-func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending bool) ([]openRun, error) {
+func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string, pending bool) ([]openRun, error) {
 	d := st.def
 	from := st.startsAt
 	if st.cursor.After(from) {
@@ -292,7 +292,7 @@ func (s *Scheduler) record(ctx context.Context, st *stored, busy string, pending
 		if len(recs) == 0 {
 			return nil
 		}
-		if err := s.write(ctx, d.Name, recs); err != nil {
+		if err := s.write(ctx, h, d.Name, recs); err != nil {
 			return err
 		}
 		for _, r := range recs {
@@ -392,7 +392,7 @@ type rec struct {
 }
 
 // write records recs and reports each.
-func (s *Scheduler) write(ctx context.Context, name string, recs []rec) error {
+func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) error {
 	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
 	for _, r := range recs {
 		p.Instants = append(p.Instants, ts(r.instant))
@@ -400,7 +400,8 @@ func (s *Scheduler) write(ctx context.Context, name string, recs []rec) error {
 		p.Missed = append(p.Missed, r.missed)
 		p.Reasons = append(p.Reasons, r.reason)
 	}
-	err := s.tx(ctx, func(q *store.Queries) error {
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
+		p.LockName, p.LockFence = g.name, g.fence
 		_, err := q.RecordInstants(ctx, p)
 		return err
 	})
@@ -421,7 +422,7 @@ func (s *Scheduler) write(ctx context.Context, name string, recs []rec) error {
 // startNext claims the oldest run that can start now and starts its
 // attempt: a run whose holder died (taken over), a retry whose time has
 // come, or a pending run. It returns nil when none can.
-func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []openRun) (*attemptRun, error) {
+func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored, open []openRun) (*attemptRun, error) {
 	lease := st.def.Lease
 	for _, o := range open {
 		switch {
@@ -431,9 +432,10 @@ func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []
 			if o.attempt >= st.def.Retry.MaxAttempts {
 				reason := fmt.Sprintf("attempt %d of %d: its holder %s died or lost its lock; no attempts left", o.attempt, st.def.Retry.MaxAttempts, o.holder)
 				var n int64
-				err := s.tx(ctx, func(q *store.Queries) error {
+				err := h.do(ctx, func(q *store.Queries, g guard) error {
 					var err error
-					n, err = q.FailDeadRun(ctx, store.FailDeadRunParams{Schedule: e.name, Instant: ts(o.instant), Fence: *o.fence, Reason: reason, LeaseMode: s.locks.leases()})
+					n, err = q.FailDeadRun(ctx, store.FailDeadRunParams{Schedule: e.name, Instant: ts(o.instant), Fence: *o.fence, Reason: reason,
+						LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence})
 					return err
 				})
 				if err != nil {
@@ -444,7 +446,7 @@ func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []
 				}
 				continue
 			}
-			a, err := s.claim(ctx, e, st, o)
+			a, err := s.claim(ctx, h, e, st, o)
 			if a != nil {
 				s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: a.run.Attempt, Fence: a.run.Fence, Holder: s.holder, State: stateRunning,
 					Reason: fmt.Sprintf("attempt %d's holder %s died or lost its lock", o.attempt, o.holder)})
@@ -454,7 +456,7 @@ func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []
 				return a, err
 			}
 		case o.state == stateRetrying && o.ready, o.state == statePending:
-			a, err := s.claim(ctx, e, st, o)
+			a, err := s.claim(ctx, h, e, st, o)
 			if a != nil {
 				s.begin(ctx, e, a, lease)
 			}
@@ -468,13 +470,13 @@ func (s *Scheduler) startNext(ctx context.Context, e *entry, st *stored, open []
 
 // claim moves o to running as its next attempt (a compare-and-swap on its
 // state and fence); nil when it was moved meanwhile.
-func (s *Scheduler) claim(ctx context.Context, e *entry, st *stored, o openRun) (*attemptRun, error) {
+func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o openRun) (*attemptRun, error) {
 	var row store.ClaimRunRow
-	err := s.tx(ctx, func(q *store.Queries) error {
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
 		var err error
 		row, err = q.ClaimRun(ctx, store.ClaimRunParams{
 			Holder: s.holder, LeaseUs: us(st.def.Lease), Schedule: e.name, Instant: ts(o.instant),
-			State: o.state, Fence: o.fence, LeaseMode: s.locks.leases(),
+			State: o.state, Fence: o.fence, LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence,
 		})
 		return err
 	})

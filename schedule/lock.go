@@ -45,8 +45,21 @@ type held interface {
 	lost() <-chan struct{}
 	// cause says why it was lost (nil while held).
 	cause() error
+	// do runs fn with queries that take effect only while the lock is
+	// held: on the lock's own session (a statement there fails once the
+	// session, and with it the lock, is gone), or through the pool with g
+	// naming the lease, which the guarded statements check. fn's
+	// statements run at READ COMMITTED.
+	do(ctx context.Context, fn func(q *store.Queries, g guard) error) error
 	// release gives the lock up (a no-op after a loss).
 	release()
+}
+
+// guard names the lease a guarded statement checks (zero: none, the
+// statement runs on the lock's session).
+type guard struct {
+	name  string
+	fence int64
 }
 
 // lockKey is the advisory key of a schedule's lock: gate's key space,
@@ -162,51 +175,87 @@ func (l *advisoryLocker) acquire(ctx context.Context, name string, _ time.Durati
 		l.put(c)
 		return nil, nil
 	}
-	h := &advisoryHeld{l: l, c: c, class: class, key: key, lostc: make(chan struct{}), done: make(chan struct{})}
-	wctx, cancel := context.WithCancel(context.Background())
-	h.stop = cancel
-	go h.watch(wctx)
+	h := &advisoryHeld{l: l, c: c, class: class, key: key, lostc: make(chan struct{})}
+	h.watch()
 	return h, nil
 }
 
+// advisoryHeld is a session advisory lock while held. Its connection is
+// watched whenever no statement runs on it.
 type advisoryHeld struct {
 	l          *advisoryLocker
 	c          *pgx.Conn
 	class, key int32
-	stop       context.CancelFunc
+	mu         sync.Mutex // serializes do, release and the watch
+	stopWatch  context.CancelFunc
+	watching   chan struct{} // closed when the watch has ended
 	lostc      chan struct{}
-	done       chan struct{}
-	err        error
+	lostOnce   sync.Once
+	err        error // set before lostc is closed
 }
 
-// watch blocks reading the connection: a terminated backend or a server
-// shutdown ends the read at once; a quiet connection is pinged.
-func (h *advisoryHeld) watch(ctx context.Context) {
-	defer close(h.done)
-	pc := h.c.PgConn()
-	for {
-		wctx, cancel := context.WithTimeout(ctx, pingEvery)
-		err := pc.WaitForNotification(wctx)
-		quiet := wctx.Err() != nil
-		cancel()
-		if ctx.Err() != nil && !pc.IsClosed() {
-			return
-		}
-		if err == nil {
-			continue
-		}
-		if quiet && !pc.IsClosed() {
-			pctx, pcancel := context.WithTimeout(context.Background(), pingEvery)
-			err = pc.Ping(pctx)
-			pcancel()
+func (h *advisoryHeld) markLost(err error) {
+	h.lostOnce.Do(func() {
+		h.err = fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err)
+		close(h.lostc)
+	})
+}
+
+// watch starts watching the connection: a goroutine blocks reading it, so
+// a terminated backend or a server shutdown is seen at once; a quiet
+// connection is pinged.
+func (h *advisoryHeld) watch() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	h.stopWatch, h.watching = cancel, done
+	go func() {
+		defer close(done)
+		pc := h.c.PgConn()
+		for {
+			wctx, wcancel := context.WithTimeout(ctx, pingEvery)
+			err := pc.WaitForNotification(wctx)
+			quiet := wctx.Err() != nil
+			wcancel()
+			if ctx.Err() != nil && !pc.IsClosed() {
+				return
+			}
 			if err == nil {
 				continue
 			}
+			if quiet && !pc.IsClosed() {
+				pctx, pcancel := context.WithTimeout(context.Background(), pingEvery)
+				err = pc.Ping(pctx)
+				pcancel()
+				if err == nil {
+					continue
+				}
+			}
+			h.markLost(err)
+			return
 		}
-		h.err = fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err)
-		close(h.lostc)
-		return
+	}()
+}
+
+// unwatch ends the watch; the connection is then free for a statement.
+func (h *advisoryHeld) unwatch() {
+	h.stopWatch()
+	<-h.watching
+}
+
+func (h *advisoryHeld) do(ctx context.Context, fn func(q *store.Queries, g guard) error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unwatch()
+	if err := h.cause(); err != nil {
+		return err
 	}
+	err := fn(store.New(h.c), guard{})
+	if h.c.IsClosed() {
+		h.markLost(err)
+		return h.cause()
+	}
+	h.watch()
+	return err
 }
 
 func (h *advisoryHeld) lost() <-chan struct{} { return h.lostc }
@@ -221,8 +270,9 @@ func (h *advisoryHeld) cause() error {
 }
 
 func (h *advisoryHeld) release() {
-	h.stop()
-	<-h.done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unwatch()
 	if h.cause() != nil {
 		closeConn(h.c)
 		return
@@ -291,6 +341,13 @@ func (h *leaseHeld) cause() error {
 		return *p
 	}
 	return nil
+}
+
+func (h *leaseHeld) do(ctx context.Context, fn func(q *store.Queries, g guard) error) error {
+	if err := h.cause(); err != nil {
+		return err
+	}
+	return h.l.s.tx(ctx, func(q *store.Queries) error { return fn(q, guard{name: h.name, fence: h.fence}) })
 }
 
 func (h *leaseHeld) release() {

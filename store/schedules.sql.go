@@ -27,6 +27,9 @@ WHERE schedule = $3::text
   AND (state <> 'retrying' OR next_attempt_at <= now())
   AND (state <> 'running' OR NOT $7::boolean OR lease_until <= now())
   AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $3::text AND s.paused)
+  AND ($8::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
 RETURNING attempt, fence, kind, started_at
 `
 
@@ -38,6 +41,8 @@ type ClaimRunParams struct {
 	State     string
 	Fence     *int64
 	LeaseMode bool
+	LockFence int64
+	LockName  string
 }
 
 type ClaimRunRow struct {
@@ -51,7 +56,8 @@ type ClaimRunRow struct {
 // fence (NULL for a run never attempted) that bumps attempt and issues a
 // fresh fencing token. A running run is taken over only by the holder of
 // the schedule's lock (which its old holder no longer has) and, with
-// leases, only once its lease has expired. Nothing starts while the
+// leases, only once its lease has expired; the lock is checked as in
+// RecordInstants. Nothing starts while the
 // schedule is paused (read by this statement: a pause committed before it
 // stops it). No row: someone else moved it, or paused.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
@@ -63,6 +69,8 @@ func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow
 		arg.State,
 		arg.Fence,
 		arg.LeaseMode,
+		arg.LockFence,
+		arg.LockName,
 	)
 	var i ClaimRunRow
 	err := row.Scan(
@@ -82,6 +90,9 @@ WHERE schedule = $2::text
   AND fence = $4::bigint
   AND state = 'running'
   AND (NOT $5::boolean OR lease_until <= now())
+  AND ($6::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = $7::text AND l.fence = $6::bigint AND l.lock_until > now()))
 `
 
 type FailDeadRunParams struct {
@@ -90,9 +101,12 @@ type FailDeadRunParams struct {
 	Instant   pgtype.Timestamptz
 	Fence     int64
 	LeaseMode bool
+	LockFence int64
+	LockName  string
 }
 
-// Record a running run whose holder died on its last attempt as failed.
+// Record a running run whose holder died on its last attempt as failed
+// (by the holder of the schedule's lock, checked as in RecordInstants).
 func (q *Queries) FailDeadRun(ctx context.Context, arg FailDeadRunParams) (int64, error) {
 	result, err := q.db.Exec(ctx, failDeadRun,
 		arg.Reason,
@@ -100,6 +114,8 @@ func (q *Queries) FailDeadRun(ctx context.Context, arg FailDeadRunParams) (int64
 		arg.Instant,
 		arg.Fence,
 		arg.LeaseMode,
+		arg.LockFence,
+		arg.LockName,
 	)
 	if err != nil {
 		return 0, err
@@ -320,20 +336,28 @@ SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
        now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
              unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason) AS u
+WHERE ($7::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = $8::text AND l.fence = $7::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING
 `
 
 type RecordInstantsParams struct {
-	Schedule string
-	Kind     string
-	Instants []pgtype.Timestamptz
-	States   []string
-	Missed   []bool
-	Reasons  []string
+	Schedule  string
+	Kind      string
+	Instants  []pgtype.Timestamptz
+	States    []string
+	Missed    []bool
+	Reasons   []string
+	LockFence int64
+	LockName  string
 }
 
 // Record due instants of a schedule, each pending (to run) or skipped (with
-// its reason). An instant already recorded is left as it is.
+// its reason). An instant already recorded is left as it is. Only the
+// holder of the schedule's lock records: with a lease (lock_fence > 0) the
+// statement checks it still holds it; a session lock is checked by
+// running the statement on the lock's own session.
 func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) (int64, error) {
 	result, err := q.db.Exec(ctx, recordInstants,
 		arg.Schedule,
@@ -342,6 +366,8 @@ func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) 
 		arg.States,
 		arg.Missed,
 		arg.Reasons,
+		arg.LockFence,
+		arg.LockName,
 	)
 	if err != nil {
 		return 0, err

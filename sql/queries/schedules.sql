@@ -68,12 +68,18 @@ ORDER BY instant;
 
 -- name: RecordInstants :execrows
 -- Record due instants of a schedule, each pending (to run) or skipped (with
--- its reason). An instant already recorded is left as it is.
+-- its reason). An instant already recorded is left as it is. Only the
+-- holder of the schedule's lock records: with a lease (lock_fence > 0) the
+-- statement checks it still holds it; a session lock is checked by
+-- running the statement on the lock's own session.
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, created_at, finished_at)
 SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
        now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
              unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason) AS u
+WHERE (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING;
 
 -- name: ClaimRun :one
@@ -81,7 +87,8 @@ ON CONFLICT DO NOTHING;
 -- fence (NULL for a run never attempted) that bumps attempt and issues a
 -- fresh fencing token. A running run is taken over only by the holder of
 -- the schedule's lock (which its old holder no longer has) and, with
--- leases, only once its lease has expired. Nothing starts while the
+-- leases, only once its lease has expired; the lock is checked as in
+-- RecordInstants. Nothing starts while the
 -- schedule is paused (read by this statement: a pause committed before it
 -- stops it). No row: someone else moved it, or paused.
 UPDATE pgclaim_schedule_runs
@@ -99,6 +106,9 @@ WHERE schedule = sqlc.arg(schedule)::text
   AND (state <> 'retrying' OR next_attempt_at <= now())
   AND (state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
   AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
 RETURNING attempt, fence, kind, started_at;
 
 -- name: RenewRun :one
@@ -131,14 +141,18 @@ WHERE schedule = sqlc.arg(schedule)::text
 RETURNING state, next_attempt_at;
 
 -- name: FailDeadRun :execrows
--- Record a running run whose holder died on its last attempt as failed.
+-- Record a running run whose holder died on its last attempt as failed
+-- (by the holder of the schedule's lock, checked as in RecordInstants).
 UPDATE pgclaim_schedule_runs
 SET state = 'failed', lease_until = NULL, finished_at = now(), reason = sqlc.arg(reason)::text
 WHERE schedule = sqlc.arg(schedule)::text
   AND instant = sqlc.arg(instant)::timestamptz
   AND fence = sqlc.arg(fence)::bigint
   AND state = 'running'
-  AND (NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now());
+  AND (NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()));
 
 -- name: TrySchedLock :one
 -- Take a schedule's session advisory lock if free.
