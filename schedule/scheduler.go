@@ -316,7 +316,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		case <-timer.C:
 		case <-s.changed:
 		case name := <-kicks:
-			kicked[name] = true
+			s.mu.Lock()
+			_, ours := s.entries[name]
+			s.mu.Unlock()
+			if ours {
+				kicked[name] = true
+			}
 		case <-poll.C:
 			for _, name := range s.poll(ctx, entries) {
 				kicked[name] = true
