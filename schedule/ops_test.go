@@ -35,8 +35,11 @@ func TestPauseStopsAllResume(t *testing.T) {
 	if err := ins[1].s.Pause(ctx, def.Name, "deploy", "ops"); err != nil {
 		t.Fatal(err)
 	}
-	var pausedAt time.Time
-	if err := db.Pool.QueryRow(ctx, `SELECT paused_at FROM pgclaim_schedules WHERE name = $1`, def.Name).Scan(&pausedAt); err != nil {
+	// committed is after the pause's commit (Pause has returned): no
+	// attempt may start after it. (paused_at is the pause's transaction
+	// start; a claim that began before the commit may still start.)
+	var pausedAt, committed time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT paused_at, clock_timestamp() FROM pgclaim_schedules WHERE name = $1`, def.Name).Scan(&pausedAt, &committed); err != nil {
 		t.Fatal(err)
 	}
 	before := len(runsOf(t, db.Pool, def.Name))
@@ -46,8 +49,8 @@ func TestPauseStopsAllResume(t *testing.T) {
 		t.Fatalf("%d runs recorded while paused (had %d)", len(rows)-before, before)
 	}
 	var late int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule = $1 AND started_at >= $2`, def.Name, pausedAt).Scan(&late); err != nil || late != 0 {
-		t.Fatalf("%d runs started after the pause (%v)", late, err)
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule = $1 AND started_at >= $2`, def.Name, committed).Scan(&late); err != nil || late != 0 {
+		t.Fatalf("%d runs started after the pause was committed (%v)", late, err)
 	}
 	if err := ins[2].s.Resume(ctx, def.Name); err != nil {
 		t.Fatal(err)

@@ -336,7 +336,8 @@ SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
        now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
              unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason) AS u
-WHERE ($7::bigint = 0 OR EXISTS (
+WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
+  AND ($7::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $8::text AND l.fence = $7::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING
@@ -354,7 +355,8 @@ type RecordInstantsParams struct {
 }
 
 // Record due instants of a schedule, each pending (to run) or skipped (with
-// its reason). An instant already recorded is left as it is. Only the
+// its reason). An instant already recorded is left as it is; nothing is
+// recorded while the schedule is paused (read by this statement). Only the
 // holder of the schedule's lock records: with a lease (lock_fence > 0) the
 // statement checks it still holds it; a session lock is checked by
 // running the statement on the lock's own session.

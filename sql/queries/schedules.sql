@@ -68,7 +68,8 @@ ORDER BY instant;
 
 -- name: RecordInstants :execrows
 -- Record due instants of a schedule, each pending (to run) or skipped (with
--- its reason). An instant already recorded is left as it is. Only the
+-- its reason). An instant already recorded is left as it is; nothing is
+-- recorded while the schedule is paused (read by this statement). Only the
 -- holder of the schedule's lock records: with a lease (lock_fence > 0) the
 -- statement checks it still holds it; a session lock is checked by
 -- running the statement on the lock's own session.
@@ -77,7 +78,8 @@ SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.mis
        now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
              unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason) AS u
-WHERE (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING;
