@@ -214,7 +214,8 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			<-cur.done
 			s.finish(ctx, cur, h.cause())
 			cur = nil
-			return r // wake at once: the next lock holder (perhaps this instance) takes over
+			r.wake = s.dbNow() // look again at once: the next lock holder (perhaps this instance) takes over
+			return r
 		case <-e.poke:
 		case <-timer.C:
 		case <-ctx.Done():
