@@ -143,3 +143,35 @@ func TestConcurrentTriggersRunOnce(t *testing.T) {
 	sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
 	t.Logf("trigger to start, by notification (poll 10 s): min %s, median %s, max %s", lags[0], lags[2], lags[4])
 }
+
+// With LeaseLocks nothing listens: a trigger reaches the instances by the
+// poll. Its latency, trigger to start, is logged.
+func TestTriggerByPollLogged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	def := Definition{Name: "manual", Spec: "0 0 1 1 *", Version: 1}
+	var ins []*instance
+	for i := range 2 {
+		in := newInstance(t, db, fmt.Sprintf("inst-%d", i), Config{LeaseLocks: true, PollInterval: time.Second}, nil)
+		if err := in.s.Register(ctx, def, nop); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+		ins = append(ins, in)
+	}
+	var lags []time.Duration
+	for range 3 {
+		at, _, err := ins[0].s.Trigger(ctx, def.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lag time.Duration
+		waitFor(t, 10*time.Second, "the triggered run", func() bool {
+			err := db.Pool.QueryRow(ctx, `SELECT started_at - instant FROM pgclaim_schedule_runs WHERE schedule = $1 AND instant = $2 AND state = 'succeeded'`, def.Name, at).Scan(&lag)
+			return err == nil
+		})
+		lags = append(lags, lag)
+	}
+	t.Logf("trigger to start by the poll (LeaseLocks, poll 1 s): %v", lags)
+}
