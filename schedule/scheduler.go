@@ -221,7 +221,6 @@ func (s *Scheduler) observe(sent time.Time, db time.Time) {
 type result struct {
 	name string
 	wake time.Time // database time of the next wake-up; zero: none but polls
-	st   *stored
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the

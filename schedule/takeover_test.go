@@ -44,14 +44,12 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 	ev := &events{}
 	z := newZombie()
 	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1}
-	var ins []*instance
 	for _, h := range []string{"a", "b"} {
 		in := newInstance(t, db, h, Config{}, ev)
 		if err := in.s.Register(ctx, def, z.job); err != nil {
 			t.Fatal(err)
 		}
 		in.start(t)
-		ins = append(ins, in)
 	}
 	var first Run
 	select {
