@@ -16,6 +16,47 @@ type PgclaimLock struct {
 	Fence     int64
 }
 
+type PgclaimSchedule struct {
+	Name             string
+	Spec             string
+	TimeZone         string
+	Version          int32
+	CatchUp          string
+	CatchUpWindow    pgtype.Interval
+	CatchUpCap       int32
+	Overlap          string
+	MaxAttempts      int32
+	Backoff          pgtype.Interval
+	MaxBackoff       pgtype.Interval
+	ExpectedDuration pgtype.Interval
+	Lease            pgtype.Interval
+	Paused           bool
+	PausedNote       *string
+	PausedBy         *string
+	PausedAt         pgtype.Timestamptz
+	ResumedAt        pgtype.Timestamptz
+	StartsAt         pgtype.Timestamptz
+	CreatedAt        pgtype.Timestamptz
+	UpdatedAt        pgtype.Timestamptz
+}
+
+type PgclaimScheduleRun struct {
+	Schedule      string
+	Instant       pgtype.Timestamptz
+	Kind          string
+	State         string
+	Attempt       int32
+	Fence         *int64
+	Holder        *string
+	LeaseUntil    pgtype.Timestamptz
+	NextAttemptAt pgtype.Timestamptz
+	Missed        bool
+	CreatedAt     pgtype.Timestamptz
+	StartedAt     pgtype.Timestamptz
+	FinishedAt    pgtype.Timestamptz
+	Reason        *string
+}
+
 type PgclaimTerm struct {
 	Election   string
 	Term       int64

@@ -6,6 +6,8 @@ package db
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type PgclaimLock struct {
@@ -14,6 +16,47 @@ type PgclaimLock struct {
 	LockedAt  time.Time
 	LockUntil time.Time
 	Fence     int64
+}
+
+type PgclaimSchedule struct {
+	Name             string
+	Spec             string
+	TimeZone         string
+	Version          int32
+	CatchUp          string
+	CatchUpWindow    pgtype.Interval
+	CatchUpCap       int32
+	Overlap          string
+	MaxAttempts      int32
+	Backoff          pgtype.Interval
+	MaxBackoff       pgtype.Interval
+	ExpectedDuration pgtype.Interval
+	Lease            pgtype.Interval
+	Paused           bool
+	PausedNote       *string
+	PausedBy         *string
+	PausedAt         *time.Time
+	ResumedAt        *time.Time
+	StartsAt         time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+type PgclaimScheduleRun struct {
+	Schedule      string
+	Instant       time.Time
+	Kind          string
+	State         string
+	Attempt       int32
+	Fence         *int64
+	Holder        *string
+	LeaseUntil    *time.Time
+	NextAttemptAt *time.Time
+	Missed        bool
+	CreatedAt     time.Time
+	StartedAt     *time.Time
+	FinishedAt    *time.Time
+	Reason        *string
 }
 
 type PgclaimTerm struct {

@@ -1,0 +1,260 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// CatchUp says what happens to the instants that came due while no
+// instance ran the schedule or while it was paused.
+type CatchUp string
+
+// Catch-up policies.
+const (
+	// CatchUpNone records each such instant skipped, with its reason.
+	CatchUpNone CatchUp = "none"
+	// CatchUpLatest runs the newest of them (if inside CatchUpWindow) and
+	// records the others skipped. The default.
+	CatchUpLatest CatchUp = "latest"
+	// CatchUpAll runs each of them inside CatchUpWindow, oldest first, once:
+	// at most CatchUpCap (the newest ones); the others are recorded skipped.
+	CatchUpAll CatchUp = "all"
+)
+
+// Overlap says what happens to an instant that comes due while the
+// schedule's previous run is still running (or waiting for its retry).
+type Overlap string
+
+// Overlap policies.
+const (
+	// OverlapSkip records the instant skipped, naming the run still
+	// running. The default.
+	OverlapSkip Overlap = "skip"
+	// OverlapBufferOne keeps one such instant, which runs when the current
+	// run ends; further ones are recorded skipped.
+	OverlapBufferOne Overlap = "buffer_one"
+)
+
+// RetryPolicy says how often an instant is attempted. An attempt that
+// returned an error (or panicked) is retried after Backoff, doubling per
+// attempt up to MaxBackoff (0: Backoff each time), until MaxAttempts
+// attempts have been made; then the instant is recorded failed with the
+// last error. An attempt whose holder died (its session or lease gone)
+// counts as an attempt too. The zero RetryPolicy means 3 attempts, 1 s
+// back-off doubling up to 1 min; MaxAttempts 0 alone means 3.
+type RetryPolicy struct {
+	MaxAttempts int
+	Backoff     time.Duration
+	MaxBackoff  time.Duration
+}
+
+// delay is the wait after the failure of attempt n (1 for the first).
+func (r RetryPolicy) delay(n int) time.Duration {
+	d := r.Backoff
+	if r.MaxBackoff <= 0 {
+		return d
+	}
+	for i := 1; i < n && d < r.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.MaxBackoff)
+}
+
+// Definition is a schedule as code declares it. Scheduler.Register stores
+// it; every instance then runs the stored definition, which only a strictly
+// higher Version replaces (see the package doc, "Registration").
+type Definition struct {
+	// Name identifies the schedule. Required.
+	Name string
+	// Spec is a cron spec: five fields (minute hour day-of-month month
+	// day-of-week), or six with seconds first, or a descriptor such as
+	// "@daily" or "@every 10s". Required.
+	Spec string
+	// TimeZone is the IANA zone Spec is read in ("Europe/Berlin"). Default
+	// "UTC". Instants are stored in UTC.
+	TimeZone string
+	// Version orders definitions of the same schedule across deployments:
+	// at least 1. Raise it with every change to the definition.
+	Version int
+	// CatchUp is the catch-up policy (default CatchUpLatest).
+	CatchUp CatchUp
+	// CatchUpWindow bounds how old an instant may be and still run by
+	// catch-up (CatchUpLatest and CatchUpAll); 0: no bound.
+	CatchUpWindow time.Duration
+	// CatchUpCap is the most instants CatchUpAll runs after a gap
+	// (default 10).
+	CatchUpCap int
+	// Overlap is the overlap policy (default OverlapSkip).
+	Overlap Overlap
+	// Retry is the retry policy.
+	Retry RetryPolicy
+	// ExpectedDuration is how long a run is expected to take (0: not
+	// stated); stored for operators.
+	ExpectedDuration time.Duration
+	// Lease is how long an attempt stays exclusive without a renewal: the
+	// running attempt renews it every Lease/3; with Config.LeaseLocks, a
+	// run whose holder stopped renewing is taken over once it expires.
+	// Default 30 s; at least 500 ms.
+	Lease time.Duration
+}
+
+const (
+	defaultCatchUpCap = 10
+	defaultLease      = 30 * time.Second
+	minLease          = 500 * time.Millisecond
+	defaultAttempts   = 3
+)
+
+// normalize validates d and fills its defaults, returning the parsed spec.
+// Errors name the field and wrap ErrInvalid.
+func (d Definition) normalize() (Definition, *cronSpec, error) {
+	f := func(name, msg string) error { return invalid("Definition."+name, msg) }
+	switch {
+	case d.Name == "":
+		return d, nil, f("Name", "must not be empty")
+	case d.Spec == "":
+		return d, nil, f("Spec", "must not be empty")
+	case d.Version < 1:
+		return d, nil, f("Version", fmt.Sprintf("must be at least 1, got %d", d.Version))
+	case d.CatchUpWindow < 0:
+		return d, nil, f("CatchUpWindow", "must not be negative")
+	case d.CatchUpCap < 0:
+		return d, nil, f("CatchUpCap", "must not be negative")
+	case d.Retry.MaxAttempts < 0:
+		return d, nil, f("Retry.MaxAttempts", "must not be negative")
+	case d.Retry.Backoff < 0:
+		return d, nil, f("Retry.Backoff", "must not be negative")
+	case d.Retry.MaxBackoff < 0:
+		return d, nil, f("Retry.MaxBackoff", "must not be negative")
+	case d.Retry.MaxBackoff > 0 && d.Retry.MaxBackoff < d.Retry.Backoff:
+		return d, nil, f("Retry.MaxBackoff", "must not be below Retry.Backoff")
+	case d.ExpectedDuration < 0:
+		return d, nil, f("ExpectedDuration", "must not be negative")
+	case d.Lease < 0:
+		return d, nil, f("Lease", "must not be negative")
+	case d.Lease > 0 && d.Lease < minLease:
+		return d, nil, f("Lease", "must be at least "+minLease.String())
+	}
+	switch d.CatchUp {
+	case "":
+		d.CatchUp = CatchUpLatest
+	case CatchUpNone, CatchUpLatest, CatchUpAll:
+	default:
+		return d, nil, f("CatchUp", fmt.Sprintf("%q is not none, latest or all", string(d.CatchUp)))
+	}
+	switch d.Overlap {
+	case "":
+		d.Overlap = OverlapSkip
+	case OverlapSkip, OverlapBufferOne:
+	default:
+		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip or buffer_one", string(d.Overlap)))
+	}
+	if d.TimeZone == "" {
+		d.TimeZone = "UTC"
+	}
+	if _, err := time.LoadLocation(d.TimeZone); err != nil || d.TimeZone == "Local" {
+		return d, nil, f("TimeZone", fmt.Sprintf("%q is not a known IANA time zone", d.TimeZone))
+	}
+	spec, err := parseSpec(d.Spec, d.TimeZone)
+	if err != nil {
+		return d, nil, f("Spec", fmt.Sprintf("%q: %s", d.Spec, strings.TrimPrefix(err.Error(), "schedule: ")))
+	}
+	if d.CatchUpCap == 0 {
+		d.CatchUpCap = defaultCatchUpCap
+	}
+	if d.Retry == (RetryPolicy{}) {
+		d.Retry = RetryPolicy{MaxAttempts: defaultAttempts, Backoff: time.Second, MaxBackoff: time.Minute}
+	} else if d.Retry.MaxAttempts == 0 {
+		d.Retry.MaxAttempts = defaultAttempts
+	}
+	if d.Lease == 0 {
+		d.Lease = defaultLease
+	}
+	return d, spec, nil
+}
+
+// stored is a schedule's row as read back: its definition and state.
+type stored struct {
+	def        Definition
+	spec       *cronSpec
+	paused     bool
+	pausedAt   time.Time
+	resumedAt  time.Time
+	startsAt   time.Time
+	cursor     time.Time // the newest scheduled instant recorded (zero: none)
+	dbNow      time.Time
+	pausedNote string
+	pausedBy   string
+}
+
+func us(d time.Duration) int64          { return d.Microseconds() }
+func dur(us int64) time.Duration        { return time.Duration(us) * time.Microsecond }
+func ts(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
+
+func tm(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time.UTC()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// loadSchedule reads the stored definition of name; ErrNotFound if none.
+func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, error) {
+	r, err := q.ScheduleByName(ctx, name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("schedule: %q: read definition: %w", name, err)
+	}
+	d := Definition{
+		Name: r.Name, Spec: r.Spec, TimeZone: r.TimeZone, Version: int(r.Version),
+		CatchUp: CatchUp(r.CatchUp), CatchUpWindow: dur(r.CatchUpWindowUs), CatchUpCap: int(r.CatchUpCap),
+		Overlap:          Overlap(r.Overlap),
+		Retry:            RetryPolicy{MaxAttempts: int(r.MaxAttempts), Backoff: dur(r.BackoffUs), MaxBackoff: dur(r.MaxBackoffUs)},
+		ExpectedDuration: dur(r.ExpectedUs), Lease: dur(r.LeaseUs),
+	}
+	spec, err := parseSpec(d.Spec, d.TimeZone)
+	if err != nil {
+		return nil, fmt.Errorf("schedule: %q: the stored definition (version %d) does not parse here: %w", name, d.Version, err)
+	}
+	return &stored{
+		def: d, spec: spec, paused: r.Paused, pausedAt: tm(r.PausedAt), resumedAt: tm(r.ResumedAt),
+		startsAt: tm(r.StartsAt), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
+		pausedNote: deref(r.PausedNote), pausedBy: deref(r.PausedBy),
+	}, nil
+}
+
+// register stores d (normalized) by the version rule and returns whether
+// it was inserted or replaced the stored one.
+func register(ctx context.Context, q *store.Queries, d Definition) (changed bool, err error) {
+	_, err = q.RegisterSchedule(ctx, store.RegisterScheduleParams{
+		Name: d.Name, Spec: d.Spec, TimeZone: d.TimeZone, Version: int32(d.Version),
+		CatchUp: string(d.CatchUp), CatchUpWindowUs: us(d.CatchUpWindow), CatchUpCap: int32(d.CatchUpCap),
+		Overlap: string(d.Overlap), MaxAttempts: int32(d.Retry.MaxAttempts),
+		BackoffUs: us(d.Retry.Backoff), MaxBackoffUs: us(d.Retry.MaxBackoff),
+		ExpectedUs: us(d.ExpectedDuration), LeaseUs: us(d.Lease),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("schedule: %q: register: %w", d.Name, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,167 @@
+// Package schedule runs cron schedules stored in PostgreSQL: every
+// instance of a service runs the same Scheduler over the same rows, and
+// each due instant of a schedule completes exactly once — or is recorded
+// failed or skipped, saying why — never silently not at all.
+//
+//	s, _ := schedule.New(pool, schedule.Config{})
+//	_ = s.Register(ctx, schedule.Definition{
+//		Name: "push-resume", Spec: "0 9 * * *", TimeZone: "Europe/Berlin", Version: 1,
+//	}, resumePushes)
+//	_ = s.Run(ctx) // blocks
+//
+// # Exactly once
+//
+// "Exactly once" means, per (schedule, instant):
+//
+//   - at most one attempt is recorded succeeded;
+//   - every instant that came due ends succeeded, failed (after its
+//     attempts, with the last error as reason) or skipped (by a stated
+//     policy, with the reason): a row in pgclaim_schedule_runs says which;
+//   - an instant is never in the ledger twice, and at most one attempt of
+//     it runs with a valid fence at a time.
+//
+// It does not mean a job's effects happen once by themselves: an attempt
+// that died (its process killed, its session or lease lost) may have done
+// part of its work before the next attempt starts over. Jobs therefore do
+// their work through claims (package claim: each row moved once, fenced),
+// or idempotently keyed by Run.Instant, or pass Run.Fence to the systems
+// they write to so a stale attempt is refused there.
+//
+// # Tables
+//
+// pgclaim_schedules holds one row per schedule: its definition (spec,
+// zone, catch-up, overlap and retry policies, expected duration, lease,
+// version), when its life began (starts_at: instants at or before it were
+// never due) and its pause state. pgclaim_schedule_runs holds one row per
+// (schedule, instant) — the primary key, as DBOS keys scheduled workflows
+// by name and scheduled time — with its kind (scheduled, triggered,
+// backfill), state (pending, running, retrying, succeeded, failed,
+// skipped), attempt, fence, holder, lease, next attempt time and reason.
+// Fences come from pgclaim_fence_seq, shared with the rest of pgclaim.
+//
+// # Registration
+//
+// Scheduler.Register stores a Definition. Blue/green deployments run two
+// versions of a service at once, possibly with different definitions of a
+// schedule, and must not flap between them. The rule: a definition carries
+// a Version (≥ 1, raised with each change) and replaces the stored one
+// only when its version is strictly higher; the INSERT … ON CONFLICT DO
+// UPDATE … WHERE stored.version < new.version re-checks the newest row, so
+// the stored version only ever moves up, whatever order the instances
+// start in. An instance whose definition differs from the stored one (a
+// lower version, or an equal version with other settings) follows the
+// stored one, logs a warning and reports EventFollowed: refusing instead
+// would stop the old deployment's scheduler during the very switch the
+// rule exists for. The pause state is operational and never written by
+// registration. A new version that keeps the spec and zone keeps
+// starts_at; one that changes them starts a new life, so the new spec's
+// instants before the change are never due.
+//
+// # The scheduler
+//
+// Run sleeps with a timer until the next instant of any schedule it runs
+// (computed from the stored definition; the timer is set from the host
+// clock corrected by the database's time as last read, but every due
+// decision reads now() from the server), or until a notification or a
+// poll says a run waits. No busy polling: besides the instants, an idle
+// instance sends one statement per Config.PollInterval (default 1 s) for
+// all its schedules.
+//
+// To run a schedule, an instance takes the schedule's lock (see Locks).
+// Holding it, it is the schedule's runner: it records the instants that
+// came due since the last one recorded, decides each by the catch-up and
+// overlap policies (a row per instant, pending or skipped), starts the
+// oldest run that can start (a pending run, a retry whose time has come,
+// a run whose holder died) as the next attempt — a compare-and-swap on its
+// state and fence that bumps attempt and issues a fresh fence — runs the
+// job, and records the outcome with another compare-and-swap on the
+// fence. While the job runs it keeps the run's lease renewed and goes on
+// recording the instants that come due (overlap policy). When nothing is
+// left to start it releases the lock. Instances that find the lock held do
+// nothing for that schedule: its runner records what comes due.
+//
+// # Locks
+//
+// By default the lock is a session advisory lock (two-int4 key from
+// gate.AdvisoryKey of "pgclaim.schedule:"+name) held on a connection taken
+// out of the pool and watched while held: the server drops it the moment
+// the holder's session ends, so another instance takes a dead holder's run
+// over at once, as attempt n+1 with a fresh fence, when its poll or next
+// instant finds the lock free. A terminated backend cancels the running
+// job's context at once (cause wraps ErrLost).
+//
+// With Config.LeaseLocks (for PgBouncer transaction pooling, where session
+// locks and LISTEN cannot work) the lock is a lease row in pgclaim_locks
+// renewed every Lease/3; a dead or stalled holder's run is taken over once
+// its lease has expired (database time), and its job's context is
+// cancelled when a renewal cannot be made in time. Notifications are not
+// used; the poll bounds every latency.
+//
+// Only the holder of a schedule's lock records instants and starts or
+// takes over attempts: with a session lock those statements run on the
+// lock's own session (so they fail once it has ended, and cost one round
+// trip each at the session's READ COMMITTED); with a lease they check the
+// lease's fence in the statement. A runner that lost its lock without
+// noticing yet changes nothing.
+//
+// A zombie — an attempt that kept running after its run was taken over —
+// cannot complete: its finish is a compare-and-swap on a fence that is no
+// longer the run's. It changes nothing, and is reported as EventLost with
+// an error wrapping ErrLost, logged at warn level.
+//
+// # Attempts and retries
+//
+// A job that returns an error or panics has failed its attempt. While
+// attempts remain (RetryPolicy.MaxAttempts, default 3) the run waits in
+// state retrying until now() + the back-off (Backoff after the first
+// failure, doubling up to MaxBackoff), then any instance runs the next
+// attempt; after the last it is recorded failed with the error as reason.
+// An attempt whose holder died counts as an attempt; a dead run with no
+// attempts left is recorded failed, naming the dead holder. An attempt
+// interrupted by its own scheduler's shutdown is handed back at once.
+//
+// # Policies
+//
+// Instants that came due while no instance ran the schedule, or while it
+// was paused, are decided at the next look by the catch-up policy. An
+// instant is on time when it is the newest due instant and is recorded
+// within Config.Grace (default 30 s) of it; every other unrecorded due
+// instant is missed. CatchUpNone records each missed instant skipped;
+// CatchUpLatest runs the newest (if inside CatchUpWindow) and records the
+// others skipped; CatchUpAll runs those inside CatchUpWindow, at most
+// CatchUpCap (the newest), oldest first, each once, and records the rest
+// skipped. Instants due during a pause are decided the same way at resume
+// (their reasons say "paused") and are not reported missed.
+//
+// An instant that comes due while the previous run is still running or
+// waiting for its retry is decided by the overlap policy: OverlapSkip
+// records it skipped, naming that run; OverlapBufferOne keeps one pending,
+// which runs when the current run ends, and records further ones skipped.
+//
+// # Missed instants
+//
+// An instant that was due (after starts_at, outside the latest pause) and
+// has no row after Config.Grace is missed. The runner that finds one
+// reports EventMissed (a warning) and records it by the catch-up policy,
+// marking the row missed. Scheduler.Missed lists, from the database
+// alone, the missed instants no instance has recorded yet — when every
+// instance is down, that is the only place they show.
+//
+// # Pause, resume, trigger
+//
+// Pause, Resume and Trigger write one row and notify every instance
+// through LISTEN/NOTIFY on channel pgclaim_schedules (a dedicated
+// connection per Scheduler); a missed notification is covered by the poll,
+// so every instance hears within Config.PollInterval at worst. Once a pause
+// is committed no attempt starts anywhere: the claim itself reads it. A
+// running attempt finishes. Trigger records a run of kind triggered at the
+// database's time; while one is open, Trigger returns it, so two
+// operators triggering together get one run.
+//
+// # Isolation
+//
+// Every statement the package sends through the pool runs in an explicit
+// READ COMMITTED transaction, and the lock connections set their session
+// default to read committed (store.SessionSetup), whatever
+// default_transaction_isolation the database, role or pool sets.
+package schedule

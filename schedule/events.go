@@ -1,0 +1,141 @@
+package schedule
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// EventKind says what an Event reports.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventStarted: an attempt of a run started on this instance.
+	EventStarted EventKind = iota + 1
+	// EventFinished: an attempt ended and its outcome was recorded: State
+	// is "succeeded", "retrying" (Err is the attempt's error) or "failed"
+	// (Reason says why).
+	EventFinished
+	// EventSkipped: an instant was recorded skipped; Reason says why.
+	EventSkipped
+	// EventMissed: an instant that was due (not paused, inside the
+	// definition's life) had no row after its grace (Config.Grace); its
+	// catch-up policy then decided it (State "pending" or "skipped").
+	EventMissed
+	// EventLost: an attempt lost its exclusivity, or its completion was
+	// refused because another instance had taken the run over (a stale
+	// fence). Err wraps ErrLost.
+	EventLost
+	// EventTakenOver: a run whose holder had died (session or lease gone)
+	// was taken over by this instance as the next attempt, or recorded
+	// failed when it had no attempts left. Reason names the dead holder.
+	EventTakenOver
+	// EventFollowed: Register found a stored definition different from
+	// the one given, with an equal or higher version, and follows it.
+	EventFollowed
+)
+
+// String returns the kind's name: "started", "finished", "skipped",
+// "missed", "lost", "taken over" or "followed".
+func (k EventKind) String() string {
+	switch k {
+	case EventStarted:
+		return "started"
+	case EventFinished:
+		return "finished"
+	case EventSkipped:
+		return "skipped"
+	case EventMissed:
+		return "missed"
+	case EventLost:
+		return "lost"
+	case EventTakenOver:
+		return "taken over"
+	case EventFollowed:
+		return "followed"
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is one observation reported to Hooks and logged.
+type Event struct {
+	Kind     EventKind
+	Schedule string
+	Instant  time.Time // the run's instant; zero for EventFollowed
+	RunKind  string    // "scheduled", "triggered" or "backfill"
+	Attempt  int
+	Fence    int64
+	Holder   string        // this instance
+	State    string        // the run's state after the event, where one was written
+	Duration time.Duration // how long the attempt ran (EventFinished)
+	Reason   string        // why (skipped, failed, taken over, followed)
+	Err      error         // the attempt's error, or one wrapping ErrLost
+}
+
+// Hooks receives events for metrics and tracing. Observe may be called
+// from several goroutines at once and must not block. ctx is the context
+// of the call the event belongs to (Run's for the scheduler's work).
+type Hooks interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// HooksFunc adapts a function to Hooks.
+type HooksFunc func(ctx context.Context, e Event)
+
+// Observe calls f(ctx, e).
+func (f HooksFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+type noHooks struct{}
+
+func (noHooks) Observe(context.Context, Event) {}
+
+// emit reports e to the hooks and logs it: started at debug, finished at
+// info (retrying at warn, failed at error), skipped at info, missed, lost,
+// taken over and followed at warn.
+func (s *Scheduler) emit(ctx context.Context, e Event) {
+	s.hooks.Observe(ctx, e)
+	level := slog.LevelInfo
+	switch e.Kind {
+	case EventStarted:
+		level = slog.LevelDebug
+	case EventMissed, EventLost, EventTakenOver, EventFollowed:
+		level = slog.LevelWarn
+	case EventFinished:
+		switch e.State {
+		case stateRetrying:
+			level = slog.LevelWarn
+		case stateFailed:
+			level = slog.LevelError
+		}
+	}
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 10)
+	attrs = append(attrs, slog.String("schedule", e.Schedule))
+	if !e.Instant.IsZero() {
+		attrs = append(attrs, slog.Time("instant", e.Instant), slog.String("kind", e.RunKind))
+	}
+	if e.Attempt != 0 {
+		attrs = append(attrs, slog.Int("attempt", e.Attempt))
+	}
+	if e.Fence != 0 {
+		attrs = append(attrs, slog.Int64("fence", e.Fence))
+	}
+	attrs = append(attrs, slog.String("holder", e.Holder))
+	if e.State != "" {
+		attrs = append(attrs, slog.String("state", e.State))
+	}
+	if e.Kind == EventFinished {
+		attrs = append(attrs, slog.Duration("duration", e.Duration))
+	}
+	if e.Reason != "" {
+		attrs = append(attrs, slog.String("reason", e.Reason))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	s.log.LogAttrs(ctx, level, "schedule: "+e.Kind.String(), attrs...)
+}

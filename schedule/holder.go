@@ -1,0 +1,581 @@
+package schedule
+
+// The runner of one schedule: while this instance holds the schedule's
+// lock it records the instants that came due, decides them by the
+// schedule's policies, runs one attempt at a time and records its outcome.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// Run states, as stored in pgclaim_schedule_runs.state.
+const (
+	statePending   = "pending"
+	stateRunning   = "running"
+	stateRetrying  = "retrying"
+	stateSucceeded = "succeeded"
+	stateFailed    = "failed"
+	stateSkipped   = "skipped"
+
+	kindScheduled = "scheduled"
+	kindTriggered = "triggered"
+	kindBackfill  = "backfill"
+)
+
+// recordChunk is how many instants one statement records.
+const recordChunk = 512
+
+// maxReason bounds the error text recorded as a run's reason.
+const maxReason = 2000
+
+// openRun is an unfinished run as read.
+type openRun struct {
+	instant    time.Time
+	kind       string
+	state      string
+	attempt    int
+	fence      *int64
+	holder     string
+	leaseUntil time.Time
+	nextAt     time.Time
+	ready      bool
+}
+
+// attemptRun is an attempt running on this instance.
+type attemptRun struct {
+	run      Run
+	max      int
+	retry    RetryPolicy
+	cancel   context.CancelCauseFunc
+	stopKeep func()
+	done     chan struct{}
+	start    time.Time
+	err      error
+}
+
+// attend takes the schedule's lock and, holding it, does what is due. It
+// returns when nothing is left to do now, with the next wake-up.
+func (s *Scheduler) attend(ctx context.Context, e *entry) result {
+	r := result{name: e.name}
+	s.mu.Lock()
+	st := e.st
+	s.mu.Unlock()
+	if st == nil {
+		sent := time.Now()
+		var err error
+		if st, err = loadSchedule(ctx, s.q, e.name); err != nil {
+			return s.retryLater(ctx, r, err)
+		}
+		s.observe(sent, st.dbNow)
+		s.setStored(e, st)
+	}
+	h, err := s.locks.acquire(ctx, e.name, st.def.Lease)
+	if err != nil {
+		return s.retryLater(ctx, r, err)
+	}
+	if h == nil {
+		// Another instance is the schedule's runner now and records what
+		// comes due; look again at the next instant.
+		if !st.paused {
+			r.wake = st.spec.next(s.dbNow())
+		}
+		return r
+	}
+	defer h.release()
+	return s.hold(ctx, e, h)
+}
+
+func (s *Scheduler) setStored(e *entry, st *stored) {
+	s.mu.Lock()
+	e.st = st
+	s.mu.Unlock()
+}
+
+// retryLater logs err and asks for another look after a poll interval.
+func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result {
+	if ctx.Err() == nil {
+		s.log.WarnContext(ctx, "schedule: attend", "schedule", r.name, "error", err)
+	}
+	r.wake = s.dbNow().Add(s.cfg.PollInterval)
+	return r
+}
+
+// state reads the stored definition and the open runs of name, holding h.
+func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []openRun, error) {
+	var st *stored
+	var open []openRun
+	sent := time.Now()
+	err := h.do(ctx, func(q *store.Queries, _ guard) error {
+		var err error
+		if st, err = loadSchedule(ctx, q, name); err != nil {
+			return err
+		}
+		rows, err := q.OpenRuns(ctx, name)
+		if err != nil {
+			return fmt.Errorf("schedule: %q: read open runs: %w", name, err)
+		}
+		open = make([]openRun, 0, len(rows))
+		for _, o := range rows {
+			open = append(open, openRun{
+				instant: tm(o.Instant), kind: o.Kind, state: o.State, attempt: int(o.Attempt), fence: o.Fence,
+				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), ready: o.Ready,
+			})
+		}
+		return nil
+	})
+	if err == nil {
+		s.observe(sent, st.dbNow)
+	}
+	return st, open, err
+}
+
+// hold is the runner's loop while this instance holds the lock h.
+func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
+	r := result{name: e.name}
+	var cur *attemptRun
+	defer func() {
+		if cur != nil {
+			cur.cancel(context.Cause(ctx))
+			<-cur.done
+			s.finish(ctx, cur, h.cause())
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		st, open, err := s.state(ctx, h, e.name)
+		if err != nil {
+			if cur != nil {
+				// Keep the attempt; look again soon.
+				st, open = nil, nil
+			} else {
+				return s.retryLater(ctx, r, err)
+			}
+		}
+		var wake time.Time
+		if st != nil {
+			// What this pass writes is added to st and open as it is
+			// written, so the pass reads the database once.
+			s.setStored(e, st)
+			busy, pending := "", false
+			for _, o := range open {
+				switch o.state {
+				case stateRunning, stateRetrying:
+					if busy == "" {
+						busy = fmt.Sprintf("the run of %s is still %s", o.instant.Format(time.RFC3339Nano), o.state)
+					}
+				case statePending:
+					pending = true
+				}
+			}
+			if !st.paused {
+				added, err := s.record(ctx, h, st, busy, pending)
+				if err != nil && cur == nil {
+					return s.retryLater(ctx, r, err)
+				}
+				open = mergeOpen(open, added)
+			}
+			if cur == nil && !st.paused {
+				started, err := s.startNext(ctx, h, e, st, open)
+				if err != nil {
+					return s.retryLater(ctx, r, err)
+				}
+				cur = started
+			}
+			wake = s.nextWake(st, open, cur != nil)
+		} else {
+			wake = s.dbNow().Add(s.cfg.PollInterval)
+		}
+		if cur == nil {
+			r.wake = wake
+			return r
+		}
+		d := time.Hour
+		if !wake.IsZero() {
+			d = max(wake.Sub(s.dbNow()), time.Millisecond)
+		}
+		timer.Reset(d)
+		select {
+		case <-cur.done:
+			s.finish(ctx, cur, nil)
+			cur = nil
+		case <-h.lost():
+			run := cur.run
+			s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
+			cur.cancel(h.cause())
+			<-cur.done
+			s.finish(ctx, cur, h.cause())
+			cur = nil
+			r.wake = s.dbNow() // look again at once: the next lock holder (perhaps this instance) takes over
+			return r
+		case <-e.poke:
+		case <-timer.C:
+		case <-ctx.Done():
+			cur.cancel(context.Cause(ctx))
+			<-cur.done
+			s.finish(ctx, cur, nil)
+			cur = nil
+			return r
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// nextWake is when the runner should look at the schedule again: its next
+// instant, the next retry, or (with leases) a dead holder's lease expiry.
+func (s *Scheduler) nextWake(st *stored, open []openRun, running bool) time.Time {
+	var w time.Time
+	at := func(t time.Time) {
+		if !t.IsZero() && (w.IsZero() || t.Before(w)) {
+			w = t
+		}
+	}
+	if st.paused {
+		return w
+	}
+	from := st.dbNow
+	if st.cursor.After(from) {
+		from = st.cursor
+	}
+	at(st.spec.next(from))
+	for _, o := range open {
+		switch {
+		case o.state == stateRetrying:
+			at(o.nextAt)
+		case o.state == stateRunning && !running:
+			at(o.leaseUntil)
+		}
+	}
+	return w
+}
+
+// record records the scheduled instants that came due since the last one
+// recorded, each decided by the catch-up and overlap policies, moves
+// st.cursor past them, and returns the pending runs it wrote. busy names
+// the run still in progress ("" if none); pending says a run already
+// waits.
+func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string, pending bool) ([]openRun, error) {
+	d := st.def
+	from := st.startsAt
+	if st.cursor.After(from) {
+		from = st.cursor
+	}
+	now := st.dbNow
+	keep := 1
+	if d.CatchUp == CatchUpAll {
+		keep = d.CatchUpCap
+	}
+	paused := func(t time.Time) bool {
+		return !st.pausedAt.IsZero() && !t.Before(st.pausedAt) && (st.resumedAt.IsZero() || !t.After(st.resumedAt))
+	}
+	why := func(t time.Time, what string) string {
+		if paused(t) {
+			return "paused: " + what
+		}
+		return "missed: " + what
+	}
+	var recs []rec
+	var added []openRun
+	flush := func() error {
+		if len(recs) == 0 {
+			return nil
+		}
+		if err := s.write(ctx, h, d.Name, recs); err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if r.state == statePending {
+				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending, ready: true})
+			}
+		}
+		st.cursor = recs[len(recs)-1].instant
+		recs = recs[:0]
+		return nil
+	}
+	// Instants overtaken by at least keep later ones never run.
+	var ring []time.Time
+	for {
+		batch, more := st.spec.between(from, now, recordChunk)
+		ring = append(ring, batch...)
+		if n := len(ring) - keep; n > 0 {
+			for _, t := range ring[:n] {
+				reason := why(t, "a later instant ran instead (catch-up latest)")
+				switch d.CatchUp {
+				case CatchUpNone:
+					reason = why(t, "catch-up is none")
+				case CatchUpAll:
+					reason = why(t, fmt.Sprintf("beyond the catch-up cap of %d", d.CatchUpCap))
+				}
+				recs = append(recs, rec{t, stateSkipped, !paused(t), reason})
+			}
+			ring = append(ring[:0], ring[n:]...)
+			if err := flush(); err != nil {
+				return added, err
+			}
+		}
+		if !more {
+			break
+		}
+		from = batch[len(batch)-1]
+	}
+	n := len(ring)
+	current := n > 0 && now.Sub(ring[n-1]) <= s.cfg.Grace
+	for i, t := range ring {
+		late := !(i == n-1 && current)
+		missed := late && !paused(t)
+		run, reason := true, ""
+		inWindow := d.CatchUpWindow == 0 || now.Sub(t) <= d.CatchUpWindow
+		if late {
+			switch d.CatchUp {
+			case CatchUpNone:
+				run, reason = false, why(t, "catch-up is none")
+			case CatchUpLatest:
+				switch {
+				case i < n-1:
+					run, reason = false, why(t, "a later instant ran instead (catch-up latest)")
+				case !inWindow:
+					run, reason = false, why(t, "older than the catch-up window of "+d.CatchUpWindow.String())
+				}
+			case CatchUpAll:
+				if !inWindow {
+					run, reason = false, why(t, "older than the catch-up window of "+d.CatchUpWindow.String())
+				}
+			}
+		}
+		if run && busy != "" {
+			switch {
+			case d.Overlap == OverlapSkip:
+				run, reason = false, "overlap: "+busy
+			case pending:
+				run, reason = false, "overlap: "+busy+" and a run is already buffered"
+			}
+		}
+		if run {
+			pending = true
+			recs = append(recs, rec{t, statePending, missed, ""})
+		} else {
+			recs = append(recs, rec{t, stateSkipped, missed, reason})
+		}
+	}
+	err := flush()
+	return added, err
+}
+
+// mergeOpen adds the runs just recorded to open, keeping it oldest first.
+func mergeOpen(open, added []openRun) []openRun {
+	if len(added) == 0 {
+		return open
+	}
+	out := append(open, added...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].instant.Before(out[j].instant) })
+	return out
+}
+
+// rec is one instant to record.
+type rec struct {
+	instant time.Time
+	state   string
+	missed  bool
+	reason  string
+}
+
+// write records recs and reports each.
+func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) error {
+	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
+	for _, r := range recs {
+		p.Instants = append(p.Instants, ts(r.instant))
+		p.States = append(p.States, r.state)
+		p.Missed = append(p.Missed, r.missed)
+		p.Reasons = append(p.Reasons, r.reason)
+	}
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
+		p.LockName, p.LockFence = g.name, g.fence
+		_, err := q.RecordInstants(ctx, p)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("schedule: %q: record instants: %w", name, err)
+	}
+	for _, r := range recs {
+		if r.missed {
+			s.emit(ctx, Event{Kind: EventMissed, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
+		}
+		if r.state == stateSkipped {
+			s.emit(ctx, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
+		}
+	}
+	return nil
+}
+
+// startNext claims the oldest run that can start now and starts its
+// attempt: a run whose holder died (taken over), a retry whose time has
+// come, or a pending run. It returns nil when none can.
+func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored, open []openRun) (*attemptRun, error) {
+	lease := st.def.Lease
+	for _, o := range open {
+		switch {
+		case o.state == stateRunning && (o.ready || !s.locks.leases()):
+			// Its holder no longer holds the schedule's lock (this
+			// instance does): it died, or lost its session or lease.
+			if o.attempt >= st.def.Retry.MaxAttempts {
+				reason := fmt.Sprintf("attempt %d of %d: its holder %s died or lost its lock; no attempts left", o.attempt, st.def.Retry.MaxAttempts, o.holder)
+				var n int64
+				err := h.do(ctx, func(q *store.Queries, g guard) error {
+					var err error
+					n, err = q.FailDeadRun(ctx, store.FailDeadRunParams{Schedule: e.name, Instant: ts(o.instant), Fence: *o.fence, Reason: reason,
+						LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence})
+					return err
+				})
+				if err != nil {
+					return nil, fmt.Errorf("schedule: %q: record dead run: %w", e.name, err)
+				}
+				if n > 0 {
+					s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: o.attempt, Fence: *o.fence, Holder: s.holder, State: stateFailed, Reason: reason})
+				}
+				continue
+			}
+			a, err := s.claim(ctx, h, e, st, o)
+			if a != nil {
+				s.emit(ctx, Event{Kind: EventTakenOver, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: a.run.Attempt, Fence: a.run.Fence, Holder: s.holder, State: stateRunning,
+					Reason: fmt.Sprintf("attempt %d's holder %s died or lost its lock", o.attempt, o.holder)})
+				s.begin(ctx, e, a, lease)
+			}
+			if a != nil || err != nil {
+				return a, err
+			}
+		case o.state == stateRetrying && o.ready, o.state == statePending:
+			a, err := s.claim(ctx, h, e, st, o)
+			if a != nil {
+				s.begin(ctx, e, a, lease)
+			}
+			if a != nil || err != nil {
+				return a, err
+			}
+		}
+	}
+	return nil, nil
+}
+
+// claim moves o to running as its next attempt (a compare-and-swap on its
+// state and fence); nil when it was moved meanwhile.
+func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o openRun) (*attemptRun, error) {
+	var row store.ClaimRunRow
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
+		var err error
+		row, err = q.ClaimRun(ctx, store.ClaimRunParams{
+			Holder: s.holder, LeaseUs: us(st.def.Lease), Schedule: e.name, Instant: ts(o.instant),
+			State: o.state, Fence: o.fence, LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence,
+		})
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("schedule: %q: claim %s: %w", e.name, o.instant.Format(time.RFC3339Nano), err)
+	}
+	return &attemptRun{
+		run:   Run{Schedule: e.name, Instant: o.instant, Kind: row.Kind, Attempt: int(row.Attempt), Fence: *row.Fence, Holder: s.holder},
+		max:   st.def.Retry.MaxAttempts,
+		retry: st.def.Retry,
+		done:  make(chan struct{}),
+	}, nil
+}
+
+// begin starts a's job, and the keeper renewing its run's lease.
+func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease time.Duration) {
+	jctx, cancel := context.WithCancelCause(ctx)
+	a.cancel = cancel
+	a.start = time.Now()
+	run := a.run
+	a.stopKeep = s.keep(a.start, lease, func(ctx context.Context) error {
+		return s.tx(ctx, func(q *store.Queries) error {
+			_, err := q.RenewRun(ctx, store.RenewRunParams{LeaseUs: us(lease), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
+			return err
+		})
+	}, func(err error) {
+		cancel(err)
+		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: err})
+	})
+	s.emit(ctx, Event{Kind: EventStarted, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning})
+	job := e.job
+	go func() {
+		defer close(a.done)
+		a.err = callJob(jctx, job, run)
+	}()
+}
+
+// callJob calls job, turning a panic into an error.
+func callJob(ctx context.Context, job Job, run Run) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("schedule: job panicked: %v", p)
+		}
+	}()
+	return job(ctx, run)
+}
+
+// finish records the outcome of a's attempt, which has returned. lost is
+// why the lock was lost meanwhile, if it was: then only a success is
+// recorded (a compare-and-swap on the fence, refused if the run was taken
+// over), and a failure is left for the next holder to take over.
+func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
+	a.stopKeep()
+	d := time.Since(a.start)
+	run := a.run
+	ev := Event{Kind: EventFinished, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Duration: d, Err: a.err}
+	if lost != nil && a.err != nil {
+		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder,
+			Err: fmt.Errorf("%w; the attempt's error (%v) is left for the next holder", lost, a.err)})
+		return
+	}
+	p := store.FinishRunParams{Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence}
+	switch {
+	case a.err == nil:
+		p.State = stateSucceeded
+	case ctx.Err() != nil:
+		// Interrupted by this scheduler's shutdown: handed back at once.
+		p.State, p.Reason = stateRetrying, fmt.Sprintf("attempt %d interrupted: the scheduler stopped (%v)", run.Attempt, a.err)
+	case run.Attempt < a.max:
+		p.State, p.Reason, p.RetryUs = stateRetrying, truncate(a.err.Error()), us(a.retry.delay(run.Attempt))
+	default:
+		p.State, p.Reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := s.tx(rctx, func(q *store.Queries) error {
+		_, err := q.FinishRun(rctx, p)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was taken over; its %s completion changed nothing",
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.State)
+	case err != nil:
+		s.log.ErrorContext(ctx, "schedule: record outcome", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "error", err)
+		return
+	default:
+		ev.State, ev.Reason = p.State, p.Reason
+	}
+	s.emit(ctx, ev)
+}
+
+func truncate(s string) string {
+	if len(s) > maxReason {
+		return s[:maxReason]
+	}
+	return s
+}

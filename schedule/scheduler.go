@@ -1,0 +1,423 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"reflect"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// Run describes one attempt of a run, passed to its Job.
+type Run struct {
+	// Schedule is the schedule's name.
+	Schedule string
+	// Instant is the scheduled instant (UTC, microseconds), or the
+	// database time of the trigger for a triggered run.
+	Instant time.Time
+	// Kind is "scheduled", "triggered" or "backfill".
+	Kind string
+	// Attempt counts the attempts of this instant, 1 for the first.
+	Attempt int
+	// Fence is the attempt's fencing token from pgclaim_fence_seq:
+	// greater than every earlier attempt's. Pass it to the systems the job
+	// writes to, so they can refuse a stale attempt.
+	Fence int64
+	// Holder is this instance's identity.
+	Holder string
+}
+
+// Job is the work of a schedule. ctx is cancelled when the attempt's
+// exclusivity is lost (the cause wraps ErrLost) or Run's context ends. A
+// nil return records the instant succeeded; an error (or a panic) is a
+// failed attempt, retried per the schedule's RetryPolicy.
+type Job func(ctx context.Context, run Run) error
+
+// Config configures a Scheduler. The zero value is ready to use.
+type Config struct {
+	// Holder identifies this instance in runs and logs. Default
+	// "hostname:pid".
+	Holder string
+	// Logger receives the scheduler's records (see Event). Default (nil):
+	// slog.Default(); silence it with a logger on slog.DiscardHandler.
+	Logger *slog.Logger
+	// Hooks observes every Event. Default: none.
+	Hooks Hooks
+	// LeaseLocks makes the scheduler hold a lease row (pgclaim_locks) per
+	// schedule instead of a session advisory lock, and poll instead of
+	// listening: for pools behind a transaction-pooling PgBouncer. A run
+	// whose holder died is then taken over once its lease expires, rather
+	// than at once.
+	LeaseLocks bool
+	// PollInterval bounds how long pause, resume and trigger take to reach
+	// this instance when a notification is lost (or with LeaseLocks, where
+	// nothing listens), and how soon a run whose holder died is found.
+	// Default 1 s.
+	PollInterval time.Duration
+	// Grace is how late an instant may be recorded and still be on time;
+	// an instant recorded later (or one a later instant overtook) is
+	// missed, reported, and decided by the catch-up policy. Default 30 s.
+	Grace time.Duration
+}
+
+// Scheduler runs the schedules registered with it, in every instance that
+// runs one; see the package doc.
+type Scheduler struct {
+	pool   *pgxpool.Pool
+	q      *store.Queries // outside transactions: reads only
+	holder string
+	log    *slog.Logger
+	hooks  Hooks
+	cfg    Config
+	locks  locker
+
+	offset  atomic.Int64 // database time minus host time, ns
+	stalled atomic.Bool  // tests: keepers freeze, as in a stopped process
+
+	mu      sync.Mutex
+	entries map[string]*entry
+	changed chan struct{} // a registration while running
+	running bool
+}
+
+// entry is a schedule this instance runs.
+type entry struct {
+	name string
+	job  Job
+	st   *stored // last read; nil until read
+	poke chan struct{}
+}
+
+// New returns a scheduler on pool. It validates cfg; it does not touch the
+// database.
+func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
+	switch {
+	case pool == nil:
+		return nil, invalid("pool", "must not be nil")
+	case cfg.PollInterval < 0:
+		return nil, invalid("Config.PollInterval", "must not be negative")
+	case cfg.Grace < 0:
+		return nil, invalid("Config.Grace", "must not be negative")
+	}
+	if cfg.Holder == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "pid"
+		}
+		cfg.Holder = host + ":" + strconv.Itoa(os.Getpid())
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Hooks == nil {
+		cfg.Hooks = noHooks{}
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 30 * time.Second
+	}
+	s := &Scheduler{
+		pool: pool, q: store.New(pool), holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
+		entries: map[string]*entry{}, changed: make(chan struct{}, 1),
+	}
+	if cfg.LeaseLocks {
+		s.locks = &leaseLocker{s: s}
+	} else {
+		s.locks = &advisoryLocker{pool: pool}
+	}
+	return s, nil
+}
+
+// tx runs fn in a READ COMMITTED transaction on the pool, whatever
+// isolation the database, role or pool defaults to.
+func (s *Scheduler) tx(ctx context.Context, fn func(q *store.Queries) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return fn(store.New(tx))
+	})
+}
+
+// Register stores def by the version rule and makes this scheduler run the
+// schedule's stored definition with job. Call it at start-up in every
+// instance, before or while Run runs; registering the same definition
+// again changes nothing.
+//
+// The stored definition is replaced only by a strictly higher Version.
+// When the stored one differs from def (a lower version here, or an equal
+// version with other settings), the instance follows the stored one:
+// Register logs a warning, reports EventFollowed, and returns nil. Bad
+// input returns an error naming the field (wrapping ErrInvalid) and
+// nothing is written.
+func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error {
+	d, _, err := def.normalize()
+	if err != nil {
+		return err
+	}
+	if job == nil {
+		return invalid("job", "must not be nil")
+	}
+	var changed bool
+	err = s.tx(ctx, func(q *store.Queries) error {
+		var err error
+		changed, err = register(ctx, q, d)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	st, err := loadSchedule(ctx, s.q, d.Name)
+	if err != nil {
+		return err
+	}
+	if !changed && !reflect.DeepEqual(st.def, d) {
+		s.emit(ctx, Event{
+			Kind: EventFollowed, Schedule: d.Name, Holder: s.holder,
+			Reason: fmt.Sprintf("this instance's definition (version %d) differs from the stored one (version %d), which it follows", d.Version, st.def.Version),
+		})
+	}
+	s.mu.Lock()
+	e := s.entries[d.Name]
+	if e == nil {
+		e = &entry{name: d.Name, poke: make(chan struct{}, 1)}
+		s.entries[d.Name] = e
+	}
+	e.job = job
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// dbNow estimates the database's time from the host's monotonic clock and
+// the last measured offset. It only times wake-ups: every due decision
+// reads now() from the server.
+func (s *Scheduler) dbNow() time.Time {
+	return time.Now().Add(time.Duration(s.offset.Load())).UTC()
+}
+
+// observe records the database time read by a statement sent at sent.
+func (s *Scheduler) observe(sent time.Time, db time.Time) {
+	if db.IsZero() {
+		return
+	}
+	mid := sent.Add(time.Since(sent) / 2)
+	s.offset.Store(int64(db.Sub(mid)))
+}
+
+// result is what a holder goroutine reports to Run's loop.
+type result struct {
+	name string
+	wake time.Time // database time of the next wake-up; zero: none but polls
+}
+
+// Run runs the registered schedules until ctx ends: it sleeps until the
+// next instant of any of them, then runs what is due. It returns ctx's
+// error after the runs in flight have ended (their contexts are cancelled
+// with ctx). Run must not be called twice at once. Behind a connection
+// pooler without Config.LeaseLocks it returns an error wrapping
+// gate.ErrPooler at once: session locks cannot be trusted there.
+func (s *Scheduler) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return errors.New("schedule: Run is already running")
+	}
+	s.running = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.running = false
+		s.mu.Unlock()
+	}()
+	defer s.locks.close()
+	if err := s.locks.check(ctx); err != nil {
+		return err
+	}
+
+	kicks := make(chan string, 64)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	if !s.cfg.LeaseLocks {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.listen(lctx, kicks) }()
+	}
+
+	results := make(chan result)
+	active := map[string]bool{}
+	wake := map[string]time.Time{} // zero: wake now
+	kicked := map[string]bool{}
+	poll := time.NewTicker(s.cfg.PollInterval)
+	defer poll.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		entries := make([]*entry, 0, len(s.entries))
+		for _, e := range s.entries {
+			entries = append(entries, e)
+		}
+		s.mu.Unlock()
+		now := s.dbNow()
+		next := time.Time{}
+		for _, e := range entries {
+			if active[e.name] {
+				if kicked[e.name] {
+					delete(kicked, e.name)
+					select {
+					case e.poke <- struct{}{}:
+					default:
+					}
+				}
+				continue
+			}
+			w, known := wake[e.name]
+			if !known || kicked[e.name] || (!w.IsZero() && !w.After(now)) {
+				delete(kicked, e.name)
+				active[e.name] = true
+				wg.Add(1)
+				go func(e *entry) {
+					defer wg.Done()
+					r := s.attend(ctx, e)
+					select {
+					case results <- r:
+					case <-ctx.Done():
+					}
+				}(e)
+				continue
+			}
+			if !w.IsZero() && (next.IsZero() || w.Before(next)) {
+				next = w
+			}
+		}
+		d := time.Hour
+		if !next.IsZero() {
+			d = max(next.Sub(now), time.Millisecond)
+		}
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		case <-s.changed:
+		case name := <-kicks:
+			s.mu.Lock()
+			_, ours := s.entries[name]
+			s.mu.Unlock()
+			if ours {
+				kicked[name] = true
+			}
+		case <-poll.C:
+			for _, name := range s.poll(ctx, entries) {
+				kicked[name] = true
+			}
+		case r := <-results:
+			delete(active, r.name)
+			wake[r.name] = r.wake
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// poll asks the database which of the schedules have a run waiting for an
+// instance (pending, a retry due, a dead holder's run) or a changed
+// definition or pause state, and returns their names.
+func (s *Scheduler) poll(ctx context.Context, entries []*entry) []string {
+	names := make([]string, 0, len(entries))
+	keys := make([]int32, 0, len(entries))
+	known := map[string]*stored{}
+	var class int32
+	for _, e := range entries {
+		c, k := lockKey(e.name)
+		class = c
+		names = append(names, e.name)
+		keys = append(keys, k)
+		s.mu.Lock()
+		known[e.name] = e.st
+		s.mu.Unlock()
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var rows []store.PollSchedulesRow
+	sent := time.Now()
+	err := s.tx(ctx, func(q *store.Queries) error {
+		var err error
+		rows, err = q.PollSchedules(ctx, store.PollSchedulesParams{LeaseMode: s.cfg.LeaseLocks, LockClass: class, Names: names, LockKeys: keys})
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "schedule: poll", "error", err)
+		}
+		return nil
+	}
+	var out []string
+	for _, r := range rows {
+		s.observe(sent, tm(r.DbNow))
+		st := known[r.Name]
+		if r.Work || st == nil || st.def.Version != int(r.Version) || st.paused != r.Paused {
+			out = append(out, r.Name)
+		}
+	}
+	return out
+}
+
+// listen receives the notifications of Pause, Resume and Trigger on a
+// dedicated connection and passes the schedule names to kicks. A lost
+// connection is reopened after a second; the poll covers the gap.
+func (s *Scheduler) listen(ctx context.Context, kicks chan<- string) {
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, kicks)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.WarnContext(ctx, "schedule: listen for notifications (polling meanwhile)", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Scheduler) listenOnce(ctx context.Context, kicks chan<- string) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	c := pc.Hijack()
+	defer closeConn(c)
+	if _, err := c.Exec(ctx, "LISTEN pgclaim_schedules"); err != nil {
+		return err
+	}
+	for {
+		n, err := c.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		select {
+		case kicks <- n.Payload:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

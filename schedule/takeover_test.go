@@ -1,0 +1,216 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// zombieJob's first call blocks, ignoring its context, until release is
+// closed, then returns nil: a runner that does not notice it lost its
+// run. Every later call succeeds at once. Each call is counted by attempt.
+type zombieJob struct {
+	first   atomic.Bool
+	started chan Run
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func newZombie() *zombieJob {
+	return &zombieJob{started: make(chan Run, 1), release: make(chan struct{})}
+}
+
+func (z *zombieJob) job(ctx context.Context, r Run) error {
+	z.calls.Add(1)
+	if z.first.CompareAndSwap(false, true) {
+		z.started <- r
+		<-z.release
+	}
+	return nil
+}
+
+// The backend holding a schedule's lock session is terminated mid-run:
+// another instance runs the instant as attempt 2 with a higher fence, and
+// the first attempt's late completion is refused (ErrLost).
+func TestTakeoverAfterSessionEnds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	z := newZombie()
+	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+	}
+	var first Run
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	class, key := lockKey(def.Name)
+	var pid int
+	if err := db.Pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid
+		AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key).Scan(&pid); err != nil {
+		t.Fatalf("the lock's session: %v", err)
+	}
+	killed := time.Now()
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	var done runRow
+	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
+				done = r
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("instant %v completed as attempt %d %s after its runner's session was terminated", first.Instant, done.Attempt, time.Since(killed).Round(time.Millisecond))
+	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
+		t.Fatalf("completed by %s as attempt %d fence %d; first attempt was %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
+	}
+	close(z.release) // the zombie completes late
+	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range runsOf(t, db.Pool, def.Name) {
+		if r.Instant.Equal(first.Instant) && (r.State != stateSucceeded || r.Attempt != 2 || *r.Fence != *done.Fence) {
+			t.Fatalf("after the late completion: %+v", r)
+		}
+	}
+	if n := len(ev.of(EventTakenOver)); n != 1 {
+		t.Errorf("%d taken-over events, want 1", n)
+	}
+}
+
+// With leases (no advisory locks), a runner that stalls past its lease
+// cannot complete: another instance takes the run over once the lease has
+// expired, and the stalled one's completion is refused.
+func TestLeaseStalledRunnerCannotComplete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	z := newZombie()
+	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
+	byHolder := map[string]*instance{}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+		byHolder[h] = in
+	}
+	var first Run
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	stalled := byHolder[first.Holder]
+	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
+	at := time.Now()
+	var done runRow
+	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
+				done = r
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("lease %s: taken over and completed %s after the runner stalled", def.Lease, time.Since(at).Round(time.Millisecond))
+	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
+		t.Fatalf("completed by %s as attempt %d fence %d; first attempt %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
+	}
+	close(z.release)
+	stalled.s.stalled.Store(false)
+	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range runsOf(t, db.Pool, def.Name) {
+		if r.Instant.Equal(first.Instant) && (r.State != stateSucceeded || r.Attempt != 2) {
+			t.Fatalf("after the late completion: %+v", r)
+		}
+	}
+}
+
+// A run whose holder died on its last attempt is recorded failed, naming
+// the holder; it is not run again.
+func TestDeadRunWithoutAttemptsFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	z := newZombie()
+	def := Definition{Name: "once", Spec: "*/3 * * * * *", Version: 1, Retry: RetryPolicy{MaxAttempts: 1}}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+	}
+	var first Run
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	class, key := lockKey(def.Name)
+	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key); err != nil {
+		t.Fatal(err)
+	}
+	var failed runRow
+	waitFor(t, 20*time.Second, "the dead run recorded failed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateFailed {
+				failed = r
+				return true
+			}
+		}
+		return false
+	})
+	if failed.Attempt != 1 || !strings.Contains(deref(failed.Reason), "its holder "+first.Holder+" died") || !strings.Contains(deref(failed.Reason), "no attempts left") {
+		t.Fatalf("failed run: attempt %d reason %q", failed.Attempt, deref(failed.Reason))
+	}
+	close(z.release)
+	waitFor(t, 10*time.Second, "the late completion refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range runsOf(t, db.Pool, def.Name) {
+		if r.Instant.Equal(first.Instant) && r.State != stateFailed {
+			t.Fatalf("after the late completion: %+v", r)
+		}
+	}
+}

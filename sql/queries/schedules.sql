@@ -1,0 +1,242 @@
+-- Schedules (package schedule). All times are the database's; durations
+-- are passed in microseconds and stored as intervals.
+
+-- name: RegisterSchedule :one
+-- Insert the definition, or replace the stored one when this version is
+-- strictly higher. The WHERE of the DO UPDATE is re-checked on the newest
+-- row version under concurrent registrations (read committed), so the
+-- stored version only ever moves up. Pause state is never written here.
+-- starts_at moves only when the spec or the zone changes. No row returned:
+-- the stored definition has an equal or higher version and stays.
+INSERT INTO pgclaim_schedules AS s (
+    name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
+    max_attempts, backoff, max_backoff, expected_duration, lease, starts_at, created_at, updated_at)
+VALUES (sqlc.arg(name)::text, sqlc.arg(spec)::text, sqlc.arg(time_zone)::text, sqlc.arg(version)::int4,
+        sqlc.arg(catch_up)::text, sqlc.arg(catch_up_window_us)::bigint * interval '1 microsecond',
+        sqlc.arg(catch_up_cap)::int4, sqlc.arg(overlap)::text, sqlc.arg(max_attempts)::int4,
+        sqlc.arg(backoff_us)::bigint * interval '1 microsecond',
+        sqlc.arg(max_backoff_us)::bigint * interval '1 microsecond',
+        sqlc.arg(expected_us)::bigint * interval '1 microsecond',
+        sqlc.arg(lease_us)::bigint * interval '1 microsecond',
+        now(), now(), now())
+ON CONFLICT (name) DO UPDATE
+SET spec = excluded.spec,
+    time_zone = excluded.time_zone,
+    version = excluded.version,
+    catch_up = excluded.catch_up,
+    catch_up_window = excluded.catch_up_window,
+    catch_up_cap = excluded.catch_up_cap,
+    overlap = excluded.overlap,
+    max_attempts = excluded.max_attempts,
+    backoff = excluded.backoff,
+    max_backoff = excluded.max_backoff,
+    expected_duration = excluded.expected_duration,
+    lease = excluded.lease,
+    starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
+                     THEN s.starts_at ELSE excluded.starts_at END,
+    updated_at = excluded.updated_at
+WHERE s.version < excluded.version
+RETURNING (xmax = 0)::boolean AS inserted;
+
+-- name: ScheduleByName :one
+-- A stored definition and its pause state, with the database's time.
+SELECT name, spec, time_zone, version, catch_up,
+       (extract(epoch FROM catch_up_window) * 1000000)::bigint AS catch_up_window_us,
+       catch_up_cap, overlap, max_attempts,
+       (extract(epoch FROM backoff) * 1000000)::bigint AS backoff_us,
+       (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
+       (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
+       (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
+       (SELECT max(r.instant) FROM pgclaim_schedule_runs r
+        WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
+       now()::timestamptz AS db_now
+FROM pgclaim_schedules s
+WHERE name = sqlc.arg(name)::text;
+
+-- name: OpenRuns :many
+-- A schedule's unfinished runs, oldest first, with whether each can be
+-- taken now: a pending run, a retry whose time has come, a running one
+-- whose lease has expired.
+SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at,
+       (state = 'pending'
+        OR (state = 'retrying' AND next_attempt_at <= now())
+        OR (state = 'running' AND lease_until <= now()))::boolean AS ready
+FROM pgclaim_schedule_runs
+WHERE schedule = sqlc.arg(schedule)::text AND state IN ('pending', 'running', 'retrying')
+ORDER BY instant;
+
+-- name: RecordInstants :execrows
+-- Record due instants of a schedule, each pending (to run) or skipped (with
+-- its reason). An instant already recorded is left as it is; nothing is
+-- recorded while the schedule is paused (read by this statement). Only the
+-- holder of the schedule's lock records: with a lease (lock_fence > 0) the
+-- statement checks it still holds it; a session lock is checked by
+-- running the statement on the lock's own session.
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, created_at, finished_at)
+SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
+       now(), CASE WHEN u.state = 'skipped' THEN now() END
+FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
+             unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason) AS u
+WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
+ON CONFLICT DO NOTHING;
+
+-- name: ClaimRun :one
+-- Start the next attempt of a run: a compare-and-swap on its state and
+-- fence (NULL for a run never attempted) that bumps attempt and issues a
+-- fresh fencing token. A running run is taken over only by the holder of
+-- the schedule's lock (which its old holder no longer has) and, with
+-- leases, only once its lease has expired; the lock is checked as in
+-- RecordInstants. Nothing starts while the
+-- schedule is paused (read by this statement: a pause committed before it
+-- stops it). No row: someone else moved it, or paused.
+UPDATE pgclaim_schedule_runs
+SET state = 'running',
+    attempt = attempt + 1,
+    fence = nextval('pgclaim_fence_seq'),
+    holder = sqlc.arg(holder)::text,
+    lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
+    next_attempt_at = NULL,
+    started_at = now()
+WHERE schedule = sqlc.arg(schedule)::text
+  AND instant = sqlc.arg(instant)::timestamptz
+  AND state = sqlc.arg(state)::text
+  AND fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
+  AND (state <> 'retrying' OR next_attempt_at <= now())
+  AND (state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
+RETURNING attempt, fence, kind, started_at;
+
+-- name: RenewRun :one
+-- Extend a running attempt's lease, only while it holds the run's fence and
+-- its lease has not expired.
+UPDATE pgclaim_schedule_runs
+SET lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond'
+WHERE schedule = sqlc.arg(schedule)::text
+  AND instant = sqlc.arg(instant)::timestamptz
+  AND fence = sqlc.arg(fence)::bigint
+  AND state = 'running'
+  AND lease_until > now()
+RETURNING lease_until;
+
+-- name: FinishRun :one
+-- End an attempt: succeeded, failed (with reason), or retrying (with
+-- reason, next attempt at now() + retry_us). A compare-and-swap on the
+-- fence: a stale holder (its run taken over) changes nothing.
+UPDATE pgclaim_schedule_runs
+SET state = sqlc.arg(state)::text,
+    lease_until = NULL,
+    reason = NULLIF(sqlc.arg(reason)::text, ''),
+    next_attempt_at = CASE WHEN sqlc.arg(state)::text = 'retrying'
+                           THEN now() + sqlc.arg(retry_us)::bigint * interval '1 microsecond' END,
+    finished_at = CASE WHEN sqlc.arg(state)::text <> 'retrying' THEN now() END
+WHERE schedule = sqlc.arg(schedule)::text
+  AND instant = sqlc.arg(instant)::timestamptz
+  AND fence = sqlc.arg(fence)::bigint
+  AND state = 'running'
+RETURNING state, next_attempt_at;
+
+-- name: FailDeadRun :execrows
+-- Record a running run whose holder died on its last attempt as failed
+-- (by the holder of the schedule's lock, checked as in RecordInstants).
+UPDATE pgclaim_schedule_runs
+SET state = 'failed', lease_until = NULL, finished_at = now(), reason = sqlc.arg(reason)::text
+WHERE schedule = sqlc.arg(schedule)::text
+  AND instant = sqlc.arg(instant)::timestamptz
+  AND fence = sqlc.arg(fence)::bigint
+  AND state = 'running'
+  AND (NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()));
+
+-- name: TrySchedLock :one
+-- Take a schedule's session advisory lock if free.
+SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS locked;
+
+-- name: PollSchedules :many
+-- For each of the named schedules: its version and pause state, and
+-- whether a run waits for an instance: pending (not paused), a retry whose
+-- time has come, or a running run whose holder is gone (lease expired, or,
+-- with advisory locks, nobody holds the schedule's lock).
+SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
+       EXISTS (
+           SELECT 1 FROM pgclaim_schedule_runs r
+           WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
+             AND CASE r.state
+                 WHEN 'pending' THEN NOT s.paused
+                 WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
+                 ELSE r.lease_until <= now()
+                      OR (NOT sqlc.arg(lease_mode)::boolean AND NOT EXISTS (
+                          SELECT 1 FROM pg_catalog.pg_locks l
+                          WHERE l.locktype = 'advisory'
+                            AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+                            AND l.classid = sqlc.arg(lock_class)::int4::oid
+                            AND l.objid = k.lock_key::oid
+                            AND l.objsubid = 2
+                            AND l.granted))
+                 END
+       )::boolean AS work
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(lock_keys)::int4[]) AS lock_key) AS k
+JOIN pgclaim_schedules s ON s.name = k.name;
+
+-- name: PauseSchedule :one
+-- Pause a schedule (no new run starts on any instance) and notify every
+-- instance. Pausing a paused schedule keeps its first pause time and
+-- replaces the note.
+WITH u AS (
+    UPDATE pgclaim_schedules
+    SET paused = true, paused_note = sqlc.arg(note)::text, paused_by = sqlc.arg(paused_by)::text,
+        paused_at = CASE WHEN paused THEN paused_at ELSE now() END,
+        resumed_at = NULL, updated_at = now()
+    WHERE name = sqlc.arg(name)::text
+    RETURNING name, paused_at
+)
+SELECT u.paused_at, (pg_notify('pgclaim_schedules', u.name) IS NULL)::boolean AS notified FROM u;
+
+-- name: ResumeSchedule :one
+-- Resume a schedule and notify every instance. The instants that came due
+-- while it was paused are then decided by its catch-up policy.
+WITH u AS (
+    UPDATE pgclaim_schedules
+    SET paused = false,
+        resumed_at = CASE WHEN paused THEN now() ELSE resumed_at END,
+        updated_at = now()
+    WHERE name = sqlc.arg(name)::text
+    RETURNING name, resumed_at
+)
+SELECT u.resumed_at, (pg_notify('pgclaim_schedules', u.name) IS NULL)::boolean AS notified FROM u;
+
+-- name: TriggerSchedule :one
+-- Record a triggered run at the database's time, unless one is already
+-- open (pending, running or retrying): then that one is returned, so two
+-- operators triggering together get one run. Notifies every instance.
+WITH s AS (
+    SELECT name FROM pgclaim_schedules WHERE name = sqlc.arg(name)::text
+), ins AS (
+    INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, created_at)
+    SELECT s.name, now(), 'triggered', 'pending', now() FROM s
+    ON CONFLICT DO NOTHING
+    RETURNING instant
+), open AS (
+    SELECT r.instant FROM pgclaim_schedule_runs r
+    WHERE r.schedule = sqlc.arg(name)::text AND r.kind = 'triggered'
+      AND r.state IN ('pending', 'running', 'retrying')
+)
+SELECT COALESCE((SELECT instant FROM ins), (SELECT instant FROM open))::timestamptz AS instant,
+       EXISTS (SELECT 1 FROM ins)::boolean AS created,
+       (pg_notify('pgclaim_schedules', s.name) IS NULL)::boolean AS notified
+FROM s;
+
+-- name: RunInstants :many
+-- The instants of a schedule's recorded runs of a kind in (after, upto].
+SELECT instant FROM pgclaim_schedule_runs
+WHERE schedule = sqlc.arg(schedule)::text AND kind = sqlc.arg(kind)::text
+  AND instant > sqlc.arg(after)::timestamptz AND instant <= sqlc.arg(upto)::timestamptz
+ORDER BY instant;
