@@ -2,8 +2,9 @@ package schedule
 
 import "errors"
 
-// ErrInvalid is wrapped by every error about bad input. The message names
-// the field.
+// ErrInvalid is wrapped by every error about bad input to this package (an
+// empty name, a spec that does not parse, an unknown time zone, a negative
+// duration). The message names the field.
 var ErrInvalid = errors.New("schedule: invalid input")
 
 // fieldError reports bad input for one named field. It reads
