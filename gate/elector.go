@@ -178,8 +178,8 @@ type Elector struct {
 // NewElector returns an Elector campaigning in the election called name
 // through pool. Like New, it refuses a database without pgclaim's tables
 // (one query, bounded by 10 s).
-func NewElector(pool *pgxpool.Pool, name string, opts ElectorConfig) (*Elector, error) {
-	n, o, err := newNamed(pool, name, opts, "pgclaim_terms", "pgclaim_fence_seq")
+func NewElector(pool *pgxpool.Pool, name string, cfg ElectorConfig) (*Elector, error) {
+	n, o, err := newNamed(pool, name, cfg, "pgclaim_terms", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}

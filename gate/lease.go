@@ -108,8 +108,8 @@ type Lease struct {
 // NewLease returns the lease lock called name, kept through pool. Like
 // New, it refuses a database without pgclaim's tables (one query, bounded
 // by 10 s).
-func NewLease(pool *pgxpool.Pool, name string, opts LeaseConfig) (*Lease, error) {
-	n, o, err := newNamed(pool, name, opts, "pgclaim_locks", "pgclaim_fence_seq")
+func NewLease(pool *pgxpool.Pool, name string, cfg LeaseConfig) (*Lease, error) {
+	n, o, err := newNamed(pool, name, cfg, "pgclaim_locks", "pgclaim_fence_seq")
 	if err != nil {
 		return nil, err
 	}

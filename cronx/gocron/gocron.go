@@ -75,28 +75,28 @@ var ErrNoInstant = tick.ErrNoInstant
 // reach it. Jobs that must stop when exclusion is lost belong in NewTask.
 type Locker struct {
 	pool *pgxpool.Pool
-	opts gate.LeaseConfig
+	cfg gate.LeaseConfig
 
 	mu     sync.Mutex
 	leases map[string]*gate.Lease
 }
 
-// NewLocker returns a Locker taking lease locks through pool with opts.
-// opts.AtMost and opts.AtLeast are required (see Locker for choosing
+// NewLocker returns a Locker taking lease locks through pool with cfg.
+// cfg.AtMost and cfg.AtLeast are required (see Locker for choosing
 // AtLeast).
-func NewLocker(pool *pgxpool.Pool, opts gate.LeaseConfig) (*Locker, error) {
+func NewLocker(pool *pgxpool.Pool, cfg gate.LeaseConfig) (*Locker, error) {
 	if pool == nil {
 		return nil, tick.Invalid("gocron", "pool", "must not be nil")
 	}
 	// Let the gate check the options, with a placeholder name.
-	if _, err := gate.NewLease(pool, "gocron", opts); err != nil {
+	if _, err := gate.NewLease(pool, "gocron", cfg); err != nil {
 		return nil, err
 	}
-	if opts.AtLeast == 0 {
+	if cfg.AtLeast == 0 {
 		return nil, tick.Invalid("gocron", "LeaseConfig.AtLeast", "must be set: "+
 			"without it a fast job unlocks before an instance whose clock is late fires, and runs twice")
 	}
-	return &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}, nil
+	return &Locker{pool: pool, cfg: cfg, leases: map[string]*gate.Lease{}}, nil
 }
 
 // Lock takes the lease named key without waiting. It returns an error
@@ -124,7 +124,7 @@ func (l *Locker) lease(key string) (*gate.Lease, error) {
 	if lease, ok := l.leases[key]; ok {
 		return lease, nil
 	}
-	lease, err := gate.NewLease(l.pool, key, l.opts)
+	lease, err := gate.NewLease(l.pool, key, l.cfg)
 	if err != nil {
 		return nil, err
 	}
