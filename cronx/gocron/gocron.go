@@ -75,7 +75,7 @@ var ErrNoInstant = tick.ErrNoInstant
 // reach it. Jobs that must stop when exclusion is lost belong in NewTask.
 type Locker struct {
 	pool *pgxpool.Pool
-	cfg gate.LeaseConfig
+	cfg  gate.LeaseConfig
 
 	mu     sync.Mutex
 	leases map[string]*gate.Lease

@@ -96,7 +96,7 @@ func runLocked(t *testing.T, atLeast, skew time.Duration) map[time.Time][]string
 		pool := db.NewPool(t)
 		// NewLocker refuses AtLeast 0; the control builds one anyway.
 		opts := gate.LeaseConfig{Holder: in.holder, AtMost: 5 * time.Second, AtLeast: atLeast}
-		locker := &Locker{pool: pool, opts: opts, leases: map[string]*gate.Lease{}}
+		locker := &Locker{pool: pool, cfg: opts, leases: map[string]*gate.Lease{}}
 		s := newScheduler(t, gocronv2.WithDistributedLocker(locker))
 		_, err := s.NewJob(gocronv2.CronJob(everySecond, true), gocronv2.NewTask(recordRun(t, pool, in.holder, in.skew)),
 			gocronv2.WithName("report"), gocronv2.WithCronImplementation(shiftedCron{gocronv2.NewDefaultCron(true), in.skew}))
