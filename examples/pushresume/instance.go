@@ -65,7 +65,7 @@ const dueRows = "paused_at <= $1"
 //
 // demoAt, when set, moves the daily 09:00 to demoAt's time of day (Seoul),
 // to seconds: the demo's clock. A real service uses the spec as it is.
-func definition(demoAt time.Time, catchUp time.Duration) schedule.Definition {
+func definition(demoAt time.Time, catchUp time.Duration) (schedule.Definition, error) {
 	d := schedule.Definition{
 		Name:             job,
 		Spec:             spec,
@@ -78,20 +78,23 @@ func definition(demoAt time.Time, catchUp time.Duration) schedule.Definition {
 		ExpectedDuration: time.Minute,
 	}
 	if !demoAt.IsZero() {
-		d.Spec = demoSpec(demoAt)
+		var err error
+		if d.Spec, err = demoSpec(demoAt); err != nil {
+			return d, err
+		}
 	}
-	return d
+	return d, nil
 }
 
 // demoSpec is the daily spec (six fields, seconds first) firing at t's time
 // of day in the schedule's zone.
-func demoSpec(t time.Time) string {
-	loc, err := time.LoadLocation(zone)
+func demoSpec(t time.Time) (string, error) {
+	loc, err := time.LoadLocation(zone) // from time/tzdata when the system has no zone database
 	if err != nil {
-		loc = time.FixedZone("KST", 9*3600) // no tzdata: Seoul has no DST
+		return "", err
 	}
 	t = t.In(loc)
-	return fmt.Sprintf("%d %d %d * * *", t.Second(), t.Minute(), t.Hour())
+	return fmt.Sprintf("%d %d %d * * *", t.Second(), t.Minute(), t.Hour()), nil
 }
 
 // instanceConfig configures one instance of the push service.
@@ -466,7 +469,10 @@ func (in *instance) sweep(ctx context.Context, rule string) (retried int, err er
 // register stores the schedule (idempotent: every instance registers the
 // same definition) and reports the ledger's newest row for it.
 func (in *instance) register(ctx context.Context, demoAt time.Time) error {
-	def := definition(demoAt, in.cfg.CatchUp)
+	def, err := definition(demoAt, in.cfg.CatchUp)
+	if err != nil {
+		return err
+	}
 	if err := in.sched.Register(ctx, def, in.resume); err != nil {
 		return err
 	}

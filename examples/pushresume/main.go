@@ -22,6 +22,9 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+	// The schedule's zone (Asia/Seoul) resolves on a machine without a
+	// zone database too.
+	_ "time/tzdata"
 )
 
 const usage = `pushresume: the field scenario of pgclaim, end to end.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 // childEnv makes the test binary run as an instance of the service: the
@@ -486,11 +488,39 @@ func TestKillMidRun(t *testing.T) {
 // day there, to the second; the production spec stays otherwise.
 func TestDemoSpec(t *testing.T) {
 	at := time.Date(2026, 12, 1, 13, 20, 5, 0, time.UTC) // 22:20:05 in Seoul
-	if got := demoSpec(at); got != "5 20 22 * * *" {
-		t.Errorf("demoSpec(%v) = %q, want %q", at, got, "5 20 22 * * *")
+	if got, err := demoSpec(at); got != "5 20 22 * * *" || err != nil {
+		t.Errorf("demoSpec(%v) = %q, %v; want %q", at, got, err, "5 20 22 * * *")
 	}
-	if d := definition(time.Time{}, time.Hour); d.Spec != "0 9 * * *" || d.TimeZone != "Asia/Seoul" {
-		t.Errorf("definition: spec %q in %q, want \"0 9 * * *\" in Asia/Seoul", d.Spec, d.TimeZone)
+	if d, err := definition(time.Time{}, time.Hour); err != nil || d.Spec != "0 9 * * *" || d.TimeZone != "Asia/Seoul" {
+		t.Errorf("definition: spec %q in %q (%v); want \"0 9 * * *\" in Asia/Seoul", d.Spec, d.TimeZone, err)
+	}
+}
+
+// The service's own definition (the field's spec and zone, its policies)
+// is accepted and stored as declared.
+func TestDefinitionRegisters(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	d := newDB(t)
+	def, err := definition(time.Time{}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedule.New(d.Pool, schedule.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx, def, func(context.Context, schedule.Run) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var spec, tz, catchUp, overlap string
+	var attempts int
+	if err := d.Pool.QueryRow(ctx, `SELECT spec, time_zone, catch_up, overlap, max_attempts
+		FROM pgclaim_schedules WHERE name = $1`, job).Scan(&spec, &tz, &catchUp, &overlap, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if spec != "0 9 * * *" || tz != "Asia/Seoul" || catchUp != "latest" || overlap != "skip" || attempts != 3 {
+		t.Errorf("stored %q in %q, catch-up %s, overlap %s, %d attempts; want the definition as declared", spec, tz, catchUp, overlap, attempts)
 	}
 }
 
