@@ -76,7 +76,7 @@ func testInstance() instanceConfig {
 	return instanceConfig{
 		SendDelay: 5 * time.Millisecond,
 		Batch:     5,
-		// Generous against a loaded machine: a live claim or leadership
+		// Generous against a loaded machine: a live claim
 		// must not run out because a test process was not scheduled.
 		Lease:       2 * time.Second,
 		StaleAfter:  24 * time.Hour,
