@@ -70,7 +70,8 @@ type demoResult struct {
 	Pushes      int64 // distinct pushes sent
 	Duplicates  int64
 	Odd         db.CountInconsistentRow
-	Ticks       []db.TicksRow
+	Runs        []db.ScheduleRunsRow // the schedule's ledger rows
+	Run         *db.ScheduleRunsRow  // the 09:00 instant's row, if there is one
 	SentBy      map[string]int64
 	FailReasons []db.FailReasonsRow
 }
@@ -86,7 +87,6 @@ type orchestrator struct {
 	url    string
 	events chan procEvent
 	procs  []*proc
-	leader *proc // the instance last elected
 	fireAt time.Time
 
 	onEvent func(*proc, event) // tests: sees every event after it was handled
@@ -215,6 +215,9 @@ func (o *orchestrator) prepare(ctx context.Context) error {
 	if err := o.q.ResetDemo(ctx); err != nil {
 		return err
 	}
+	if err := o.q.ResetSchedule(ctx, job); err != nil {
+		return err
+	}
 	cfg := o.cfg
 	if cfg.Stuck > 0 {
 		if _, err := o.q.SeedStuck(ctx, db.SeedStuckParams{
@@ -240,11 +243,10 @@ func (o *orchestrator) instanceArgs(label string) []string {
 		"--send-delay", c.SendDelay.String(),
 		"--batch", strconv.Itoa(c.Batch),
 		"--lease", c.Lease.String(),
-		"--ttl", c.TTL.String(),
 		"--stale-after", c.StaleAfter.String(),
 		"--max-attempts", strconv.Itoa(c.MaxAttempts),
 		"--sweep-every", c.SweepEvery.String(),
-		"--standby-delay", c.StandbyDelay.String(),
+		"--poll", c.Poll.String(),
 		"--catch-up", c.CatchUp.String(),
 	}
 	if c.Verbose {
@@ -304,7 +306,6 @@ func (o *orchestrator) handle(pe procEvent) error {
 	p, e := pe.p, pe.e
 	if pe.exit {
 		p.exited, p.err = true, pe.err
-		p.leader = false
 		if !p.killed && p.stopped == nil {
 			return fmt.Errorf("%s: %w: %v", p.label, errExited, pe.err)
 		}
@@ -316,6 +317,7 @@ func (o *orchestrator) handle(pe procEvent) error {
 	switch e.Ev {
 	case evReady:
 		p.ready = true
+		o.say(p.label, "scheduler running (pid %d)", e.PID)
 	case evSwept:
 		p.seen.SweptFailed += e.To["FAILED"]
 		p.seen.SweptRetry += e.To["PAUSED"]
@@ -328,49 +330,38 @@ func (o *orchestrator) handle(pe procEvent) error {
 			}
 		}
 		o.say(p.label, "%s", sweptText(e))
-	case evCatchUp:
-		o.say(p.label, "start-up catch-up: %s", e.Msg)
-	case evCampaign:
-		p.joined = true
-		if o.leader != nil && o.leader != p && !o.leader.killed {
-			o.say(p.label, "standing by: %s is the Active", o.leader.label)
+	case evRegistered:
+		p.registered = true
+		o.say(p.label, "%s", e.Msg)
+	case evLedger:
+		o.say(p.label, "ledger: the newest run of %s, %s, is %s at attempt %d (fence %d, %s)",
+			job, o.instantText(e.FireAt), e.State, e.Attempt, e.Fence, e.Msg)
+	case evTakenOver:
+		if e.State == "failed" {
+			o.say(p.label, "%s: recorded failed, no attempts left (%s)", o.instantText(e.FireAt), e.Msg)
+			break
 		}
-	case evElected:
-		p.leader = true
-		p.seen.Terms++
-		switch prev := o.leader; {
-		case prev == nil:
-			o.say(p.label, "elected leader (fence %d): the Active", e.Fence)
-		case prev.killed:
-			o.say(p.label, "elected leader (fence %d): took over from %s", e.Fence, prev.label)
-		default:
-			o.say(p.label, "elected leader (fence %d)", e.Fence)
+		o.say(p.label, "%s: took the run over (%s)", o.instantText(e.FireAt), e.Msg)
+	case evAttempt:
+		p.attempt, p.fence, p.finished = e.Attempt, e.Fence, ""
+		p.seen.Attempts++
+		o.say(p.label, "%s: attempt %d is mine (fence %d) → resuming the pushes paused before it", o.instantText(e.FireAt), e.Attempt, e.Fence)
+	case evWaiting:
+		o.say(p.label, "attempt %d: %s still PROCESSING under a dead attempt's lease → waiting for it to run out, then sweeping them back", e.Attempt, plural(e.N, "row"))
+	case evFinished:
+		p.finished = e.State
+		if e.State == "succeeded" {
+			p.seen.Completed++
 		}
-		o.leader = p
-	case evDemoted:
-		p.leader = false
-	case evFired:
-		o.say(p.label, "09:00 fired")
-	case evTickRun:
-		p.ranTick = true
-		p.seen.TicksRun++
-		if e.How == "catch-up" {
-			o.say(p.label, "catch-up: ran the missed tick (fence %d)", e.Fence)
-		} else {
-			o.say(p.label, "ledger: the 09:00 tick is mine (fence %d) → resuming paused pushes", e.Fence)
-		}
-	case evTickSkip:
-		p.seen.TicksSkipped++
-		o.say(p.label, "09:00 skipped (%s)", e.Msg)
-	case evTickDone:
-		p.tickEnd = true
+		text := fmt.Sprintf("%s: attempt %d (fence %d) ended %s", o.instantText(e.FireAt), e.Attempt, e.Fence, e.State)
 		if e.Msg != "" {
-			o.say(p.label, "09:00 run ended: %s", e.Msg)
+			text += ": " + short(e.Msg)
 		}
+		o.say(p.label, "%s", text)
+	case evLost, evSkipped:
+		o.say(p.label, "%s: %s", o.instantText(e.FireAt), short(e.Msg))
 	case evSending:
 		p.sending++
-	case evLeftovers:
-		o.say(p.label, "%s due but PAUSED, and no run holds the job → finishing the cut-short run under the job's lock", plural(e.N, "push"))
 	case evResumed:
 		if s := e.Stats; s != nil {
 			p.seen.Claimed += s.Claimed
@@ -390,6 +381,15 @@ func (o *orchestrator) handle(pe procEvent) error {
 		o.onEvent(p, e)
 	}
 	return nil
+}
+
+// instantText names an instant of the schedule: the demo's 09:00, or the
+// instant itself.
+func (o *orchestrator) instantText(t time.Time) string {
+	if !o.fireAt.IsZero() && t.Equal(o.fireAt) {
+		return "09:00 (" + t.UTC().Format("15:04:05Z") + ")"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func sweptText(e event) string {
@@ -434,41 +434,47 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 	}
 	res := &demoResult{}
 
-	// Active first, so it is the one elected; then the Standby.
+	// The Active, then the Standby: the same program, the same scheduler.
 	active, err := o.startInstance("active")
 	if err != nil {
 		return nil, err
 	}
-	if err := o.wait(ctx, "active to be elected", func() bool { return active.leader }, nil); err != nil {
+	if err := o.wait(ctx, "active to be ready", func() bool { return active.ready }, nil); err != nil {
 		return nil, err
 	}
 	standby, err := o.startInstance("standby")
 	if err != nil {
 		return nil, err
 	}
-	if err := o.wait(ctx, "standby to join the election", func() bool { return standby.joined }, nil); err != nil {
+	if err := o.wait(ctx, "standby to be ready", func() bool { return standby.ready }, nil); err != nil {
 		return nil, err
 	}
 
-	// The demo clock: 09:00 is one second from now, by the database's clock.
+	// The demo clock: 09:00 is about two seconds from now, by the
+	// database's clock, to the second (the spec has a seconds field).
 	now, err := o.q.DatabaseNow(ctx)
 	if err != nil {
 		return nil, err
 	}
-	o.fireAt = now.Add(time.Second).Truncate(time.Millisecond)
+	o.fireAt = now.Add(2 * time.Second).Truncate(time.Second)
 	res.FireAt = o.fireAt
-	o.say("demo", "demo clock: 09:00:00 is %s (database time, in 1s); both schedulers fire then", o.fireAt.UTC().Format("15:04:05.000Z"))
+	o.say("demo", "demo clock: 09:00:00 in %s is %s (database time, in %.1fs); both instances register the schedule",
+		zone, o.fireAt.UTC().Format("15:04:05Z"), o.fireAt.Sub(now).Seconds())
 	for _, p := range []*proc{active, standby} {
-		if err := p.fire(o.fireAt); err != nil {
+		if err := p.setClock(o.fireAt); err != nil {
 			return nil, err
 		}
 	}
+	if err := o.wait(ctx, "both instances to register the schedule", func() bool { return active.registered && standby.registered }, nil); err != nil {
+		return nil, err
+	}
 
-	// Wait for the 09:00 run to start, then kill its holder mid-run.
+	// Both schedulers wake at 09:00; the one that takes the schedule's lock
+	// records the instant and runs attempt 1. Kill it mid-run.
 	var runner *proc
 	if err := o.wait(ctx, "the 09:00 run to start", func() bool {
 		for _, p := range o.procs {
-			if p.ranTick {
+			if p.attempt == 1 {
 				runner = p
 				return true
 			}
@@ -478,10 +484,10 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 		return nil, err
 	}
 	if !cfg.NoKill {
-		if err := o.wait(ctx, "the kill point", func() bool { return runner.sending >= cfg.KillAfter || runner.tickEnd }, nil); err != nil {
+		if err := o.wait(ctx, "the kill point", func() bool { return runner.sending >= cfg.KillAfter || runner.finished != "" }, nil); err != nil {
 			return nil, err
 		}
-		if runner.tickEnd {
+		if runner.finished != "" {
 			o.say("demo", "the 09:00 run ended before the kill point; nothing to kill mid-run")
 		} else {
 			if err := runner.kill(); err != nil {
@@ -490,36 +496,41 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 			res.Killed = runner
 			n, _ := o.countState(ctx, "PROCESSING")
 			res.KilledMid = int(n)
-			o.say("demo", "SIGKILL %s (pid %d) mid-run: %d sends started, %s left PROCESSING under its claims",
-				runner.label, runner.pid, runner.sending, plural(int(n), "row"))
+			o.say("demo", "SIGKILL %s (pid %d) mid-run: attempt 1 (fence %d) had started %d sends and leaves %s PROCESSING under its claims",
+				runner.label, runner.pid, runner.fence, runner.sending, plural(int(n), "row"))
 		}
 	}
 
-	// Every push settles: nothing PAUSED or PROCESSING is left.
-	if err := o.wait(ctx, "every push to settle", never, func() (bool, error) {
-		st, err := o.states(ctx)
+	// The instant's run ends (succeeded: by a next attempt, if its runner
+	// was killed) and every push settles.
+	if err := o.wait(ctx, "the 09:00 run to end and every push to settle", never, func() (bool, error) {
+		run, err := o.q.LatestRun(ctx, job)
 		if err != nil {
 			return false, err
 		}
-		return st["PAUSED"] == 0 && st["PROCESSING"] == 0, nil
+		if run.State != "succeeded" && run.State != "failed" {
+			return false, nil
+		}
+		st, err := o.states(ctx)
+		return st["PAUSED"] == 0 && st["PROCESSING"] == 0, err
 	}); err != nil {
 		return nil, err
 	}
-	o.say("demo", "every push settled (none PAUSED, none PROCESSING)")
+	o.say("demo", "the 09:00 run ended, and every push settled (none PAUSED, none PROCESSING)")
 
 	// The killed server comes back, as in the field: its start-up clean-up
-	// runs, it catches up the 09:00 tick if nobody ran it, and it stands by.
+	// runs, it registers the schedule (nothing to catch up: the ledger has
+	// the 09:00 run) and stands by.
 	if res.Killed != nil && !cfg.NoRestart {
 		back, err := o.startInstance(res.Killed.label + "#2")
 		if err != nil {
 			return nil, err
 		}
-		if err := o.wait(ctx, "the restarted instance to join the election", func() bool { return back.joined }, nil); err != nil {
+		if err := o.wait(ctx, "the restarted instance to be ready", func() bool { return back.ready }, nil); err != nil {
 			return nil, err
 		}
 	}
 
-	// Standbys first, so that stopping the Active hands leadership to nobody.
 	o.say("demo", "stopping the instances")
 	if err := o.stopAll(ctx); err != nil {
 		return nil, err
@@ -535,32 +546,22 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 // never is the condition of waits that end by polling.
 func never() bool { return false }
 
-// stopAll stops the instances cleanly, standbys first, and waits until
-// every instance (the killed ones too) has exited.
+// stopAll stops the instances cleanly and waits until every instance (the
+// killed ones too) has exited.
 func (o *orchestrator) stopAll(ctx context.Context) error {
-	exited := func(group []*proc) func() bool {
-		return func() bool {
-			for _, p := range group {
-				if !p.exited {
-					return false
-				}
-			}
-			return true
+	for _, p := range o.procs {
+		if !p.exited && !p.killed {
+			p.stop()
 		}
 	}
-	for _, leaders := range []bool{false, true} {
-		var group []*proc
+	return o.wait(ctx, "the instances to exit", func() bool {
 		for _, p := range o.procs {
-			if !p.exited && !p.killed && (leaders || !p.leader) {
-				p.stop()
-				group = append(group, p)
+			if !p.exited {
+				return false
 			}
 		}
-		if err := o.wait(ctx, "the instances to stop", exited(group), nil); err != nil {
-			return err
-		}
-	}
-	return o.wait(ctx, "the instances to exit", exited(o.procs), nil)
+		return true
+	}, nil)
 }
 
 func (o *orchestrator) states(ctx context.Context) (map[string]int64, error) {

@@ -10,53 +10,52 @@ import (
 // An instance reports to the demo's orchestrator with one JSON object per
 // line on its standard output. These are the kinds of events.
 const (
-	evReady      = "ready"       // migrated and swept at start-up; Holder, PID, Msg (migrations applied)
-	evSwept      = "swept"       // a sweep moved rows; Rule, N, To, By
-	evCatchUp    = "catch-up"    // start-up catch-up of a missed tick; Msg
-	evCampaign   = "campaigning" // joined the election
-	evElected    = "elected"     // became leader; Fence is the term's fence
-	evDemoted    = "demoted"     // leadership ended; Msg
-	evFired      = "tick-fired"  // the schedule fired; FireAt
-	evTickRun    = "tick-run"    // this instance won the tick; FireAt, Fence
-	evTickSkip   = "tick-skipped"
-	evTickDone   = "tick-done" // the tick's run returned; Msg is the error, if any
-	evSending    = "sending"   // work on one push began; ID, Fence
-	evResumed    = "resumed"   // a resume run ended; How, Stats
-	evLeftovers  = "leftovers" // the leader found rows a cut-short run left; N
-	evError      = "error"     // Msg
-	evStopped    = "stopped"   // clean exit; Stats
+	evReady      = "ready"      // migrated, swept at start-up, scheduler running; Holder, PID, Msg (migrations applied)
+	evSwept      = "swept"      // a sweep moved rows; Rule, N, To, By
+	evRegistered = "registered" // the schedule was registered; Msg describes it
+	evLedger     = "ledger"     // the schedule's newest run at registration; FireAt, State, Attempt, Fence, Msg (holder)
+	evAttempt    = "attempt"    // an attempt of a run started here; FireAt, How (run kind), Attempt, Fence
+	evTakenOver  = "taken-over" // this instance took over a run whose holder died; Attempt, Fence, Msg (why)
+	evWaiting    = "waiting"    // an attempt waits for N claims of a dead attempt to expire
+	evFinished   = "finished"   // an attempt ended; State, Msg (error or reason)
+	evLost       = "lost"       // an attempt lost its exclusivity; Msg
+	evSkipped    = "skipped"    // an instant was recorded skipped or missed; Msg
+	evSending    = "sending"    // work on one push began; ID, Fence
+	evResumed    = "resumed"    // a drain of an attempt ended; How, Attempt, Stats
+	evError      = "error"      // Msg
+	evStopped    = "stopped"    // clean exit; Stats
 	ruleStartup  = "start-up"
-	rulePeriodic = "periodic"
 )
 
 // event is one line an instance writes.
 type event struct {
-	Ev     string         `json:"ev"`
-	Holder string         `json:"holder,omitempty"`
-	PID    int            `json:"pid,omitempty"`
-	N      int            `json:"n,omitempty"`
-	ID     int64          `json:"id,omitempty"`
-	Fence  int64          `json:"fence,omitempty"`
-	FireAt time.Time      `json:"fire_at,omitzero"`
-	Rule   string         `json:"rule,omitempty"`
-	To     map[string]int `json:"to,omitempty"` // swept rows per new state
-	By     map[string]int `json:"by,omitempty"` // swept rows per holder of the stale claim
-	How    string         `json:"how,omitempty"`
-	Msg    string         `json:"msg,omitempty"`
-	Stats  *counters      `json:"stats,omitempty"`
+	Ev      string         `json:"ev"`
+	Holder  string         `json:"holder,omitempty"`
+	PID     int            `json:"pid,omitempty"`
+	N       int            `json:"n,omitempty"`
+	ID      int64          `json:"id,omitempty"`
+	Fence   int64          `json:"fence,omitempty"`
+	Attempt int            `json:"attempt,omitempty"`
+	State   string         `json:"state,omitempty"`
+	FireAt  time.Time      `json:"fire_at,omitzero"`
+	Rule    string         `json:"rule,omitempty"`
+	To      map[string]int `json:"to,omitempty"` // swept rows per new state
+	By      map[string]int `json:"by,omitempty"` // swept rows per holder of the stale claim
+	How     string         `json:"how,omitempty"`
+	Msg     string         `json:"msg,omitempty"`
+	Stats   *counters      `json:"stats,omitempty"`
 }
 
 // counters is what an instance counts about itself.
 type counters struct {
-	TicksRun     int `json:"ticks_run"`
-	TicksSkipped int `json:"ticks_skipped"`
-	Claimed      int `json:"claimed"`  // rows resumed (claimed PAUSED → PROCESSING)
-	Sent         int `json:"sent"`     // claims finished SENT
-	Released     int `json:"released"` // claims given back on shutdown
-	Lost         int `json:"lost"`     // claims found swept before their finish
-	SweptFailed  int `json:"swept_failed"`
-	SweptRetry   int `json:"swept_retry"`
-	Terms        int `json:"terms"` // times elected
+	Attempts    int `json:"attempts"`  // attempts of the schedule's runs started
+	Completed   int `json:"completed"` // attempts that ended succeeded
+	Claimed     int `json:"claimed"`   // rows resumed (claimed PAUSED → PROCESSING)
+	Sent        int `json:"sent"`      // claims finished SENT
+	Released    int `json:"released"`  // claims given back on shutdown
+	Lost        int `json:"lost"`      // claims found swept before their finish
+	SweptFailed int `json:"swept_failed"`
+	SweptRetry  int `json:"swept_retry"`
 }
 
 // reporter writes events as JSON lines; safe for concurrent use.

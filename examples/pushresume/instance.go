@@ -20,15 +20,16 @@ import (
 
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
-	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 const (
-	// job is the scheduled job's name in the tick ledger and the name of
-	// its advisory lock.
+	// job is the schedule's name: its row in pgclaim_schedules and its
+	// runs in pgclaim_schedule_runs.
 	job = "push-resume"
-	// election is the Active/Standby election every instance stands in.
-	election = "pushresume"
+	// spec and zone are the field's schedule: every day at 09:00 in Seoul.
+	spec = "0 9 * * *"
+	zone = "Asia/Seoul"
 )
 
 // pushTable describes push_requests to pgclaim's claim package.
@@ -44,27 +45,72 @@ var pushTable = claim.Table{
 	Reason:     "fail_reason",
 }
 
-// dueRows narrows a resume to rows paused before the job's latest scheduled
-// instant: the 09:00 run resumes what was paused before 09:00, and a run that
-// finishes a cut-short 09:00 run resumes the same rows, never pushes paused
-// after it (they wait for the next 09:00).
-const dueRows = "paused_at <= (SELECT max(fire_at) FROM pgclaim_ticks WHERE job = '" + job + "')"
+// dueRows narrows a resume to rows paused at or before the run's instant
+// ($1): the 09:00 run resumes what was paused before 09:00, and every
+// attempt of it resumes the same rows, never pushes paused after it (they
+// wait for the next 09:00).
+const dueRows = "paused_at <= $1"
+
+// definition is the resume job's schedule as every instance declares it.
+// The policies:
+//   - CatchUpLatest within catchUp: a service that was down at 09:00 runs
+//     the missed resume when it comes back within the window (one run
+//     resumes everything due, so running only the latest loses nothing);
+//     older instants are recorded skipped, saying why.
+//   - OverlapSkip: a 09:00 that comes due while yesterday's run is still
+//     running is recorded skipped; the running one resumes the same rows.
+//   - Retry: 3 attempts (an attempt whose instance died counts), 5 s back-off
+//     after a failed one. Each attempt works through claims, so it finishes
+//     what the one before it left and never sends a push twice.
+//
+// demoAt, when set, moves the daily 09:00 to demoAt's time of day (Seoul),
+// to seconds: the demo's clock. A real service uses the spec as it is.
+func definition(demoAt time.Time, catchUp time.Duration) (schedule.Definition, error) {
+	d := schedule.Definition{
+		Name:             job,
+		Spec:             spec,
+		TimeZone:         zone,
+		Version:          1,
+		CatchUp:          schedule.CatchUpLatest,
+		CatchUpWindow:    catchUp,
+		Overlap:          schedule.OverlapSkip,
+		Retry:            schedule.RetryPolicy{MaxAttempts: 3, Backoff: 5 * time.Second},
+		ExpectedDuration: time.Minute,
+	}
+	if !demoAt.IsZero() {
+		var err error
+		if d.Spec, err = demoSpec(demoAt); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// demoSpec is the daily spec (six fields, seconds first) firing at t's time
+// of day in the schedule's zone.
+func demoSpec(t time.Time) (string, error) {
+	loc, err := time.LoadLocation(zone) // from time/tzdata when the system has no zone database
+	if err != nil {
+		return "", err
+	}
+	t = t.In(loc)
+	return fmt.Sprintf("%d %d %d * * *", t.Second(), t.Minute(), t.Hour()), nil
+}
 
 // instanceConfig configures one instance of the push service.
 type instanceConfig struct {
-	URL          string        // database
-	Name         string        // role shown by the demo ("active", "standby")
-	SendDelay    time.Duration // how long one "send" to the push provider takes
-	Batch        int           // rows claimed per statement
-	Lease        time.Duration // claim lease; heartbeats extend it while a push is sent
-	TTL          time.Duration // elector TTL: how long a dead leader can hold leadership
-	StaleAfter   time.Duration // the field's rule: PROCESSING this long without a lease → FAILED
-	MaxAttempts  int           // claims a push gets before a stale claim fails it
-	SweepEvery   time.Duration // how often the leader sweeps and looks for cut-short runs
-	StandbyDelay time.Duration // a standby lets the Active take the tick first
-	DailyAt      time.Time     // the schedule's anchor (the demo's 09:00); zero: none known yet
-	CatchUp      time.Duration // start-up catch-up window for a missed tick
-	Verbose      bool          // pgclaim's logs on standard error
+	URL         string        // database
+	Name        string        // role shown by the demo ("active", "standby")
+	SendDelay   time.Duration // how long one "send" to the push provider takes
+	Batch       int           // rows claimed per statement
+	Lease       time.Duration // claim lease; heartbeats extend it while a push is sent
+	StaleAfter  time.Duration // the field's rule: PROCESSING this long → FAILED
+	MaxAttempts int           // claims a push gets before a stale claim fails it
+	SweepEvery  time.Duration // how often a run waiting for a dead attempt's claims sweeps again
+	Poll        time.Duration // the scheduler's poll: how soon a dead runner's instant is taken over
+	DailyAt     time.Time     // the demo's 09:00; zero: not known yet (the demo sends it)
+	CatchUp     time.Duration // the schedule's catch-up window
+	Verbose     bool          // pgclaim's logs on standard error
 }
 
 func (c *instanceConfig) flags(fs *flag.FlagSet) {
@@ -73,17 +119,16 @@ func (c *instanceConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SendDelay, "send-delay", 20*time.Millisecond, "time one push takes to send")
 	fs.IntVar(&c.Batch, "batch", 10, "pushes claimed per statement")
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "claim lease, extended while a push is sent")
-	fs.DurationVar(&c.TTL, "ttl", time.Second, "elector TTL")
-	fs.DurationVar(&c.StaleAfter, "stale-after", 24*time.Hour, "PROCESSING rows without a lease older than this are failed")
+	fs.DurationVar(&c.StaleAfter, "stale-after", 24*time.Hour, "PROCESSING rows claimed longer ago than this are failed")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", 3, "claims a push gets before a stale claim fails it")
-	fs.DurationVar(&c.SweepEvery, "sweep-every", 250*time.Millisecond, "leader's sweep interval")
-	fs.DurationVar(&c.StandbyDelay, "standby-delay", 300*time.Millisecond, "how long a standby lets the Active take a tick first")
-	fs.Func("daily-at", "schedule anchor: the job runs daily at this instant (RFC 3339)", func(s string) error {
+	fs.DurationVar(&c.SweepEvery, "sweep-every", 250*time.Millisecond, "how often a run waiting for a dead attempt's claims sweeps again")
+	fs.DurationVar(&c.Poll, "poll", time.Second, "the scheduler's poll interval")
+	fs.Func("daily-at", "the demo's 09:00: the job runs daily at this instant's time of day (RFC 3339)", func(s string) error {
 		t, err := time.Parse(time.RFC3339Nano, s)
 		c.DailyAt = t
 		return err
 	})
-	fs.DurationVar(&c.CatchUp, "catch-up", time.Hour, "start-up catch-up window for a missed tick")
+	fs.DurationVar(&c.CatchUp, "catch-up", time.Hour, "catch-up window for a missed 09:00")
 	fs.BoolVar(&c.Verbose, "v", false, "log pgclaim's records to standard error")
 }
 
@@ -99,32 +144,18 @@ func (c *instanceConfig) check() error {
 		return errors.New("--send-delay: must not be negative")
 	case c.SendDelay >= c.Lease:
 		return errors.New("--send-delay: must be shorter than --lease")
-	case c.TTL < 10*time.Millisecond:
-		return errors.New("--ttl: must be at least 10ms")
 	case c.StaleAfter <= 0:
 		return errors.New("--stale-after: must be positive")
 	case c.MaxAttempts < 1:
 		return errors.New("--max-attempts: must be at least 1")
 	case c.SweepEvery <= 0:
 		return errors.New("--sweep-every: must be positive")
-	case c.StandbyDelay < 0:
-		return errors.New("--standby-delay: must not be negative")
+	case c.Poll <= 0:
+		return errors.New("--poll: must be positive")
+	case c.CatchUp < 0:
+		return errors.New("--catch-up: must not be negative")
 	}
 	return nil
-}
-
-// daily is the job's schedule: every day at the time of day of at.
-type daily struct{ at time.Time }
-
-// Next returns the first instant of the schedule strictly after t.
-func (d daily) Next(t time.Time) time.Time {
-	const day = 24 * time.Hour
-	since := t.Sub(d.at)
-	k := since / day
-	if since < 0 && since%day != 0 {
-		k-- // floor, not truncation
-	}
-	return d.at.Add((k + 1) * day)
 }
 
 // instance is one running server of the push service.
@@ -138,11 +169,10 @@ type instance struct {
 	// applied lists the migrations this instance applied at start-up.
 	applied []string
 
-	gate    *gate.Gate
-	elector *gate.Elector
-	worker  *claim.Worker[int64]
-	old     *claim.Sweeper[int64] // the field's 24-hour rule
-	expired *claim.Sweeper[int64] // claims whose lease ran out
+	sched   *schedule.Scheduler
+	claimer *claim.Claimer[int64]
+	worker  claim.WorkerConfig[int64] // Args set per attempt
+	sweeper *claim.Sweeper[int64]
 
 	mu sync.Mutex
 	n  counters
@@ -162,8 +192,9 @@ func (in *instance) counters() counters {
 
 // runInstance is the hidden "instance" subcommand: one server of the push
 // service, reporting events on stdout and taking commands on stdin
-// ("fire <RFC 3339 instant>": the schedule fires now for that instant;
-// end of input or "stop": shut down cleanly).
+// ("daily-at <RFC 3339 instant>": register the schedule with the demo's
+// 09:00 at that instant's time of day; end of input or "stop": shut down
+// cleanly).
 func runInstance(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pushresume instance", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -182,7 +213,7 @@ func runInstance(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	fires := make(chan time.Time, 4)
+	clocks := make(chan time.Time, 4)
 	go func() {
 		defer cancel()
 		sc := bufio.NewScanner(stdin)
@@ -191,13 +222,13 @@ func runInstance(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			switch {
 			case line == "stop":
 				return
-			case strings.HasPrefix(line, "fire "):
-				t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(line, "fire "))
+			case strings.HasPrefix(line, "daily-at "):
+				t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(line, "daily-at "))
 				if err != nil {
-					fmt.Fprintln(stderr, "pushresume instance: bad fire command:", err)
+					fmt.Fprintln(stderr, "pushresume instance: bad daily-at command:", err)
 					continue
 				}
-				fires <- t
+				clocks <- t
 			}
 		}
 	}()
@@ -211,7 +242,7 @@ func runInstance(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer in.close()
-	if err := in.run(ctx, fires); err != nil {
+	if err := in.run(ctx, clocks); err != nil {
 		rep.emit(event{Ev: evError, Msg: err.Error()})
 		fmt.Fprintln(stderr, "pushresume instance:", err)
 		return 1
@@ -251,7 +282,8 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 // build wires pgclaim's pieces for this instance.
 func (in *instance) build() error {
 	cfg := in.cfg
-	claimer, err := claim.New[int64](in.pool, pushTable, claim.Config{
+	var err error
+	in.claimer, err = claim.New[int64](in.pool, pushTable, claim.Config{
 		From:   "PAUSED",
 		To:     "PROCESSING",
 		Holder: in.holder,
@@ -263,57 +295,76 @@ func (in *instance) build() error {
 	if err != nil {
 		return err
 	}
-	in.worker, err = claim.NewWorker(claimer, claim.WorkerConfig[int64]{
+	in.worker = claim.WorkerConfig[int64]{
 		Work:        in.send,
 		Done:        "SENT",
 		Failed:      "FAILED",
 		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
 		BatchSize:   cfg.Batch,
 		Concurrency: 1,
-	})
-	if err != nil {
+		Args:        []any{time.Now()},
+	}
+	// Checked against the database once, here; each attempt builds its own
+	// worker for its instant without checking again.
+	if _, err := claim.NewWorker(in.claimer, in.worker); err != nil {
 		return err
 	}
-	// Two sweepers with disjoint rows. The field's start-up rule first:
-	// anything PROCESSING for more than StaleAfter is failed, lease or not.
-	// Then younger claims whose lease ran out (their holder died): back to
-	// PAUSED for another attempt, or FAILED once attempts are used up.
-	olderThan := "claimed_at < statement_timestamp() - make_interval(secs => $1::float8)"
-	youngerThan := "claimed_at >= statement_timestamp() - make_interval(secs => $1::float8)"
-	in.old, err = claim.NewSweeper(claimer, claim.SweeperConfig[int64]{
+	in.worker.SkipVerify = true
+	// One sweeper for both rules. A claim whose lease ran out (its holder
+	// died) goes back to PAUSED for another attempt, or to FAILED once its
+	// attempts are used; the field's start-up rule, anything claimed more
+	// than StaleAfter ago (lease or none, as an older release left them),
+	// goes to FAILED (FailAfter).
+	in.sweeper, err = claim.NewSweeper(in.claimer, claim.SweeperConfig[int64]{
 		StaleAfter: cfg.StaleAfter,
-		Failed:     "FAILED",
-		BatchSize:  500,
-		Where:      olderThan,
-		Args:       []any{cfg.StaleAfter.Seconds()},
-	})
-	if err != nil {
-		return err
-	}
-	in.expired, err = claim.NewSweeper(claimer, claim.SweeperConfig[int64]{
-		StaleAfter: cfg.StaleAfter,
+		FailAfter:  cfg.StaleAfter,
 		Failed:     "FAILED",
 		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
 		BatchSize:  500,
-		Where:      youngerThan,
-		Args:       []any{cfg.StaleAfter.Seconds()},
 	})
 	if err != nil {
 		return err
 	}
-	in.gate, err = gate.New(in.pool, gate.Config{Holder: in.holder, Logger: in.log})
-	if err != nil {
-		return err
-	}
-	in.elector, err = gate.NewElector(in.pool, election, gate.ElectorConfig{Holder: in.holder, Logger: in.log, TTL: cfg.TTL})
+	in.sched, err = schedule.New(in.pool, schedule.Config{
+		Holder:       in.holder,
+		Logger:       in.log,
+		Hooks:        schedule.HooksFunc(in.observe),
+		PollInterval: cfg.Poll,
+	})
 	return err
 }
 
 func (in *instance) close() {
-	if in.gate != nil {
-		in.gate.Close()
-	}
 	in.pool.Close()
+}
+
+// observe reports the scheduler's events to the demo.
+func (in *instance) observe(_ context.Context, e schedule.Event) {
+	ev := event{FireAt: e.Instant, How: e.RunKind, Attempt: e.Attempt, Fence: e.Fence, State: e.State, Msg: e.Reason}
+	switch e.Kind {
+	case schedule.EventStarted:
+		ev.Ev = evAttempt
+		in.count(func(n *counters) { n.Attempts++ })
+	case schedule.EventFinished:
+		ev.Ev = evFinished
+		if e.Err != nil && ev.Msg == "" {
+			ev.Msg = e.Err.Error()
+		}
+		if e.State == "succeeded" {
+			in.count(func(n *counters) { n.Completed++ })
+		}
+	case schedule.EventTakenOver:
+		ev.Ev = evTakenOver
+	case schedule.EventLost:
+		ev.Ev, ev.Msg = evLost, e.Err.Error()
+	case schedule.EventSkipped, schedule.EventMissed:
+		ev.Ev, ev.Msg = evSkipped, e.Kind.String()+": "+e.Reason
+	case schedule.EventFollowed:
+		ev.Ev, ev.Msg = evError, "registration: "+e.Reason
+	default:
+		return
+	}
+	in.rep.emit(ev)
 }
 
 // send "sends" one push: the provider call takes SendDelay, and the hand-over
@@ -334,36 +385,76 @@ func (in *instance) send(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) e
 	return in.q.WithTx(tx).RecordSend(ctx, db.RecordSendParams{PushID: c.Key, Fence: c.Fence, Instance: in.holder})
 }
 
-// resume drains due PAUSED rows: claim in batches, send, finish SENT.
-func (in *instance) resume(ctx context.Context, how string) error {
-	st, err := in.worker.Drain(ctx)
-	in.count(func(n *counters) {
-		n.Claimed += st.Claimed
-		n.Sent += st.Succeeded
-		n.Released += st.Released
-		n.Lost += st.Lost
-	})
-	in.rep.emit(event{Ev: evResumed, How: how, Stats: &counters{
-		Claimed: st.Claimed, Sent: st.Succeeded, Released: st.Released, Lost: st.Lost,
-	}})
-	return err
+// resume is the schedule's job: one attempt at resuming the pushes paused
+// before run.Instant. It works through claims, so it completes whatever an
+// earlier attempt of the instant left: rows that attempt never claimed are
+// still PAUSED; rows it held when it died are PROCESSING until their lease
+// runs out, then swept back to PAUSED and resumed here; rows it sent are
+// SENT, and never sent again. It returns once no due row is PAUSED or
+// PROCESSING.
+func (in *instance) resume(ctx context.Context, run schedule.Run) error {
+	wc := in.worker
+	wc.Args = []any{run.Instant}
+	w, err := claim.NewWorker(in.claimer, wc)
+	if err != nil {
+		return err
+	}
+	how := fmt.Sprintf("attempt %d", run.Attempt)
+	waiting := false
+	for {
+		if _, err := in.sweep(ctx, how); err != nil {
+			return err
+		}
+		st, err := w.Drain(ctx)
+		in.count(func(n *counters) {
+			n.Claimed += st.Claimed
+			n.Sent += st.Succeeded
+			n.Released += st.Released
+			n.Lost += st.Lost
+		})
+		if st.Claimed > 0 || err != nil {
+			in.rep.emit(event{Ev: evResumed, How: how, Attempt: run.Attempt, Stats: &counters{
+				Claimed: st.Claimed, Sent: st.Succeeded, Released: st.Released, Lost: st.Lost,
+			}})
+		}
+		if err != nil {
+			return err
+		}
+		open, err := in.q.CountOpen(ctx, run.Instant)
+		if err != nil {
+			return err
+		}
+		if open.Paused+open.Processing == 0 {
+			return nil
+		}
+		if open.Processing > 0 && !waiting {
+			// Claims of the attempt that died: wait for their lease.
+			waiting = true
+			in.rep.emit(event{Ev: evWaiting, Attempt: run.Attempt, N: int(open.Processing)})
+		}
+		t := time.NewTimer(in.cfg.SweepEvery)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		}
+	}
 }
 
-// sweep runs both sweepers and reports what moved.
+// sweep runs the sweeper and reports what moved.
 func (in *instance) sweep(ctx context.Context, rule string) (retried int, err error) {
 	to := map[string]int{}
 	by := map[string]int{}
 	total := 0
-	for _, s := range []*claim.Sweeper[int64]{in.old, in.expired} {
-		swept, err := s.Sweep(ctx)
-		for _, r := range swept {
-			to[r.State]++
-			by[r.ClaimedBy]++
-			total++
-		}
-		if err != nil {
-			return 0, err
-		}
+	swept, err := in.sweeper.Sweep(ctx)
+	for _, r := range swept {
+		to[r.State]++
+		by[r.ClaimedBy]++
+		total++
+	}
+	if err != nil {
+		return 0, err
 	}
 	in.count(func(n *counters) {
 		n.SweptFailed += to["FAILED"]
@@ -375,42 +466,68 @@ func (in *instance) sweep(ctx context.Context, rule string) (retried int, err er
 	return to["PAUSED"], nil
 }
 
-// run is the instance's life: start-up clean-up on every instance, then the
-// election and the schedule until ctx ends.
-func (in *instance) run(ctx context.Context, fires <-chan time.Time) error {
+// register stores the schedule (idempotent: every instance registers the
+// same definition) and reports the ledger's newest row for it.
+func (in *instance) register(ctx context.Context, demoAt time.Time) error {
+	def, err := definition(demoAt, in.cfg.CatchUp)
+	if err != nil {
+		return err
+	}
+	if err := in.sched.Register(ctx, def, in.resume); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("schedule %s registered: %q in %s, catch-up %s within %s, overlap %s, %d attempts",
+		def.Name, def.Spec, def.TimeZone, def.CatchUp, def.CatchUpWindow, def.Overlap, def.Retry.MaxAttempts)
+	in.rep.emit(event{Ev: evRegistered, Msg: msg})
+	if r, err := in.q.LatestRun(ctx, job); err == nil {
+		e := event{Ev: evLedger, FireAt: r.Instant, State: r.State, Attempt: int(r.Attempt)}
+		if r.Fence != nil {
+			e.Fence = *r.Fence
+		}
+		if r.Holder != nil {
+			e.Msg = *r.Holder
+		}
+		in.rep.emit(e)
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	return nil
+}
+
+// run is the instance's life: the start-up clean-up, then the scheduler
+// until ctx ends. Every instance runs the same scheduler; which one runs an
+// instant is decided in the database.
+func (in *instance) run(ctx context.Context, clocks <-chan time.Time) error {
 	// Start-up clean-up, on every instance whatever its role: after a crash
 	// the instance starting is usually the one that has to clean up.
 	if _, err := in.sweep(ctx, ruleStartup); err != nil {
 		return err
 	}
-	in.rep.emit(event{Ev: evReady, PID: os.Getpid(), Msg: strings.Join(in.applied, ", ")})
-
 	if !in.cfg.DailyAt.IsZero() {
-		in.catchUp(ctx)
+		if err := in.register(ctx, in.cfg.DailyAt); err != nil {
+			return err
+		}
 	}
 
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		in.rep.emit(event{Ev: evCampaign})
-		err := in.elector.Run(ctx, in.lead)
-		if err != nil && ctx.Err() == nil {
-			in.rep.emit(event{Ev: evError, Msg: "election: " + err.Error()})
+		if err := in.sched.Run(ctx); err != nil && ctx.Err() == nil {
+			in.rep.emit(event{Ev: evError, Msg: "scheduler: " + err.Error()})
 		}
 	}()
+	in.rep.emit(event{Ev: evReady, PID: os.Getpid(), Msg: strings.Join(in.applied, ", ")})
 
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
-		case at := <-fires:
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				in.tick(ctx, at)
-			}()
+		case at := <-clocks:
+			if err := in.register(ctx, at); err != nil {
+				in.rep.emit(event{Ev: evError, Msg: "register: " + err.Error()})
+			}
 		}
 	}
 	in.log.Info("pushresume: stopping")
@@ -419,116 +536,4 @@ loop:
 	n := in.counters()
 	in.rep.emit(event{Ev: evStopped, Stats: &n})
 	return nil
-}
-
-// catchUp runs the latest scheduled instant within the catch-up window if no
-// instance ran it (a service that was down at 09:00 resumes on start-up).
-func (in *instance) catchUp(ctx context.Context) {
-	err := in.gate.CatchUp(ctx, job, daily{in.cfg.DailyAt}, in.cfg.CatchUp, func(ctx context.Context, run gate.Run) error {
-		in.count(func(n *counters) { n.TicksRun++ })
-		in.rep.emit(event{Ev: evTickRun, FireAt: run.FireAt, Fence: run.Fence, How: "catch-up"})
-		return in.resume(ctx, "catch-up of "+run.FireAt.Format(time.TimeOnly))
-	})
-	switch {
-	case err == nil:
-		in.rep.emit(event{Ev: evCatchUp, Msg: "ran the missed tick"})
-	case errors.Is(err, gate.ErrSkipped):
-		msg := "no tick missed"
-		if t, terr := in.q.TickAt(ctx, db.TickAtParams{Job: job, FireAt: in.cfg.DailyAt}); terr == nil {
-			in.count(func(n *counters) { n.TicksSkipped++ })
-			msg = fmt.Sprintf("tick already in the ledger (holder %s, outcome %s)", t.Holder, t.Outcome)
-		}
-		in.rep.emit(event{Ev: evCatchUp, Msg: msg})
-	default:
-		in.rep.emit(event{Ev: evError, Msg: "catch-up: " + err.Error()})
-	}
-}
-
-// tick is the scheduler firing the job for the instant at. Every instance
-// fires; the tick ledger lets one run. A standby lets the Active go first,
-// so in normal operation the Active runs the job, and a standby runs it only
-// when the Active did not.
-func (in *instance) tick(ctx context.Context, at time.Time) {
-	if d := time.Until(at); d > 0 {
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
-	in.rep.emit(event{Ev: evFired, FireAt: at})
-	if !in.elector.IsLeader() && in.cfg.StandbyDelay > 0 {
-		t := time.NewTimer(in.cfg.StandbyDelay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return
-		}
-	}
-	err := in.gate.Once(ctx, job, at, func(ctx context.Context, run gate.Run) error {
-		in.count(func(n *counters) { n.TicksRun++ })
-		in.rep.emit(event{Ev: evTickRun, FireAt: run.FireAt, Fence: run.Fence})
-		return in.resume(ctx, "09:00 run")
-	})
-	switch {
-	case errors.Is(err, gate.ErrSkipped):
-		in.count(func(n *counters) { n.TicksSkipped++ })
-		msg := err.Error()
-		if t, terr := in.q.TickAt(ctx, db.TickAtParams{Job: job, FireAt: at}); terr == nil {
-			msg = "ledger: tick already taken by " + t.Holder
-		}
-		in.rep.emit(event{Ev: evTickSkip, FireAt: at, Msg: msg})
-	case err != nil:
-		in.rep.emit(event{Ev: evTickDone, FireAt: at, Msg: err.Error()})
-	default:
-		in.rep.emit(event{Ev: evTickDone, FireAt: at})
-	}
-}
-
-// lead runs while this instance is the Active. It sweeps claims whose holder
-// died (their lease ran out) and finishes a run that was cut short: due
-// PAUSED rows while no run of the job holds its lock are left over from a
-// run whose holder died, or came back from the sweeper for another attempt.
-// The resume then runs under the job's exclusive lock; the tick itself stays
-// in the ledger under the instance that started it.
-func (in *instance) lead(ctx context.Context, run gate.Run) error {
-	in.count(func(n *counters) { n.Terms++ })
-	in.rep.emit(event{Ev: evElected, Fence: run.Fence})
-	defer func() {
-		msg := "resigned"
-		if cause := context.Cause(ctx); errors.Is(cause, gate.ErrLockLost) {
-			msg = "lost: " + cause.Error()
-		}
-		in.rep.emit(event{Ev: evDemoted, Msg: msg})
-	}()
-	t := time.NewTicker(in.cfg.SweepEvery)
-	defer t.Stop()
-	for {
-		if _, err := in.sweep(ctx, rulePeriodic); err != nil && ctx.Err() == nil {
-			in.rep.emit(event{Ev: evError, Msg: "sweep: " + err.Error()})
-		}
-		if due, err := in.q.CountDue(ctx, job); err == nil && due > 0 {
-			err := in.gate.Exclusive(ctx, job, func(ctx context.Context, _ gate.Run) error {
-				// Counted again under the lock: the run that held it may
-				// have just finished them.
-				due, err := in.q.CountDue(ctx, job)
-				if err != nil || due == 0 {
-					return err
-				}
-				in.rep.emit(event{Ev: evLeftovers, N: int(due)})
-				return in.resume(ctx, "finishing the cut-short run")
-			})
-			if err != nil && !errors.Is(err, gate.ErrSkipped) && ctx.Err() == nil {
-				in.rep.emit(event{Ev: evError, Msg: "resume: " + err.Error()})
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
 }

@@ -22,16 +22,19 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+	// The schedule's zone (Asia/Seoul) resolves on a machine without a
+	// zone database too.
+	_ "time/tzdata"
 )
 
 const usage = `pushresume: the field scenario of pgclaim, end to end.
 
 A notification service runs on two servers, Active and Standby, with the same
-code on the same database. Every day at 09:00 a job resumes paused pushes;
-with a scheduler on both servers it used to fire twice, and every paused push
-was sent twice. At start-up every server must also fail requests a crashed
-server left PROCESSING for more than 24 hours, on both servers, because after
-a crash the Standby is the one starting.
+code on the same database. Every day at 09:00 (Asia/Seoul) a job resumes
+paused pushes; with a scheduler on both servers it used to fire twice, and
+every paused push was sent twice. At start-up every server must also fail
+requests a crashed server left PROCESSING for more than 24 hours, on both
+servers, because after a crash the Standby is the one starting.
 
 This demo provisions PostgreSQL (--database-url or DATABASE_URL if set, else
 a container when Docker answers, else a throwaway cluster from the local
@@ -39,32 +42,37 @@ PostgreSQL binaries), seeds paused pushes plus a few requests stuck since
 yesterday, and starts two instances as separate processes:
 
   1. Each instance migrates (pgclaim's tables and its own), runs the start-up
-     sweep (stuck for over 24h → FAILED), and stands in the leader election.
-     The first one up is elected: the Active.
-  2. The demo clock sets 09:00 one second ahead; both schedulers fire the
-     same tick (job push-resume, that instant). The tick ledger lets one run;
-     the other skips. (A standby lets the Active go first by --standby-delay,
-     so the Active normally runs it; were the Active down, the standby would.)
+     sweep (claimed over 24h ago → FAILED) and starts pgclaim's scheduler
+     (package schedule). Both run the same scheduler; neither is special.
+  2. The demo clock moves 09:00 two seconds ahead: each instance registers
+     the schedule push-resume (daily at that time of day in Asia/Seoul, the
+     same definition on both). At 09:00 both schedulers wake; the one that
+     takes the schedule's lock records the instant in the ledger
+     (pgclaim_schedule_runs, one row per instant) and runs attempt 1 with a
+     fresh fence. The other does nothing for it.
   3. The run claims paused pushes in batches (PAUSED → PROCESSING with a
      fencing token and a lease) and "sends" each one: a row in sent_pushes
      written in the transaction that finishes the claim as SENT.
-  4. Mid-run the demo kills the Active with SIGKILL. Its advisory locks go
-     with its session; its claims stay PROCESSING until their lease runs out.
-  5. The Standby's elector takes over (after --ttl, as a killed leader cannot
-     hand over). As the new Active it finishes the cut-short run: due pushes
-     still PAUSED while no run holds the job's lock are resumed under that
-     lock, and its sweeps move the dead Active's expired claims back to
-     PAUSED for another attempt (FAILED once --max-attempts are used), to be
-     resumed in turn. The 09:00 tick stays in the ledger once, under the
-     instance that started it.
-  6. The killed server comes back (as in the field), runs its start-up sweep
-     and catch-up (the 09:00 tick is in the ledger: nothing to catch up), and
-     stands by. The demo stops everything and checks the database.
+  4. Mid-run the demo kills that instance with SIGKILL (the Active or the
+     Standby: the scheduler prefers neither; the story below calls it the
+     runner). Its advisory lock
+     goes with its session; its claims stay PROCESSING until their lease
+     runs out.
+  5. The other instance's scheduler finds the lock free within its --poll
+     and takes the run over as attempt 2, with a higher fence. Attempt 2
+     does the same work through the same claims: it resumes what attempt 1
+     never claimed, waits for the dead attempt's leases to run out and sweeps
+     those rows back to PAUSED (FAILED once --max-attempts are used), and
+     resumes them. Rows attempt 1 sent stay SENT. The instant ends
+     succeeded, once, at attempt 2.
+  6. The killed server comes back (as in the field), runs its start-up sweep,
+     registers the schedule (the ledger has the 09:00 run: nothing to catch
+     up) and stands by. The demo stops everything and checks the database.
 
-It ends with a table per instance (ticks run/skipped, rows resumed, pushes
-sent, rows swept) and the overall figures: pushes sent, duplicate sends (must
-be 0), rows left PROCESSING (must be 0). The exit status is 1 when any
-invariant failed.
+It ends with a table per instance (attempts run, rows resumed, pushes sent,
+rows swept), the 09:00 instant's ledger row, and the overall figures: pushes
+sent, duplicate sends (must be 0), rows left PROCESSING (must be 0). The exit
+status is 1 when any invariant failed.
 
 Usage:
   go run ./examples/pushresume [flags]
@@ -87,20 +95,19 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "an existing database to run in (default: $DATABASE_URL; when neither is set, Postgres is provisioned); its push_requests and sent_pushes are emptied first")
 	fs.IntVar(&cfg.Pushes, "pushes", 200, "paused pushes to seed")
 	fs.IntVar(&cfg.Stuck, "stuck", 3, "requests a crashed server left PROCESSING since yesterday")
-	fs.IntVar(&cfg.KillAfter, "kill-after", 0, "SIGKILL the Active once it has started this many sends (default 2/5 of --pushes)")
-	fs.BoolVar(&cfg.NoKill, "no-kill", false, "let the Active finish: no failover")
+	fs.IntVar(&cfg.KillAfter, "kill-after", 0, "SIGKILL the instance running the 09:00 run once it has started this many sends (default 2/5 of --pushes)")
+	fs.BoolVar(&cfg.NoKill, "no-kill", false, "let the 09:00 run finish: no failover")
 	fs.BoolVar(&cfg.NoRestart, "no-restart", false, "do not bring the killed server back at the end")
 	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
 	ic := &cfg.Instance
 	fs.DurationVar(&ic.SendDelay, "send-delay", 20*time.Millisecond, "time one push takes to send")
 	fs.IntVar(&ic.Batch, "batch", 10, "pushes claimed per statement")
 	fs.DurationVar(&ic.Lease, "lease", 2*time.Second, "claim lease: how soon a dead instance's claims can be swept")
-	fs.DurationVar(&ic.TTL, "ttl", time.Second, "elector TTL: how soon a standby leads after the leader dies")
-	fs.DurationVar(&ic.StaleAfter, "stale-after", 24*time.Hour, "the start-up rule: PROCESSING longer than this → FAILED")
+	fs.DurationVar(&ic.StaleAfter, "stale-after", 24*time.Hour, "the start-up rule: claimed longer ago than this → FAILED")
 	fs.IntVar(&ic.MaxAttempts, "max-attempts", 3, "claims a push gets before a stale claim fails it")
-	fs.DurationVar(&ic.SweepEvery, "sweep-every", 250*time.Millisecond, "how often the Active sweeps and looks for a cut-short run")
-	fs.DurationVar(&ic.StandbyDelay, "standby-delay", 300*time.Millisecond, "how long a standby lets the Active take a tick first")
-	fs.DurationVar(&ic.CatchUp, "catch-up", time.Hour, "start-up catch-up window for a missed tick")
+	fs.DurationVar(&ic.SweepEvery, "sweep-every", 250*time.Millisecond, "how often a run waiting for a dead attempt's claims sweeps again")
+	fs.DurationVar(&ic.Poll, "poll", time.Second, "the schedulers' poll: how soon a dead runner's instant is taken over")
+	fs.DurationVar(&ic.CatchUp, "catch-up", time.Hour, "the schedule's catch-up window for a missed 09:00")
 	fs.BoolVar(&ic.Verbose, "v", false, "the instances log pgclaim's records to standard error")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)

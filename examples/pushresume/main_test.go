@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 // childEnv makes the test binary run as an instance of the service: the
@@ -74,15 +76,14 @@ func testInstance() instanceConfig {
 	return instanceConfig{
 		SendDelay: 5 * time.Millisecond,
 		Batch:     5,
-		// Generous against a loaded machine: a live claim or leadership
+		// Generous against a loaded machine: a live claim
 		// must not run out because a test process was not scheduled.
-		Lease:        2 * time.Second,
-		TTL:          time.Second,
-		StaleAfter:   24 * time.Hour,
-		MaxAttempts:  3,
-		SweepEvery:   100 * time.Millisecond,
-		StandbyDelay: time.Second,
-		CatchUp:      time.Hour,
+		Lease:       2 * time.Second,
+		StaleAfter:  24 * time.Hour,
+		MaxAttempts: 3,
+		SweepEvery:  100 * time.Millisecond,
+		Poll:        500 * time.Millisecond,
+		CatchUp:     time.Hour,
 	}
 }
 
@@ -206,8 +207,8 @@ func TestDemo(t *testing.T) {
 	if !res.OK {
 		t.Fatalf("invariants failed: %v", res.Failures)
 	}
-	if res.Killed == nil || res.Killed.label != "active" {
-		t.Fatalf("killed %v, want the Active killed mid-run", res.Killed)
+	if res.Killed == nil || res.Killed.attempt != 1 {
+		t.Fatalf("killed %v, want the runner of attempt 1 killed mid-run", res.Killed)
 	}
 	if res.KilledMid == 0 {
 		t.Error("the Active left no row PROCESSING when killed; the kill was not mid-run")
@@ -215,17 +216,20 @@ func TestDemo(t *testing.T) {
 	if res.States["SENT"] != 60 || res.States["FAILED"] != 2 || res.Duplicates != 0 {
 		t.Errorf("states %v, duplicates %d; want 60 SENT, 2 FAILED, 0 duplicates", res.States, res.Duplicates)
 	}
+	if r := res.Run; r == nil || r.State != "succeeded" || r.Attempt != 2 || deref(r.Holder) == res.Killed.holder {
+		t.Errorf("the 09:00 row %+v; want succeeded at attempt 2 by the instance not killed", r)
+	}
 	var tookOver bool
 	for _, r := range procRows(res) {
-		if r.role == "took over as Active" && r.label == "standby" && r.resumed > 0 {
+		if r.role == "completed the run as attempt 2" && r.label != res.Killed.label && r.resumed > 0 {
 			tookOver = true
 		}
 	}
 	if !tookOver {
-		t.Error("the standby did not take over and resume the rest")
+		t.Error("the other instance did not complete the run as attempt 2 and resume the rest")
 	}
 	checkSentOnce(t, context.Background(), d.Pool, 60, 2)
-	for _, want := range []string{"took over from active", "duplicate sends                0", "rows left PROCESSING           0", "OK:"} {
+	for _, want := range []string{"took the run over", "attempt 2 is mine", "duplicate sends                0", "rows left PROCESSING           0", "OK:"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -233,16 +237,15 @@ func TestDemo(t *testing.T) {
 }
 
 // Two instance processes start together on an empty database (both migrate
-// at once), then fire the same tick at the same instant: the ledger lets one
-// run it, and every push is sent once.
-func TestTwoInstancesOneTick(t *testing.T) {
+// at once) and register the same schedule: at its instant one of them runs
+// it, the ledger holds one row (succeeded at attempt 1), and every push is
+// sent once.
+func TestTwoInstancesOneRun(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)
 	d := pgtest.NewDatabaseFrom(t, pgtest.Template{Name: "pushresume_empty", Unmigrated: true})
 	const pushes = 40
-	ic := testInstance()
-	ic.StandbyDelay = 0 // both go for the ledger at the same moment
-	o := newHarness(t, d, ic)
+	o := newHarness(t, d, testInstance())
 	var applied []string
 	o.onEvent = func(p *proc, e event) {
 		if e.Ev == evReady && e.Msg != "" {
@@ -257,7 +260,7 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "both to join the election", func() bool { return a.joined && b.joined }, nil); err != nil {
+	if err := o.wait(ctx, "both to be ready", func() bool { return a.ready && b.ready }, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Each migration is recorded once, and the service's own was applied
@@ -281,15 +284,13 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fireAt := now.Add(500 * time.Millisecond).Truncate(time.Millisecond)
+	o.fireAt = now.Add(2 * time.Second).Truncate(time.Second)
 	for _, p := range []*proc{a, b} {
-		if err := p.fire(fireAt); err != nil {
+		if err := p.setClock(o.fireAt); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := o.wait(ctx, "the tick to be run and skipped", func() bool {
-		return (a.tickEnd && b.seen.TicksSkipped == 1) || (b.tickEnd && a.seen.TicksSkipped == 1)
-	}, nil); err != nil {
+	if err := o.wait(ctx, "the run to end", func() bool { return a.finished != "" || b.finished != "" }, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.wait(ctx, "every push to settle", never, settled(ctx, o)); err != nil {
@@ -297,23 +298,23 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	}
 	stopAll(t, ctx, o)
 
-	ticks, err := o.q.Ticks(ctx, job)
+	runs, err := o.q.ScheduleRuns(ctx, job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ticks) != 1 || !ticks[0].FireAt.Equal(fireAt) || ticks[0].Outcome != "succeeded" {
-		t.Fatalf("ledger %+v; want one row for %v, outcome succeeded", ticks, fireAt)
+	if len(runs) != 1 || !runs[0].Instant.Equal(o.fireAt) || runs[0].State != "succeeded" || runs[0].Attempt != 1 {
+		t.Fatalf("ledger %+v; want one row for %v, succeeded at attempt 1", runs, o.fireAt)
 	}
 	runner, other := a, b
-	if b.holder == ticks[0].Holder {
+	if b.holder == deref(runs[0].Holder) {
 		runner, other = b, a
 	}
-	if runner.holder != ticks[0].Holder {
-		t.Fatalf("ledger holder %q is neither instance (%q, %q)", ticks[0].Holder, a.holder, b.holder)
+	if runner.holder != deref(runs[0].Holder) {
+		t.Fatalf("ledger holder %q is neither instance (%q, %q)", deref(runs[0].Holder), a.holder, b.holder)
 	}
 	if r, o := runner.stopped, other.stopped; r == nil || o == nil ||
-		r.TicksRun != 1 || r.TicksSkipped != 0 || o.TicksRun != 0 || o.TicksSkipped != 1 {
-		t.Errorf("counts: runner %+v, other %+v; want one run and one skip", r, o)
+		r.Attempts != 1 || r.Completed != 1 || o.Attempts != 0 {
+		t.Errorf("counts: runner %+v, other %+v; want one attempt, by the runner", r, o)
 	}
 	if runner.stopped != nil && (runner.stopped.Claimed != pushes || runner.stopped.Sent != pushes) {
 		t.Errorf("runner claimed %d and sent %d; want %d each", runner.stopped.Claimed, runner.stopped.Sent, pushes)
@@ -328,10 +329,11 @@ func TestTwoInstancesOneTick(t *testing.T) {
 	}
 }
 
-// The Active is killed mid-run: the Standby's elector takes over and finishes
-// the run. Then the new Active is killed mid-run too, and a server starting
-// afterwards sweeps the stuck rows at start-up, takes over and finishes.
-// Nothing is left PROCESSING and nothing is sent twice.
+// The runner of the instant is killed mid-run: the other instance takes the
+// run over as attempt 2 and is killed mid-run too. A server starting
+// afterwards sweeps the stuck rows at start-up and completes the instant as
+// attempt 3, the last the schedule allows. Nothing is left PROCESSING,
+// nothing is sent twice, and the ledger holds the instant once.
 func TestKillMidRun(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 2*time.Minute)
@@ -355,54 +357,67 @@ func TestKillMidRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "a to lead", func() bool { return a.leader }, nil); err != nil {
-		t.Fatal(err)
-	}
 	b, err := o.startInstance("b")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "b to join the election", func() bool { return b.joined }, nil); err != nil {
+	if err := o.wait(ctx, "both to be ready", func() bool { return a.ready && b.ready }, nil); err != nil {
 		t.Fatal(err)
 	}
 	now, err := o.q.DatabaseNow(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.fireAt = now.Add(300 * time.Millisecond).Truncate(time.Millisecond)
+	o.fireAt = now.Add(2 * time.Second).Truncate(time.Second)
 	for _, p := range []*proc{a, b} {
-		if err := p.fire(o.fireAt); err != nil {
+		if err := p.setClock(o.fireAt); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	// 1. Kill the Active in the middle of its 09:00 run.
-	if err := o.wait(ctx, "a to be mid-run", func() bool { return a.sending >= 17 || a.tickEnd }, nil); err != nil {
+	// 1. Kill the runner of attempt 1 in the middle of its run.
+	var first, second *proc
+	if err := o.wait(ctx, "attempt 1 to be mid-run", func() bool {
+		for _, p := range []*proc{a, b} {
+			if p.attempt == 1 && (p.sending >= 17 || p.finished != "") {
+				first = p
+				return true
+			}
+		}
+		return false
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if !a.ranTick || a.tickEnd {
-		t.Fatalf("a ran the tick: %v, finished: %v; want a mid-run", a.ranTick, a.tickEnd)
+	second = a
+	if first == a {
+		second = b
 	}
-	if err := a.kill(); err != nil {
+	if first.finished != "" {
+		t.Fatalf("%s finished attempt 1 (%s); want it mid-run", first.label, first.finished)
+	}
+	if err := first.kill(); err != nil {
 		t.Fatal(err)
 	}
-	if b.leader || b.seen.Terms != 0 {
-		t.Fatal("b led while a was alive")
+	if second.attempt != 0 {
+		t.Fatalf("%s ran attempt %d while attempt 1 ran", second.label, second.attempt)
 	}
-	if n := processingBy(a.holder); n == 0 {
-		t.Fatal("a left nothing PROCESSING; the kill was not mid-run")
+	if n := processingBy(first.holder); n == 0 {
+		t.Fatal("attempt 1 left nothing PROCESSING; the kill was not mid-run")
 	}
 
-	// 2. The Standby's elector takes over; it finishes the run. Kill it too,
+	// 2. The other instance takes the run over as attempt 2. Kill it too,
 	// mid-way through.
-	if err := o.wait(ctx, "b to take over and be mid-run", func() bool { return b.leader && b.sending >= 8 }, nil); err != nil {
+	if err := o.wait(ctx, "attempt 2 to be mid-run", func() bool { return second.attempt == 2 && second.sending >= 8 }, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.kill(); err != nil {
+	if second.fence <= first.fence {
+		t.Errorf("attempt 2's fence %d is not above attempt 1's %d", second.fence, first.fence)
+	}
+	if err := second.kill(); err != nil {
 		t.Fatal(err)
 	}
-	if n := processingBy(b.holder); n == 0 {
-		t.Fatal("b left nothing PROCESSING; the kill was not mid-run")
+	if n := processingBy(second.holder); n == 0 {
+		t.Fatal("attempt 2 left nothing PROCESSING; the kill was not mid-run")
 	}
 
 	// 3. Once the dead instances' leases have run out, a server starts: its
@@ -442,55 +457,70 @@ func TestKillMidRun(t *testing.T) {
 	if startup.N != stuck || startup.To["PAUSED"] != stuck {
 		t.Errorf("c's start-up sweep moved %d rows (%v); want all %d stuck rows back to PAUSED", startup.N, startup.To, stuck)
 	}
-	if startup.By[b.holder] == 0 {
-		t.Errorf("c's start-up sweep moved no row of b (%v)", startup.By)
+	if startup.By[second.holder] == 0 {
+		t.Errorf("c's start-up sweep moved no row of %s (%v)", second.label, startup.By)
 	}
 
-	// 4. c takes over from the dead b and finishes.
-	if err := o.wait(ctx, "every push to settle", never, settled(ctx, o)); err != nil {
+	// 4. c takes the run over from the dead attempt 2 and completes it.
+	if err := o.wait(ctx, "c to complete the run", func() bool { return c.finished == "succeeded" }, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.wait(ctx, "c to lead", func() bool { return c.seen.Terms > 0 }, nil); err != nil {
+	if err := o.wait(ctx, "every push to settle", never, settled(ctx, o)); err != nil {
 		t.Fatal(err)
 	}
 	stopAll(t, ctx, o)
 
 	checkSentOnce(t, ctx, d.Pool, pushes, 0)
-	ticks, err := o.q.Ticks(ctx, job)
+	runs, err := o.q.ScheduleRuns(ctx, job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ticks) != 1 || ticks[0].Holder != a.holder {
-		t.Errorf("ledger %+v; want one row, held by %s", ticks, a.holder)
+	if len(runs) != 1 || runs[0].State != "succeeded" || runs[0].Attempt != 3 || deref(runs[0].Holder) != c.holder ||
+		runs[0].Fence == nil || *runs[0].Fence <= second.fence {
+		t.Errorf("ledger %+v; want one row, succeeded at attempt 3 by %s with a fence above %d", runs, c.holder, second.fence)
 	}
-	if c.stopped == nil || c.stopped.TicksRun != 0 || c.stopped.TicksSkipped != 1 {
-		t.Errorf("c's counts %+v; want the 09:00 tick found in the ledger at catch-up, not run", c.stopped)
-	}
-	// No term of the election overlaps the next.
-	var overlaps int
-	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_terms t1 JOIN pgclaim_terms t2
-		ON t1.election = t2.election AND t1.term < t2.term
-		WHERE t1.ended_at IS NULL OR t1.ended_at > t2.started_at`).Scan(&overlaps); err != nil {
-		t.Fatal(err)
-	}
-	if overlaps != 0 {
-		t.Errorf("%d pairs of leadership terms overlap", overlaps)
+	if c.stopped == nil || c.stopped.Attempts != 1 || c.stopped.Completed != 1 || c.attempt != 3 {
+		t.Errorf("c's counts %+v, attempt %d; want one attempt, the third, completed", c.stopped, c.attempt)
 	}
 }
 
-func TestDailyNext(t *testing.T) {
-	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	s := daily{at}
-	for _, c := range []struct{ t, want time.Time }{
-		{at, at.Add(24 * time.Hour)},
-		{at.Add(-time.Nanosecond), at},
-		{at.Add(-25 * time.Hour), at.Add(-24 * time.Hour)},
-		{at.Add(-24 * time.Hour), at},
-		{at.Add(25 * time.Hour), at.Add(48 * time.Hour)},
-	} {
-		if got := s.Next(c.t); !got.Equal(c.want) {
-			t.Errorf("Next(%v) = %v, want %v", c.t, got, c.want)
-		}
+// The demo's clock moves the daily 09:00 in Seoul to an instant's time of
+// day there, to the second; the production spec stays otherwise.
+func TestDemoSpec(t *testing.T) {
+	at := time.Date(2026, 12, 1, 13, 20, 5, 0, time.UTC) // 22:20:05 in Seoul
+	if got, err := demoSpec(at); got != "5 20 22 * * *" || err != nil {
+		t.Errorf("demoSpec(%v) = %q, %v; want %q", at, got, err, "5 20 22 * * *")
+	}
+	if d, err := definition(time.Time{}, time.Hour); err != nil || d.Spec != "0 9 * * *" || d.TimeZone != "Asia/Seoul" {
+		t.Errorf("definition: spec %q in %q (%v); want \"0 9 * * *\" in Asia/Seoul", d.Spec, d.TimeZone, err)
+	}
+}
+
+// The service's own definition (the field's spec and zone, its policies)
+// is accepted and stored as declared.
+func TestDefinitionRegisters(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	d := newDB(t)
+	def, err := definition(time.Time{}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedule.New(d.Pool, schedule.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(ctx, def, func(context.Context, schedule.Run) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var spec, tz, catchUp, overlap string
+	var attempts int
+	if err := d.Pool.QueryRow(ctx, `SELECT spec, time_zone, catch_up, overlap, max_attempts
+		FROM pgclaim_schedules WHERE name = $1`, job).Scan(&spec, &tz, &catchUp, &overlap, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if spec != "0 9 * * *" || tz != "Asia/Seoul" || catchUp != "latest" || overlap != "skip" || attempts != 3 {
+		t.Errorf("stored %q in %q, catch-up %s, overlap %s, %d attempts; want the definition as declared", spec, tz, catchUp, overlap, attempts)
 	}
 }
 
@@ -515,7 +545,7 @@ func TestDemoRefuses(t *testing.T) {
 		{[]string{"--pushes", "0"}, "--pushes"},
 		{[]string{"--kill-after", "500"}, "--kill-after"},
 		{[]string{"--send-delay", "3s"}, "--send-delay"},
-		{[]string{"--ttl", "1ns"}, "--ttl"},
+		{[]string{"--poll", "0s"}, "--poll"},
 		{[]string{"extra"}, "unexpected argument"},
 	} {
 		stderr.Reset()

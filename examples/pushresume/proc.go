@@ -19,16 +19,16 @@ type proc struct {
 	pid   int
 
 	// Filled from the instance's events by the orchestrator's loop.
-	holder  string
-	ready   bool
-	joined  bool // joined the election
-	leader  bool
-	ranTick bool
-	tickEnd bool
-	sending int       // sends started
-	stopped *counters // the instance's own counts, at a clean exit
-	seen    counters  // counts gathered from its events
-	swept   int       // rows it swept
+	holder     string
+	ready      bool
+	registered bool      // registered the schedule
+	attempt    int       // the attempt it runs (or ran last); 0: none
+	fence      int64     // that attempt's fence
+	finished   string    // the state its last attempt ended in ("" while running)
+	sending    int       // sends started
+	stopped    *counters // the instance's own counts, at a clean exit
+	seen       counters  // counts gathered from its events
+	swept      int       // rows it swept
 
 	killed bool
 	exited bool
@@ -77,9 +77,10 @@ func startProc(label, exe string, args, env []string, events chan<- procEvent, s
 	return p, nil
 }
 
-// fire tells the instance that its schedule fires for the instant at.
-func (p *proc) fire(at time.Time) error {
-	_, err := fmt.Fprintf(p.stdin, "fire %s\n", at.UTC().Format(time.RFC3339Nano))
+// setClock tells the instance the demo's 09:00: it registers the schedule
+// to run daily at at's time of day.
+func (p *proc) setClock(at time.Time) error {
+	_, err := fmt.Fprintf(p.stdin, "daily-at %s\n", at.UTC().Format(time.RFC3339Nano))
 	return err
 }
 

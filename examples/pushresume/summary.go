@@ -28,7 +28,7 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 	if res.Odd, err = o.q.CountInconsistent(ctx); err != nil {
 		return err
 	}
-	if res.Ticks, err = o.q.Ticks(ctx, job); err != nil {
+	if res.Runs, err = o.q.ScheduleRuns(ctx, job); err != nil {
 		return err
 	}
 	if res.FailReasons, err = o.q.FailReasons(ctx); err != nil {
@@ -60,14 +60,20 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 		fail("state and sends disagree: %d SENT rows without exactly one send, %d sends of rows not SENT, %d sends under a stale fencing token",
 			odd.SentWithoutOneSend, odd.SendsOfUnsent, odd.SendsWithStaleFence)
 	}
-	ticks := 0
-	for _, t := range res.Ticks {
-		if t.FireAt.Equal(res.FireAt) {
-			ticks++
+	n := 0
+	for i, r := range res.Runs {
+		if r.Instant.Equal(res.FireAt) {
+			n++
+			res.Run = &res.Runs[i]
 		}
 	}
-	if ticks != 1 {
-		fail("the ledger holds %d rows for the 09:00 tick, not 1", ticks)
+	switch r := res.Run; {
+	case n != 1:
+		fail("the ledger holds %d rows for the 09:00 instant, not 1", n)
+	case r.State != "succeeded":
+		fail("the 09:00 run ended %s, not succeeded (%s)", r.State, deref(r.Reason))
+	case res.Killed != nil && (r.Attempt < 2 || deref(r.Holder) == res.Killed.holder):
+		fail("the 09:00 run succeeded at attempt %d under %s; want a later attempt than the killed %s's", r.Attempt, deref(r.Holder), res.Killed.holder)
 	}
 	res.OK = len(res.Failures) == 0
 	return nil
@@ -75,44 +81,47 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 
 // procRow is one instance's line in the summary.
 type procRow struct {
-	label, role                    string
-	pid                            int
-	run, skipped, resumed, sent    int
-	sweptFailed, sweptRetry, terms int
+	label, role             string
+	pid                     int
+	attempts, completed     int
+	resumed, sent           int
+	sweptFailed, sweptRetry int
 }
 
 func procRows(res *demoResult) []procRow {
-	var first *proc
-	for _, p := range res.Procs {
-		if p.seen.Terms > 0 {
-			first = p
-			break
-		}
-	}
 	var out []procRow
 	for _, p := range res.Procs {
 		n := p.seen
 		if p.stopped != nil {
 			n = *p.stopped
 		}
-		r := procRow{label: p.label, pid: p.pid, run: n.TicksRun, skipped: n.TicksSkipped,
+		r := procRow{label: p.label, pid: p.pid, attempts: n.Attempts, completed: n.Completed,
 			resumed: n.Claimed, sent: int(res.SentBy[p.holder]),
-			sweptFailed: n.SweptFailed, sweptRetry: n.SweptRetry, terms: n.Terms}
+			sweptFailed: n.SweptFailed, sweptRetry: n.SweptRetry}
 		switch {
 		case p.killed:
 			// Everything it claimed either committed as SENT or was swept.
 			r.resumed = r.sent + p.seen.Claimed
-			r.role = "Active, SIGKILLed"
-		case n.Terms > 0 && p != first:
-			r.role = "took over as Active"
-		case n.Terms > 0:
-			r.role = "Active"
+			r.role = fmt.Sprintf("ran attempt %d, SIGKILLed", p.attempt)
+		case n.Completed > 0 && p.attempt > 1:
+			r.role = fmt.Sprintf("completed the run as attempt %d", p.attempt)
+		case n.Completed > 0:
+			r.role = "ran the 09:00 run"
+		case strings.Contains(p.label, "#"):
+			r.role = "restarted, nothing to catch up"
 		default:
-			r.role = "Standby"
+			r.role = "standing by"
 		}
 		out = append(out, r)
 	}
 	return out
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // summary prints the per-instance table, the overall figures and the verdict.
@@ -120,7 +129,7 @@ func (o *orchestrator) summary(res *demoResult) {
 	w := o.out
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "instance\tpid\trole\tticks run\tticks skipped\trows resumed\tpushes sent\trows swept")
+	fmt.Fprintln(tw, "instance\tpid\trole\tattempts\trows resumed\tpushes sent\trows swept")
 	for _, r := range procRows(res) {
 		var swept []string
 		if r.sweptFailed > 0 {
@@ -132,7 +141,7 @@ func (o *orchestrator) summary(res *demoResult) {
 		if len(swept) == 0 {
 			swept = []string{"0"}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", r.label, r.pid, r.role, r.run, r.skipped, r.resumed, r.sent, strings.Join(swept, ", "))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%s\n", r.label, r.pid, r.role, r.attempts, r.resumed, r.sent, strings.Join(swept, ", "))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
@@ -160,15 +169,16 @@ func (o *orchestrator) summary(res *demoResult) {
 			fmt.Fprintf(tw, "\t%d\t%s\n", r.N, r.Reason)
 		}
 	}
-	for _, t := range res.Ticks {
-		if !t.FireAt.Equal(res.FireAt) {
-			continue
+	if r := res.Run; r != nil {
+		fence := int64(0)
+		if r.Fence != nil {
+			fence = *r.Fence
 		}
 		note := ""
-		if t.Outcome == "running" && res.Killed != nil && t.Holder == res.Killed.holder {
-			note = " (its holder was killed mid-run; the new Active finished the run)"
+		if k := res.Killed; k != nil && r.Attempt > 1 {
+			note = fmt.Sprintf(" (attempt %d, fence %d, died with %s)", k.attempt, k.fence, k.holder)
 		}
-		fmt.Fprintf(tw, "ledger, 09:00 tick\t1 row\theld by %s, fence %d, outcome %s%s\n", t.Holder, t.Fence, t.Outcome, note)
+		fmt.Fprintf(tw, "ledger, 09:00 instant\t1 row\t%s at attempt %d, fence %d, by %s%s\n", r.State, r.Attempt, fence, deref(r.Holder), note)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)

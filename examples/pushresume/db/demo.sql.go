@@ -167,6 +167,62 @@ func (q *Queries) ResetDemo(ctx context.Context) error {
 	return err
 }
 
+const resetSchedule = `-- name: ResetSchedule :exec
+DELETE FROM pgclaim_schedules WHERE name = $1
+`
+
+// Forgets the demo's schedule (its runs go with it, ON DELETE CASCADE): each
+// run of the demo registers it afresh with its own demo clock.
+func (q *Queries) ResetSchedule(ctx context.Context, name string) error {
+	_, err := q.db.Exec(ctx, resetSchedule, name)
+	return err
+}
+
+const scheduleRuns = `-- name: ScheduleRuns :many
+SELECT instant, kind, state, attempt, fence, holder, reason
+FROM pgclaim_schedule_runs WHERE schedule = $1 ORDER BY instant
+`
+
+type ScheduleRunsRow struct {
+	Instant time.Time
+	Kind    string
+	State   string
+	Attempt int32
+	Fence   *int64
+	Holder  *string
+	Reason  *string
+}
+
+// The ledger rows of a schedule, oldest first: one per instant, with the
+// attempt and fence that ended it.
+func (q *Queries) ScheduleRuns(ctx context.Context, schedule string) ([]ScheduleRunsRow, error) {
+	rows, err := q.db.Query(ctx, scheduleRuns, schedule)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ScheduleRunsRow{}
+	for rows.Next() {
+		var i ScheduleRunsRow
+		if err := rows.Scan(
+			&i.Instant,
+			&i.Kind,
+			&i.State,
+			&i.Attempt,
+			&i.Fence,
+			&i.Holder,
+			&i.Reason,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const seedPaused = `-- name: SeedPaused :execrows
 
 INSERT INTO push_requests (payload, paused_at)
@@ -229,50 +285,6 @@ func (q *Queries) SentByInstance(ctx context.Context) ([]SentByInstanceRow, erro
 	for rows.Next() {
 		var i SentByInstanceRow
 		if err := rows.Scan(&i.Instance, &i.N); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const ticks = `-- name: Ticks :many
-SELECT fire_at, holder, fence, outcome, started_at, finished_at, error
-FROM pgclaim_ticks WHERE job = $1 ORDER BY fire_at
-`
-
-type TicksRow struct {
-	FireAt     time.Time
-	Holder     string
-	Fence      int64
-	Outcome    string
-	StartedAt  time.Time
-	FinishedAt *time.Time
-	Error      *string
-}
-
-// The ledger rows of a job, oldest first.
-func (q *Queries) Ticks(ctx context.Context, job string) ([]TicksRow, error) {
-	rows, err := q.db.Query(ctx, ticks, job)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []TicksRow{}
-	for rows.Next() {
-		var i TicksRow
-		if err := rows.Scan(
-			&i.FireAt,
-			&i.Holder,
-			&i.Fence,
-			&i.Outcome,
-			&i.StartedAt,
-			&i.FinishedAt,
-			&i.Error,
-		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -10,20 +10,53 @@ import (
 	"time"
 )
 
-const countDue = `-- name: CountDue :one
-SELECT count(*) FROM push_requests
-WHERE status = 'PAUSED'
-  AND paused_at <= (SELECT max(fire_at) FROM pgclaim_ticks WHERE job = $1::text)
+const countOpen = `-- name: CountOpen :one
+SELECT count(*) FILTER (WHERE status = 'PAUSED') AS paused,
+       count(*) FILTER (WHERE status = 'PROCESSING') AS processing
+FROM push_requests
+WHERE status IN ('PAUSED', 'PROCESSING') AND paused_at <= $1::timestamptz
 `
 
-// PAUSED rows the latest run of the job should have resumed: paused before
-// its scheduled instant. Non-zero while no run is going means a run was cut
-// short (its holder died) or rows came back from the sweeper for a retry.
-func (q *Queries) CountDue(ctx context.Context, job string) (int64, error) {
-	row := q.db.QueryRow(ctx, countDue, job)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
+type CountOpenRow struct {
+	Paused     int64
+	Processing int64
+}
+
+// Rows a resume run for the instant still has to settle: paused before it
+// and not yet SENT or FAILED. PROCESSING ones are claims of an earlier
+// attempt (its holder died) whose lease has not run out yet.
+func (q *Queries) CountOpen(ctx context.Context, instant time.Time) (CountOpenRow, error) {
+	row := q.db.QueryRow(ctx, countOpen, instant)
+	var i CountOpenRow
+	err := row.Scan(&i.Paused, &i.Processing)
+	return i, err
+}
+
+const latestRun = `-- name: LatestRun :one
+SELECT instant, state, attempt, fence, holder
+FROM pgclaim_schedule_runs WHERE schedule = $1 ORDER BY instant DESC LIMIT 1
+`
+
+type LatestRunRow struct {
+	Instant time.Time
+	State   string
+	Attempt int32
+	Fence   *int64
+	Holder  *string
+}
+
+// The newest ledger row of a schedule: its instant and how it ended.
+func (q *Queries) LatestRun(ctx context.Context, schedule string) (LatestRunRow, error) {
+	row := q.db.QueryRow(ctx, latestRun, schedule)
+	var i LatestRunRow
+	err := row.Scan(
+		&i.Instant,
+		&i.State,
+		&i.Attempt,
+		&i.Fence,
+		&i.Holder,
+	)
+	return i, err
 }
 
 const recordSend = `-- name: RecordSend :exec
@@ -43,27 +76,4 @@ type RecordSendParams struct {
 func (q *Queries) RecordSend(ctx context.Context, arg RecordSendParams) error {
 	_, err := q.db.Exec(ctx, recordSend, arg.PushID, arg.Fence, arg.Instance)
 	return err
-}
-
-const tickAt = `-- name: TickAt :one
-SELECT holder, fence, outcome FROM pgclaim_ticks WHERE job = $1 AND fire_at = $2
-`
-
-type TickAtParams struct {
-	Job    string
-	FireAt time.Time
-}
-
-type TickAtRow struct {
-	Holder  string
-	Fence   int64
-	Outcome string
-}
-
-// The ledger row of one tick: who took it and how it ended.
-func (q *Queries) TickAt(ctx context.Context, arg TickAtParams) (TickAtRow, error) {
-	row := q.db.QueryRow(ctx, tickAt, arg.Job, arg.FireAt)
-	var i TickAtRow
-	err := row.Scan(&i.Holder, &i.Fence, &i.Outcome)
-	return i, err
 }

@@ -21,6 +21,11 @@ FROM generate_series(1, sqlc.arg(n)::int) AS g;
 -- Empties the demo's tables before a run on an existing database.
 TRUNCATE sent_pushes, push_requests RESTART IDENTITY;
 
+-- name: ResetSchedule :exec
+-- Forgets the demo's schedule (its runs go with it, ON DELETE CASCADE): each
+-- run of the demo registers it afresh with its own demo clock.
+DELETE FROM pgclaim_schedules WHERE name = $1;
+
 -- name: DatabaseNow :one
 SELECT clock_timestamp()::timestamptz AS now;
 
@@ -52,10 +57,11 @@ SELECT
     (SELECT count(*) FROM sent_pushes s JOIN push_requests p ON p.id = s.push_id
       WHERE s.fence IS DISTINCT FROM p.fence) AS sends_with_stale_fence;
 
--- name: Ticks :many
--- The ledger rows of a job, oldest first.
-SELECT fire_at, holder, fence, outcome, started_at, finished_at, error
-FROM pgclaim_ticks WHERE job = $1 ORDER BY fire_at;
+-- name: ScheduleRuns :many
+-- The ledger rows of a schedule, oldest first: one per instant, with the
+-- attempt and fence that ended it.
+SELECT instant, kind, state, attempt, fence, holder, reason
+FROM pgclaim_schedule_runs WHERE schedule = $1 ORDER BY instant;
 
 -- name: FailReasons :many
 -- Why rows failed, as the sweeper or the worker recorded it, without the

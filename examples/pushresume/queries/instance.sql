@@ -5,14 +5,16 @@
 -- transaction that finishes the claim, stamped with the claim's token.
 INSERT INTO sent_pushes (push_id, fence, instance) VALUES ($1, $2, $3);
 
--- name: CountDue :one
--- PAUSED rows the latest run of the job should have resumed: paused before
--- its scheduled instant. Non-zero while no run is going means a run was cut
--- short (its holder died) or rows came back from the sweeper for a retry.
-SELECT count(*) FROM push_requests
-WHERE status = 'PAUSED'
-  AND paused_at <= (SELECT max(fire_at) FROM pgclaim_ticks WHERE job = sqlc.arg(job)::text);
+-- name: CountOpen :one
+-- Rows a resume run for the instant still has to settle: paused before it
+-- and not yet SENT or FAILED. PROCESSING ones are claims of an earlier
+-- attempt (its holder died) whose lease has not run out yet.
+SELECT count(*) FILTER (WHERE status = 'PAUSED') AS paused,
+       count(*) FILTER (WHERE status = 'PROCESSING') AS processing
+FROM push_requests
+WHERE status IN ('PAUSED', 'PROCESSING') AND paused_at <= sqlc.arg(instant)::timestamptz;
 
--- name: TickAt :one
--- The ledger row of one tick: who took it and how it ended.
-SELECT holder, fence, outcome FROM pgclaim_ticks WHERE job = $1 AND fire_at = $2;
+-- name: LatestRun :one
+-- The newest ledger row of a schedule: its instant and how it ended.
+SELECT instant, state, attempt, fence, holder
+FROM pgclaim_schedule_runs WHERE schedule = $1 ORDER BY instant DESC LIMIT 1;
