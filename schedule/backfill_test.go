@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -210,5 +212,58 @@ func TestBackfillBadInput(t *testing.T) {
 	}
 	if rows := runsOf(t, db.Pool, "daily"); len(rows) != 0 {
 		t.Errorf("bad input wrote %d rows", len(rows))
+	}
+}
+
+// Concurrent overlapping backfills when the database defaults to
+// REPEATABLE READ or SERIALIZABLE: no serialization failure, each instant
+// one row.
+func TestBackfillAnyIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := pgtest.NewDatabase(t)
+			if _, err := db.Pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" SET default_transaction_isolation = '"+level+"'"); err != nil {
+				t.Fatal(err)
+			}
+			ops := []*instance{newInstance(t, db, "op-1", Config{}, nil), newInstance(t, db, "op-2", Config{}, nil)}
+			if err := ops[0].s.Register(ctx, Definition{Name: "minutely", Spec: "* * * * *", Version: 1}, nop); err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			for round := range 5 {
+				base := t0.Add(time.Duration(round) * time.Hour)
+				var wg sync.WaitGroup
+				errs := make([]error, 2)
+				recorded := make([]int, 2)
+				for i, op := range ops {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						from := base.Add(time.Duration(i) * 10 * time.Minute) // (base, base+30m] and (base+10m, base+40m]
+						res, err := op.s.Backfill(ctx, "minutely", BackfillOptions{From: from, To: from.Add(30 * time.Minute), Max: 100})
+						errs[i], recorded[i] = err, len(res.Instants)
+					}()
+				}
+				wg.Wait()
+				for _, err := range errs {
+					if err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+				}
+				if recorded[0]+recorded[1] != 40 {
+					t.Errorf("round %d: recorded %v, want 40 in all", round, recorded)
+				}
+			}
+			var rows, distinct int
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT instant) FROM pgclaim_schedule_runs WHERE kind = 'backfill'`).Scan(&rows, &distinct); err != nil {
+				t.Fatal(err)
+			}
+			if rows != 200 || distinct != 200 {
+				t.Errorf("%d rows (%d instants), want 200", rows, distinct)
+			}
+		})
 	}
 }
