@@ -7,6 +7,7 @@
 //	pgclaim claims --table T      rows per state of a claimed table, stale rows
 //	pgclaim sweep --table T ...   move stale claimed rows to another state
 //	pgclaim release --lock NAME   free a lease lock, fenced, after confirmation
+//	pgclaim schedules SUB ...     stored schedules: list, pause, resume, trigger, backfill, missed
 //	pgclaim schema [--out DIR]    write pgclaim's migrations (for an application's sqlc schema)
 //
 // The database is named by --database-url or the DATABASE_URL environment

@@ -193,7 +193,7 @@ func TestUsage(t *testing.T) {
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
 		r = cli(t, "", args...)
 		wantCode(t, r, exitOK)
-		wantContains(t, "stdout", r.stdout, "Commands:\n  migrate  apply pgclaim's migrations")
+		wantContains(t, "stdout", r.stdout, "Commands:\n  migrate    apply pgclaim's migrations") // aligned with "schedules"
 	}
 
 	r = cli(t, "", "frobnicate")

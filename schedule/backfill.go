@@ -1,0 +1,166 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// BackfillOptions says which instants Scheduler.Backfill records.
+type BackfillOptions struct {
+	// From and To bound the range: the spec's instants in (From, To].
+	// From must be before To.
+	From, To time.Time
+	// Max is the most instants recorded (at least 1): the oldest Max
+	// instants the ledger lacks; BackfillResult.LeftOut counts the rest.
+	Max int
+	// DryRun records nothing: the result lists the instants a backfill
+	// would record now.
+	DryRun bool
+}
+
+// BackfillResult is what Scheduler.Backfill recorded, or with DryRun would
+// record.
+type BackfillResult struct {
+	// Instants are the instants recorded as pending runs of kind
+	// "backfill" (with DryRun: that would be), oldest first.
+	Instants []time.Time
+	// Present counts the instants of the range already in the ledger
+	// (run, skipped, triggered or backfilled before), left as they are.
+	Present int
+	// Taken counts the instants that were lacking when read but that a
+	// concurrent backfill (or trigger) recorded first: this call left them
+	// to it. Always 0 with DryRun.
+	Taken int
+	// LeftOut counts the instants lacking beyond Max: a later backfill of
+	// the same range records them. Counting stops at maxLeftOut;
+	// LeftOutMore then says more follow.
+	LeftOut     int
+	LeftOutMore bool
+	// Until is the range's effective end: To, or, when To is later, the
+	// schedule's frontier — the newest instant its scheduler has recorded
+	// (or the start of its definition's life, if later). Instants after
+	// the frontier belong to the scheduler, which records each as it comes
+	// due and decides the ones it finds missed by the catch-up policy;
+	// Clamped says To was cut back to it.
+	Until   time.Time
+	Clamped bool
+}
+
+// maxLeftOut bounds how many instants beyond Max a backfill counts.
+const maxLeftOut = 100_000
+
+// Backfill records the instants of the schedule name's stored spec in
+// (opts.From, opts.To] that the ledger lacks as pending runs of kind
+// "backfill": the instances running the schedule run each once, oldest
+// first, with its retry policy, like any run (a paused schedule's wait for
+// Resume). Each instant is recorded once even when backfills overlap or
+// run at the same time: the insert is ON CONFLICT DO NOTHING on the
+// ledger's key (schedule, instant), and an instant that is there already —
+// whatever its state — is left alone (Present, Taken). At most opts.Max
+// instants are recorded, the oldest (LeftOut counts the others), in one
+// statement: all or none. The range is cut back to the schedule's
+// frontier (see BackfillResult.Until). With opts.DryRun nothing is
+// written. Every instance is notified when runs were recorded.
+//
+// Bad input returns an error naming the field (wrapping ErrInvalid);
+// unknown name: ErrNotFound.
+func (s *Scheduler) Backfill(ctx context.Context, name string, opts BackfillOptions) (BackfillResult, error) {
+	var res BackfillResult
+	switch {
+	case name == "":
+		return res, invalid("name", "must not be empty")
+	case opts.From.IsZero():
+		return res, invalid("BackfillOptions.From", "must be set")
+	case opts.To.IsZero():
+		return res, invalid("BackfillOptions.To", "must be set")
+	case !opts.From.Before(opts.To):
+		return res, invalid("BackfillOptions.From", fmt.Sprintf("must be before To (From %s, To %s)",
+			opts.From.UTC().Format(time.RFC3339Nano), opts.To.UTC().Format(time.RFC3339Nano)))
+	case opts.Max < 1:
+		return res, invalid("BackfillOptions.Max", fmt.Sprintf("must be at least 1, got %d", opts.Max))
+	}
+	st, err := loadSchedule(ctx, s.q, name)
+	if err != nil {
+		return res, err
+	}
+	frontier := st.startsAt
+	if st.cursor.After(frontier) {
+		frontier = st.cursor
+	}
+	res.Until = opts.To.UTC()
+	if res.Until.After(frontier) {
+		res.Until, res.Clamped = frontier, true
+	}
+	lacking, err := s.lacking(ctx, st, opts.From.UTC(), opts.Max, &res)
+	if err != nil {
+		return res, err
+	}
+	if opts.DryRun || len(lacking) == 0 {
+		res.Instants = lacking
+		return res, nil
+	}
+	p := store.BackfillRunsParams{Schedule: name, Spec: st.def.Spec, TimeZone: st.def.TimeZone}
+	for _, t := range lacking {
+		p.Instants = append(p.Instants, ts(t))
+	}
+	var row store.BackfillRunsRow
+	err = s.tx(ctx, func(q *store.Queries) error {
+		var err error
+		row, err = q.BackfillRuns(ctx, p)
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("schedule: %q: backfill: %w", name, err)
+	}
+	if row.Matched == 0 {
+		return res, fmt.Errorf("schedule: %q: backfill: its spec or time zone changed meanwhile (now not %s); nothing recorded", name, st.spec)
+	}
+	res.Instants = make([]time.Time, 0, len(row.Recorded))
+	for _, t := range row.Recorded {
+		res.Instants = append(res.Instants, tm(t))
+	}
+	res.Taken = len(lacking) - len(res.Instants)
+	return res, nil
+}
+
+// lacking returns the oldest max instants of st's spec in (from, res.Until]
+// without a row, counting those present and those left out in res.
+func (s *Scheduler) lacking(ctx context.Context, st *stored, from time.Time, limit int, res *BackfillResult) ([]time.Time, error) {
+	var out []time.Time
+	for from.Before(res.Until) {
+		batch, more := st.spec.between(from, res.Until, recordChunk)
+		if len(batch) == 0 {
+			break
+		}
+		last := batch[len(batch)-1]
+		rows, err := s.q.LedgerInstants(ctx, store.LedgerInstantsParams{Schedule: st.def.Name, After: ts(from), Upto: ts(last)})
+		if err != nil {
+			return nil, fmt.Errorf("schedule: %q: read runs: %w", st.def.Name, err)
+		}
+		have := make(map[time.Time]bool, len(rows))
+		for _, r := range rows {
+			have[tm(r)] = true
+		}
+		for _, t := range batch {
+			switch {
+			case have[t]:
+				res.Present++
+			case len(out) < limit:
+				out = append(out, t)
+			case res.LeftOut == maxLeftOut:
+				res.LeftOutMore = true
+				return out, nil
+			default:
+				res.LeftOut++
+			}
+		}
+		if !more {
+			break
+		}
+		from = last
+	}
+	return out, nil
+}
