@@ -57,7 +57,8 @@ func TestEveryInstantOnceUnderKills(t *testing.T) {
 		class, key := lockKey(names[rand.IntN(len(names))])
 		var n int
 		if err := db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'
-			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key).Scan(&n); err != nil {
+			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		kills += n

@@ -78,7 +78,8 @@ func TestStaleRunnerRefused(t *testing.T) {
 	defer hc.release()
 	class, key := lockKey("x")
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key); err != nil {
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -60,7 +60,8 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 	class, key := lockKey(def.Name)
 	var pid int
 	if err := db.Pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid
-		AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key).Scan(&pid); err != nil {
+		AND objid = $2::int4::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&pid); err != nil {
 		t.Fatalf("the lock's session: %v", err)
 	}
 	killed := time.Now()
@@ -183,7 +184,8 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 	}
 	class, key := lockKey(def.Name)
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted`, class, key); err != nil {
+		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key); err != nil {
 		t.Fatal(err)
 	}
 	var failed runRow
