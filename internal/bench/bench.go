@@ -86,15 +86,19 @@ type params struct {
 	ScaleNoIndexMax     int64
 	ScaleNoIndexSamples int
 
-	// schedules: SchedInstances schedulers × SchedSchedules schedules;
-	// each phase starts up for SchedWarmup, then the idle phase is
-	// measured for SchedIdle and the due-every-second phases (the
-	// scheduler, gate.Once on a timer) for SchedBusy each.
-	SchedInstances int
-	SchedSchedules int
-	SchedWarmup    time.Duration
-	SchedIdle      time.Duration
-	SchedBusy      time.Duration
+	// schedules: SchedInstances schedulers; the idle phase with
+	// SchedSchedules yearly schedules, the due-every-second phases (the
+	// scheduler, then gate.Once on a timer) once per SchedBusySchedules
+	// size. Each phase starts up for SchedWarmup (the idle one up to
+	// SchedSettle more, until its statement rate settles), then is
+	// measured for SchedIdle or SchedBusy.
+	SchedInstances     int
+	SchedSchedules     int
+	SchedBusySchedules []int
+	SchedWarmup        time.Duration
+	SchedSettle        time.Duration
+	SchedIdle          time.Duration
+	SchedBusy          time.Duration
 }
 
 type point struct{ Workers, Batch int }
@@ -132,11 +136,13 @@ func fullParams() *params {
 		ScaleNoIndexMax:     1_000_000,
 		ScaleNoIndexSamples: 20,
 
-		SchedInstances: 8,
-		SchedSchedules: 200,
-		SchedWarmup:    5 * time.Second,
-		SchedIdle:      20 * time.Second,
-		SchedBusy:      20 * time.Second,
+		SchedInstances:     8,
+		SchedSchedules:     200,
+		SchedBusySchedules: []int{25, 200},
+		SchedWarmup:        5 * time.Second,
+		SchedSettle:        60 * time.Second,
+		SchedIdle:          20 * time.Second,
+		SchedBusy:          20 * time.Second,
 	}
 }
 
@@ -172,11 +178,13 @@ func quickParams() *params {
 		ScaleNoIndexMax:     100_000,
 		ScaleNoIndexSamples: 5,
 
-		SchedInstances: 4,
-		SchedSchedules: 25,
-		SchedWarmup:    2 * time.Second,
-		SchedIdle:      4 * time.Second,
-		SchedBusy:      5 * time.Second,
+		SchedInstances:     4,
+		SchedSchedules:     25,
+		SchedBusySchedules: []int{25},
+		SchedWarmup:        2 * time.Second,
+		SchedSettle:        10 * time.Second,
+		SchedIdle:          4 * time.Second,
+		SchedBusy:          5 * time.Second,
 	}
 }
 

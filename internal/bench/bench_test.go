@@ -53,11 +53,13 @@ func tinyParams() *params {
 		ScaleNoIndexMax:     10_000,
 		ScaleNoIndexSamples: 3,
 
-		SchedInstances: 2,
-		SchedSchedules: 5,
-		SchedWarmup:    1500 * time.Millisecond,
-		SchedIdle:      2 * time.Second,
-		SchedBusy:      3 * time.Second,
+		SchedInstances:     2,
+		SchedSchedules:     5,
+		SchedBusySchedules: []int{5},
+		SchedWarmup:        1500 * time.Millisecond,
+		SchedSettle:        5 * time.Second,
+		SchedIdle:          2 * time.Second,
+		SchedBusy:          3 * time.Second,
 	}
 }
 

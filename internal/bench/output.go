@@ -369,8 +369,13 @@ func ratios(r *Report) []Ratio {
 	}
 	// schedules: the scheduler against gate.Once on a timer, same instances
 	// and jobs
-	if sc, ok := find("schedules", func(x Result) bool { return x.Name == "schedule.Scheduler, due every second" }); ok {
-		if g, ok := find("schedules", func(x Result) bool { return x.Name == "gate.Once on a timer, every second" }); ok {
+	for _, sc := range results("schedules") {
+		if sc.Name != "schedule.Scheduler, due every second" {
+			continue
+		}
+		if g, ok := find("schedules", func(x Result) bool {
+			return x.Name == "gate.Once on a timer, every second" && x.Extra["schedules"] == sc.Extra["schedules"]
+		}); ok {
 			size := fmt.Sprintf(" (%d instances × %.0f schedules)", sc.Workers, sc.Extra["schedules"])
 			perInstant := func(name, key string, f func(float64) string) {
 				if a, b := sc.Extra[key], g.Extra[key]; a > 0 && b > 0 {

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +67,19 @@ func (s *schedRuns) add(name string, at time.Time, fence int64) {
 	s.n.Add(1)
 }
 
+// callsWith counts the job's calls for (name, at) with fence.
+func (s *schedRuns) callsWith(name string, at time.Time, fence int64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, f := range s.calls[runKey(name, at)] {
+		if f == fence {
+			n++
+		}
+	}
+	return n
+}
+
 // dups is the number of job calls beyond the first for one instant.
 func (s *schedRuns) dups() int64 {
 	s.mu.Lock()
@@ -97,6 +112,56 @@ func (c *schedEvents) get(k schedule.EventKind) int64 {
 	return c.n[k]
 }
 
+// logCount counts the records at warn level and above that reach it, by
+// message and the start of their error: the scenario reports them instead
+// of printing thousands of lines.
+type logCount struct {
+	mu *sync.Mutex
+	n  map[string]int64
+}
+
+func newLogCount() *logCount { return &logCount{mu: &sync.Mutex{}, n: map[string]int64{}} }
+
+func (c *logCount) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (c *logCount) Handle(_ context.Context, r slog.Record) error {
+	k := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			k += ": " + firstLine(a.Value.String())
+			return false
+		}
+		return true
+	})
+	c.mu.Lock()
+	c.n[k]++
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *logCount) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *logCount) WithGroup(string) slog.Handler      { return c }
+
+// rows returns the counted records, most frequent first.
+func (c *logCount) rows() [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	type kv struct {
+		k string
+		n int64
+	}
+	var all []kv
+	for k, n := range c.n {
+		all = append(all, kv{k, n})
+	}
+	slices.SortFunc(all, func(a, b kv) int { return cmp.Or(cmp.Compare(b.n, a.n), cmp.Compare(a.k, b.k)) })
+	out := make([][]string, 0, len(all))
+	for _, x := range all {
+		out = append(out, []string{fmt.Sprintf("%d", x.n), x.k})
+	}
+	return out
+}
+
 // schedPhase is what one timed phase of the scenario measured.
 type schedPhase struct {
 	statements int64   // pg_stat_statements calls (or client statements)
@@ -105,6 +170,7 @@ type schedPhase struct {
 	instants   int64 // instants due in the window (runs recorded)
 	lag        summary
 	peakConns  int64
+	settle     time.Duration // start-up until the statement rate settled (idle)
 	prof       Profile
 }
 
@@ -122,119 +188,133 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	if !e.pgss {
 		source = "the instances' pools (client-side count; pg_stat_statements unavailable)"
 	}
-	r.setup("%d instances, each a goroutine with its own pool (%d connections) and its own schedule.Scheduler (advisory locks, poll 1 s, LISTEN); each registers the same %d schedules; the job records its call and returns", n, schedPoolConns, k)
-	r.setup("idle: the %d schedules are yearly (\"0 0 1 1 *\", none due during the run); after %s of start-up, statements counted for %s", k, p.SchedWarmup, p.SchedIdle)
-	r.setup("due: %d other schedules, each due every second (\"* * * * * *\"); after %s of start-up, measured for %s: statements per instant = statements in the window / instants due in it", k, p.SchedWarmup, p.SchedBusy)
-	r.setup("gate.Once reference (same run, same %d instances × %d jobs): in each instance a timer wakes at every whole second and calls gate.Once(job, that second) for each job, one goroutine per job (what a cron adapter does); one instance wins each tick", n, k)
+	r.setup("%d instances, each a goroutine with its own pool (%d connections) and its own schedule.Scheduler (advisory locks, poll 1 s, LISTEN, default definitions: catch-up latest, overlap skip); the job records its call and returns", n, schedPoolConns)
+	r.setup("idle: each instance registers the same %d yearly schedules (`0 0 1 1 *`, none due during the run); after at least %s of start-up, and once the instances' statements per second have settled (at most %s), statements counted for %s", k, p.SchedWarmup, p.SchedSettle, p.SchedIdle)
+	r.setup("due every second: each instance registers the same %v other schedules (`* * * * * *`), one size after the other; after %s of start-up, measured for %s: statements per instant = statements in the window / instants due in it (all instances' statements)", p.SchedBusySchedules, p.SchedWarmup, p.SchedBusy)
+	r.setup("gate.Once reference (same run, same instances, as many jobs): in each instance a timer wakes at every whole second and calls gate.Once(job, that second) for each job, one goroutine per job, as a cron adapter does; one instance wins each tick, a tick no instance reached in time is simply not run")
 	r.setup("statements from %s, BEGIN and COMMIT counted; wake-up lag = the run's started_at − its instant (pgclaim_schedule_runs; pgclaim_ticks for gate.Once), database time", source)
 
-	idle, err := schedPhaseRun(ctx, e, db.URL, db.Name, p, "yearly", "0 0 1 1 *", p.SchedIdle, nil)
+	tbl := Table{Title: fmt.Sprintf("Schedules: %d instances; statements from %s", n, source),
+		Columns: []string{"phase", "schedules", "instants", "statements/s", "statements/instant", "server exec/instant", "lag p50", "lag p99", "lag max", "peak conns"}}
+	evt := Table{Title: "Scheduler events and ledger rows per phase (all instances)",
+		Columns: []string{"phase", "schedules", "started", "finished", "skipped", "missed", "taken over", "lost", "skipped rows", "failed rows"}}
+	row := func(label string, k int, ph schedPhase) []string {
+		per := func(v float64) float64 {
+			if ph.instants == 0 {
+				return 0
+			}
+			return v / float64(ph.instants)
+		}
+		return []string{label, fmt.Sprintf("%d", k), fmt.Sprintf("%d", ph.instants), fmt.Sprintf("%.0f", perSec(ph.statements, ph.wall)),
+			fmt.Sprintf("%.1f", per(float64(ph.statements))), fmtMs(per(ph.execMs)), fmtUs(us(ph.lag.P50)), fmtUs(us(ph.lag.P99)), fmtUs(us(ph.lag.Max)), fmt.Sprintf("%d", ph.peakConns)}
+	}
+	events := func(label string, k int, o *schedObs, ld ledger) {
+		g := o.events.get
+		evt.Rows = append(evt.Rows, []string{label, fmt.Sprintf("%d", k),
+			fmt.Sprintf("%d", g(schedule.EventStarted)), fmt.Sprintf("%d", g(schedule.EventFinished)), fmt.Sprintf("%d", g(schedule.EventSkipped)),
+			fmt.Sprintf("%d", g(schedule.EventMissed)), fmt.Sprintf("%d", g(schedule.EventTakenOver)), fmt.Sprintf("%d", g(schedule.EventLost)),
+			fmt.Sprintf("%d", ld.skipped), fmt.Sprintf("%d", ld.failed)})
+		if rows := o.logs.rows(); len(rows) > 0 {
+			if len(rows) > 6 {
+				rows = rows[:6]
+			}
+			r.Tables = append(r.Tables, Table{Title: fmt.Sprintf("Scheduler warnings and errors, %s, %d schedules (all instances; most frequent first)", label, k),
+				Columns: []string{"records", "level, message: error"}, Rows: rows})
+		}
+	}
+
+	obs := newSchedObs()
+	idle, err := schedPhaseRun(ctx, e, db.URL, db.Name, p, k, "yearly", "0 0 1 1 *", p.SchedIdle, obs)
 	if err != nil {
 		return fmt.Errorf("idle: %w", err)
 	}
-	ev := &schedEvents{}
-	runs := newSchedRuns()
-	busy, err := schedPhaseRun(ctx, e, db.URL, db.Name, p, "every-second", "* * * * * *", p.SchedBusy, &schedBusy{runs: runs, events: ev})
-	if err != nil {
-		return fmt.Errorf("due every second: %w", err)
+	tbl.Rows = append(tbl.Rows, []string{"scheduler, idle (none due)", fmt.Sprintf("%d", k), "-", fmt.Sprintf("%.1f", perSec(idle.statements, idle.wall)), "-", "-", "-", "-", "-", fmt.Sprintf("%d", idle.peakConns)})
+	events("scheduler, idle", k, obs, ledger{})
+	r.Results = append(r.Results, Result{Group: "pgclaim", Name: "schedule.Scheduler, idle", Workers: n, Ops: idle.statements, Unit: "statements/s",
+		Seconds: idle.wall.Seconds(), PerSecond: perSec(idle.statements, idle.wall),
+		Extra: map[string]float64{"schedules": float64(k), "peak_connections": float64(idle.peakConns), "settle_seconds": idle.settle.Seconds()}})
+	r.Profiles = append(r.Profiles, idle.prof)
+	if idle.settle > 0 {
+		r.note("idle, %d schedules: the instances' start-up (each schedule looked at once by every instance) took %.1f s to settle before the count began", k, idle.settle.Seconds())
 	}
-	onceRuns := newSchedRuns()
-	once, err := oncePhaseRun(ctx, e, db.URL, db.Name, p, onceRuns)
-	if err != nil {
-		return fmt.Errorf("gate.Once: %w", err)
+
+	var dups, badFence, failed, onceDups int64
+	for _, bk := range p.SchedBusySchedules {
+		prefix := fmt.Sprintf("every-second-k%d", bk)
+		obs := newSchedObs()
+		busy, err := schedPhaseRun(ctx, e, db.URL, db.Name, p, bk, prefix, "* * * * * *", p.SchedBusy, obs)
+		if err != nil {
+			return fmt.Errorf("due every second, %d schedules: %w", bk, err)
+		}
+		ld, err := checkLedger(ctx, db.URL, prefix, obs.runs)
+		if err != nil {
+			return err
+		}
+		onceRuns := newSchedRuns()
+		once, err := oncePhaseRun(ctx, e, db.URL, db.Name, p, bk, onceRuns)
+		if err != nil {
+			return fmt.Errorf("gate.Once, %d jobs: %w", bk, err)
+		}
+		tbl.Rows = append(tbl.Rows, row("scheduler, all due every second", bk, busy), row("gate.Once on a timer, every second", bk, once))
+		events("scheduler, due every second", bk, obs, ld)
+		r.Results = append(r.Results, schedResult("schedule.Scheduler, due every second", n, bk, busy), schedResult("gate.Once on a timer, every second", n, bk, once))
+		r.Profiles = append(r.Profiles, busy.prof, once.prof)
+		dups += obs.runs.dups()
+		badFence += ld.badFence
+		failed += ld.failed
+		onceDups += onceRuns.dups()
+		if busy.instants == 0 || once.instants == 0 {
+			return fmt.Errorf("%d schedules: no instants measured (scheduler %d, gate.Once %d)", bk, busy.instants, once.instants)
+		}
 	}
-	// The ledger: every succeeded run's fence is the one its job was called
-	// with, exactly once; nothing failed.
-	var badFence, failed, skipped int64
-	dbp, err := openPool(ctx, db.URL, 2)
+	r.Tables = append([]Table{tbl, evt}, r.Tables...)
+	// No instance dies here: a job called twice for one instant is an
+	// effect that happened twice.
+	r.check("schedules: instants whose job ran more than once (no instance died)", 0, dups)
+	r.check("schedules: succeeded runs without exactly one job call with their fence", 0, badFence)
+	r.check("schedules: runs recorded failed", 0, failed)
+	r.check("gate.Once: ticks run more than once", 0, onceDups)
+	r.note("the scheduler's idle cost is its poll: one READ COMMITTED transaction (BEGIN, the poll statement, COMMIT) per instance per second for all its schedules; gate.Once on a timer sends nothing while no tick is due")
+	r.note("statements per instant count every instance's statements for the instant: the runner's (record, claim, finish) and the try-locks of the instances that find the lock held")
+	return nil
+}
+
+// ledger is what the runs of a phase's schedules say.
+type ledger struct{ badFence, failed, skipped int64 }
+
+// checkLedger reads the runs of the schedules named prefix-*: every
+// succeeded run's fence must be one its job was called with, exactly once.
+func checkLedger(ctx context.Context, url, prefix string, runs *schedRuns) (ledger, error) {
+	var ld ledger
+	dbp, err := openPool(ctx, url, 1)
 	if err != nil {
-		return err
+		return ld, err
 	}
 	defer dbp.Close()
-	rs, err := dbp.Query(ctx, `SELECT schedule, instant, state, coalesce(fence, 0) FROM pgclaim_schedule_runs WHERE schedule LIKE 'every-second-%'`)
+	rs, err := dbp.Query(ctx, `SELECT schedule, instant, state, coalesce(fence, 0) FROM pgclaim_schedule_runs WHERE schedule LIKE $1`, prefix+"-%")
 	if err != nil {
-		return err
+		return ld, err
 	}
+	defer rs.Close()
 	for rs.Next() {
 		var name, state string
 		var at time.Time
 		var fence int64
 		if err := rs.Scan(&name, &at, &state, &fence); err != nil {
-			rs.Close()
-			return err
+			return ld, err
 		}
 		switch state {
 		case "succeeded":
-			runs.mu.Lock()
-			f := runs.calls[runKey(name, at)]
-			runs.mu.Unlock()
-			calls := 0
-			for _, x := range f {
-				if x == fence {
-					calls++
-				}
-			}
-			if calls != 1 {
-				badFence++
+			if runs.callsWith(name, at, fence) != 1 {
+				ld.badFence++
 			}
 		case "failed":
-			failed++
+			ld.failed++
 		case "skipped":
-			skipped++
+			ld.skipped++
 		}
 	}
-	rs.Close()
-	if err := rs.Err(); err != nil {
-		return err
-	}
-
-	per := func(ph schedPhase, v float64) float64 {
-		if ph.instants == 0 {
-			return 0
-		}
-		return v / float64(ph.instants)
-	}
-	tbl := Table{Title: fmt.Sprintf("Schedules: %d instances × %d schedules; statements from %s", n, k, source),
-		Columns: []string{"phase", "instants", "statements/s", "statements/instant", "server exec/instant", "lag p50", "lag p99", "lag max", "peak conns"}}
-	tbl.Rows = append(tbl.Rows,
-		[]string{"scheduler, idle (none due)", "-", fmt.Sprintf("%.1f", perSec(idle.statements, idle.wall)), "-", "-", "-", "-", "-", fmt.Sprintf("%d", idle.peakConns)},
-		[]string{"scheduler, all due every second", fmt.Sprintf("%d", busy.instants), fmt.Sprintf("%.0f", perSec(busy.statements, busy.wall)),
-			fmt.Sprintf("%.1f", per(busy, float64(busy.statements))), fmtMs(per(busy, busy.execMs)), fmtUs(us(busy.lag.P50)), fmtUs(us(busy.lag.P99)), fmtUs(us(busy.lag.Max)), fmt.Sprintf("%d", busy.peakConns)},
-		[]string{"gate.Once on a timer, every second", fmt.Sprintf("%d", once.instants), fmt.Sprintf("%.0f", perSec(once.statements, once.wall)),
-			fmt.Sprintf("%.1f", per(once, float64(once.statements))), fmtMs(per(once, once.execMs)), fmtUs(us(once.lag.P50)), fmtUs(us(once.lag.P99)), fmtUs(us(once.lag.Max)), fmt.Sprintf("%d", once.peakConns)},
-	)
-	r.Tables = append(r.Tables, tbl)
-	r.Tables = append(r.Tables, Table{Title: "Scheduler events while due every second (all instances)",
-		Columns: []string{"started", "finished", "skipped", "missed", "taken over", "lost", "skipped rows", "failed rows"},
-		Rows: [][]string{{
-			fmt.Sprintf("%d", ev.get(schedule.EventStarted)), fmt.Sprintf("%d", ev.get(schedule.EventFinished)),
-			fmt.Sprintf("%d", ev.get(schedule.EventSkipped)), fmt.Sprintf("%d", ev.get(schedule.EventMissed)),
-			fmt.Sprintf("%d", ev.get(schedule.EventTakenOver)), fmt.Sprintf("%d", ev.get(schedule.EventLost)),
-			fmt.Sprintf("%d", skipped), fmt.Sprintf("%d", failed),
-		}}})
-
-	r.Results = append(r.Results,
-		Result{Group: "pgclaim", Name: "schedule.Scheduler, idle", Workers: n, Ops: idle.statements, Unit: "statements/s",
-			Seconds: idle.wall.Seconds(), PerSecond: perSec(idle.statements, idle.wall),
-			Extra: map[string]float64{"schedules": float64(k), "peak_connections": float64(idle.peakConns)}},
-		schedResult("schedule.Scheduler, due every second", n, k, busy),
-		schedResult("gate.Once on a timer, every second", n, k, once),
-	)
-	for _, ph := range []schedPhase{idle, busy, once} {
-		if ph.prof.Label != "" {
-			r.Profiles = append(r.Profiles, ph.prof)
-		}
-	}
-	r.check("schedules: instants run more than once", 0, runs.dups())
-	r.check("schedules: succeeded runs without exactly one job call with their fence", 0, badFence)
-	r.check("schedules: runs recorded failed", 0, failed)
-	r.check("gate.Once: ticks run more than once", 0, onceRuns.dups())
-	if busy.instants == 0 || once.instants == 0 {
-		return fmt.Errorf("no instants measured (scheduler %d, gate.Once %d)", busy.instants, once.instants)
-	}
-	r.note("the scheduler's idle cost is its poll: one READ COMMITTED transaction (BEGIN, the poll statement, COMMIT) per instance per second for all its schedules; gate.Once on a timer sends nothing while no tick is due")
-	r.note("statements per instant count every instance's statements for the instant: the runner's (record, claim, finish) and the try-locks of the instances that find the lock held")
-	return nil
+	return ld, rs.Err()
 }
 
 func schedResult(name string, n, k int, ph schedPhase) Result {
@@ -256,17 +336,23 @@ func schedResult(name string, n, k int, ph schedPhase) Result {
 		}}
 }
 
-// schedBusy is what a phase whose schedules come due records.
-type schedBusy struct {
+// schedObs observes a phase's schedulers: the job's calls, the events and
+// the log records.
+type schedObs struct {
 	runs   *schedRuns
 	events *schedEvents
+	logs   *logCount
 }
 
-// schedPhaseRun starts p.SchedInstances schedulers, each registering
-// p.SchedSchedules schedules named prefix-i with spec, lets them start up,
-// and measures d.
-func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, prefix, spec string, d time.Duration, busy *schedBusy) (schedPhase, error) {
-	n, k := p.SchedInstances, p.SchedSchedules
+func newSchedObs() *schedObs {
+	return &schedObs{runs: newSchedRuns(), events: &schedEvents{}, logs: newLogCount()}
+}
+
+// schedPhaseRun starts p.SchedInstances schedulers, each registering k
+// schedules named prefix-i with spec, lets them start up, and measures d.
+func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, k int, prefix, spec string, d time.Duration, obs *schedObs) (schedPhase, error) {
+	n := p.SchedInstances
+	due := spec == "* * * * * *"
 	insts := make([]*schedInstance, n)
 	defer func() {
 		for _, in := range insts {
@@ -275,15 +361,10 @@ func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, p
 			}
 		}
 	}()
-	quiet := slog.New(slog.DiscardHandler)
-	job := func(context.Context, schedule.Run) error { return nil }
-	var hooks schedule.Hooks
-	if busy != nil {
-		job = func(_ context.Context, run schedule.Run) error {
-			busy.runs.add(run.Schedule, run.Instant, run.Fence)
-			return nil
-		}
-		hooks = busy.events
+	logger := slog.New(obs.logs)
+	job := func(_ context.Context, run schedule.Run) error {
+		obs.runs.add(run.Schedule, run.Instant, run.Fence)
+		return nil
 	}
 	scheds := make([]*schedule.Scheduler, n)
 	err := runGroup(n, func(i int) error {
@@ -292,7 +373,7 @@ func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, p
 			return err
 		}
 		insts[i] = in
-		s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("i%d", i), Logger: quiet, Hooks: hooks})
+		s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("i%d", i), Logger: logger, Hooks: obs.events})
 		if err != nil {
 			return err
 		}
@@ -324,20 +405,18 @@ func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, p
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	label := fmt.Sprintf("scheduler, %d × %d schedules %s", n, k, map[bool]string{true: "due every second", false: "idle (none due)"}[busy != nil])
-	var calls func() int64
-	if busy != nil {
-		calls = busy.runs.n.Load
-	} else {
-		calls = func() int64 { return 0 }
+	label := fmt.Sprintf("scheduler, %d × %d schedules %s", n, k, map[bool]string{true: "due every second", false: "idle (none due)"}[due])
+	endTask := e.prog.task("  schedules: "+label, "runs", 0, obs.runs.n.Load)
+	settle := time.Duration(0)
+	if !due {
+		settle = p.SchedSettle
 	}
-	endTask := e.prog.task("  schedules: "+label, "runs", 0, calls)
-	ph, err := measureWindow(ctx, e, dbName, insts, p.SchedWarmup, d, label)
+	ph, err := measureWindow(ctx, e, dbName, insts, p.SchedWarmup, settle, d, label)
 	endTask()
 	if serr := stop(); serr != nil && err == nil {
 		err = serr
 	}
-	if err != nil || busy == nil {
+	if err != nil || !due {
 		return ph.schedPhase, err
 	}
 	// Instants in the window and their lag, from the ledger.
@@ -362,14 +441,21 @@ type window struct {
 	from, to time.Time
 }
 
-// measureWindow waits warmup, then counts statements on dbName for d
-// (pg_stat_statements, or the instances' client counters), sampling the
-// database's connections.
-func measureWindow(ctx context.Context, e *env, dbName string, insts []*schedInstance, warmup, d time.Duration, label string) (window, error) {
-	select {
-	case <-ctx.Done():
-		return window{}, ctx.Err()
-	case <-time.After(warmup):
+// measureWindow waits warmup, and up to settle more until the instances
+// send at most 5 statements per second each, then counts statements on
+// dbName for d (pg_stat_statements, or the instances' client counters),
+// sampling the database's connections.
+func measureWindow(ctx context.Context, e *env, dbName string, insts []*schedInstance, warmup, settle, d time.Duration, label string) (window, error) {
+	sleep := func(d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	if err := sleep(warmup); err != nil {
+		return window{}, err
 	}
 	client := func() int64 {
 		var s int64
@@ -379,6 +465,19 @@ func measureWindow(ctx context.Context, e *env, dbName string, insts []*schedIns
 		return s
 	}
 	var w window
+	for t0 := time.Now(); time.Since(t0) < settle; {
+		c0 := client()
+		if err := sleep(time.Second); err != nil {
+			return w, err
+		}
+		if client()-c0 <= 5*int64(len(insts)) {
+			break
+		}
+		w.settle = time.Since(t0)
+	}
+	if w.settle > 0 {
+		w.settle += warmup
+	}
 	ph := e.begin(ctx, dbName)
 	c0 := client()
 	if err := e.admin.QueryRow(ctx, "SELECT now()").Scan(&w.from); err != nil {
@@ -438,8 +537,8 @@ func lagOf(ctx context.Context, db *pgxpool.Pool, q string, args ...any) (int64,
 
 // oncePhaseRun is the reference: the same instances and jobs, each
 // instance calling gate.Once for every job at every whole second.
-func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, runs *schedRuns) (schedPhase, error) {
-	n, k := p.SchedInstances, p.SchedSchedules
+func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, k int, runs *schedRuns) (schedPhase, error) {
+	n := p.SchedInstances
 	insts := make([]*schedInstance, n)
 	gates := make([]*gate.Gate, n)
 	defer func() {
@@ -488,7 +587,7 @@ func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, ru
 					jobs.Add(1)
 					go func() {
 						defer jobs.Done()
-						name := fmt.Sprintf("once-%03d", j)
+						name := fmt.Sprintf("once-k%d-%03d", k, j)
 						err := gates[i].Once(rctx, name, at, func(_ context.Context, run gate.Run) error {
 							runs.add(name, at, 0)
 							return nil
@@ -505,7 +604,7 @@ func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, ru
 	}
 	label := fmt.Sprintf("gate.Once on a timer, %d × %d jobs every second", n, k)
 	endTask := e.prog.task("  schedules: "+label, "runs", 0, runs.n.Load)
-	w, err := measureWindow(ctx, e, dbName, insts, p.SchedWarmup, p.SchedBusy, label)
+	w, err := measureWindow(ctx, e, dbName, insts, p.SchedWarmup, 0, p.SchedBusy, label)
 	endTask()
 	cancel()
 	wg.Wait()
@@ -521,6 +620,6 @@ func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, ru
 	}
 	defer dbp.Close()
 	w.instants, w.lag, err = lagOf(ctx, dbp, `SELECT extract(epoch FROM started_at - fire_at) * 1e6
-FROM pgclaim_ticks WHERE job LIKE 'once-%' AND fire_at > $1 AND fire_at <= $2`, w.from, w.to)
+FROM pgclaim_ticks WHERE job LIKE $1 AND fire_at > $2 AND fire_at <= $3`, fmt.Sprintf("once-k%d-%%", k), w.from, w.to)
 	return w.schedPhase, err
 }
