@@ -138,7 +138,7 @@ func fullParams() *params {
 
 		SchedInstances:     8,
 		SchedSchedules:     200,
-		SchedBusySchedules: []int{25, 200},
+		SchedBusySchedules: []int{5, 25, 200},
 		SchedWarmup:        5 * time.Second,
 		SchedSettle:        60 * time.Second,
 		SchedIdle:          20 * time.Second,

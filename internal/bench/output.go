@@ -382,8 +382,8 @@ func ratios(r *Report) []Ratio {
 					add(name+size, sc, g, a/b, "scheduler "+f(a), "gate.Once "+f(b))
 				}
 			}
-			perInstant("Scheduler statements per instant / gate.Once's", "statements_per_instant", func(v float64) string { return fmt.Sprintf("%.1f", v) })
-			perInstant("Scheduler server exec per instant / gate.Once's", "exec_ms_per_instant", fmtMs)
+			perInstant("Scheduler statements per instant run / gate.Once's", "statements_per_run", func(v float64) string { return fmt.Sprintf("%.1f", v) })
+			perInstant("Scheduler server exec per instant run / gate.Once's", "exec_ms_per_run", fmtMs)
 			if sc.P50us > 0 && g.P50us > 0 {
 				add("Scheduler wake-up lag / gate.Once on a timer's"+size, sc, g, sc.P50us/g.P50us, "scheduler p50 "+fmtUs(sc.P50us), "gate.Once p50 "+fmtUs(g.P50us))
 			}

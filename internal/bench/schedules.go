@@ -167,7 +167,9 @@ type schedPhase struct {
 	statements int64   // pg_stat_statements calls (or client statements)
 	execMs     float64 // server execution time, pg_stat_statements
 	wall       time.Duration
-	instants   int64 // instants due in the window (runs recorded)
+	instants   int64 // instants of the window that ran (their first attempt started)
+	due        int64 // instants due in the window: schedules × whole seconds
+	recorded   int64 // instants of the window with a ledger row
 	lag        summary
 	peakConns  int64
 	settle     time.Duration // start-up until the statement rate settled (idle)
@@ -190,12 +192,12 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	}
 	r.setup("%d instances, each a goroutine with its own pool (%d connections) and its own schedule.Scheduler (advisory locks, poll 1 s, LISTEN, default definitions: catch-up latest, overlap skip); the job records its call and returns", n, schedPoolConns)
 	r.setup("idle: each instance registers the same %d yearly schedules (`0 0 1 1 *`, none due during the run); after at least %s of start-up, and once the instances' statements per second have settled (at most %s), statements counted for %s", k, p.SchedWarmup, p.SchedSettle, p.SchedIdle)
-	r.setup("due every second: each instance registers the same %v other schedules (`* * * * * *`), one size after the other; after %s of start-up, measured for %s: statements per instant = statements in the window / instants due in it (all instances' statements)", p.SchedBusySchedules, p.SchedWarmup, p.SchedBusy)
+	r.setup("due every second: each instance registers the same %v other schedules (`* * * * * *`), one size after the other; after %s of start-up, measured for %s: due = schedules × whole seconds in the window; ran = those whose run started; no row = due instants the ledger lacks after the phase; statements per run = all instances' statements in the window / runs", p.SchedBusySchedules, p.SchedWarmup, p.SchedBusy)
 	r.setup("gate.Once reference (same run, same instances, as many jobs): in each instance a timer wakes at every whole second and calls gate.Once(job, that second) for each job, one goroutine per job, as a cron adapter does; one instance wins each tick, a tick no instance reached in time is simply not run")
 	r.setup("statements from %s, BEGIN and COMMIT counted; wake-up lag = the run's started_at − its instant (pgclaim_schedule_runs; pgclaim_ticks for gate.Once), database time", source)
 
 	tbl := Table{Title: fmt.Sprintf("Schedules: %d instances; statements from %s", n, source),
-		Columns: []string{"phase", "schedules", "instants", "statements/s", "statements/instant", "server exec/instant", "lag p50", "lag p99", "lag max", "peak conns"}}
+		Columns: []string{"phase", "schedules", "due", "ran", "no row", "statements/s", "statements/run", "server exec/run", "lag p50", "lag p99", "lag max", "peak conns"}}
 	evt := Table{Title: "Scheduler events and ledger rows per phase (all instances)",
 		Columns: []string{"phase", "schedules", "started", "finished", "skipped", "missed", "taken over", "lost", "skipped rows", "failed rows"}}
 	row := func(label string, k int, ph schedPhase) []string {
@@ -205,7 +207,7 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 			}
 			return v / float64(ph.instants)
 		}
-		return []string{label, fmt.Sprintf("%d", k), fmt.Sprintf("%d", ph.instants), fmt.Sprintf("%.0f", perSec(ph.statements, ph.wall)),
+		return []string{label, fmt.Sprintf("%d", k), fmt.Sprintf("%d", ph.due), fmt.Sprintf("%d", ph.instants), fmt.Sprintf("%d", max(0, ph.due-ph.recorded)), fmt.Sprintf("%.0f", perSec(ph.statements, ph.wall)),
 			fmt.Sprintf("%.1f", per(float64(ph.statements))), fmtMs(per(ph.execMs)), fmtUs(us(ph.lag.P50)), fmtUs(us(ph.lag.P99)), fmtUs(us(ph.lag.Max)), fmt.Sprintf("%d", ph.peakConns)}
 	}
 	events := func(label string, k int, o *schedObs, ld ledger) {
@@ -228,7 +230,7 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	if err != nil {
 		return fmt.Errorf("idle: %w", err)
 	}
-	tbl.Rows = append(tbl.Rows, []string{"scheduler, idle (none due)", fmt.Sprintf("%d", k), "-", fmt.Sprintf("%.1f", perSec(idle.statements, idle.wall)), "-", "-", "-", "-", "-", fmt.Sprintf("%d", idle.peakConns)})
+	tbl.Rows = append(tbl.Rows, []string{"scheduler, idle (none due)", fmt.Sprintf("%d", k), "0", "-", "-", fmt.Sprintf("%.1f", perSec(idle.statements, idle.wall)), "-", "-", "-", "-", "-", fmt.Sprintf("%d", idle.peakConns)})
 	events("scheduler, idle", k, obs, ledger{})
 	r.Results = append(r.Results, Result{Group: "pgclaim", Name: "schedule.Scheduler, idle", Workers: n, Ops: idle.statements, Unit: "statements/s",
 		Seconds: idle.wall.Seconds(), PerSecond: perSec(idle.statements, idle.wall),
@@ -275,7 +277,8 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.check("schedules: runs recorded failed", 0, failed)
 	r.check("gate.Once: ticks run more than once", 0, onceDups)
 	r.note("the scheduler's idle cost is its poll: one READ COMMITTED transaction (BEGIN, the poll statement, COMMIT) per instance per second for all its schedules; gate.Once on a timer sends nothing while no tick is due")
-	r.note("statements per instant count every instance's statements for the instant: the runner's (record, claim, finish) and the try-locks of the instances that find the lock held")
+	r.note("statements per run count every instance's statements: the runner's (record, claim, finish) and the try-locks of the instances that find the lock held; when instants are recorded skipped (overtaken by the next one) their statements count too")
+	r.note("no row: gate.Once leaves no trace of a tick no instance reached in time; the scheduler records every due instant, run or skipped with its reason")
 	return nil
 }
 
@@ -323,16 +326,18 @@ func schedResult(name string, n, k int, ph schedPhase) Result {
 		perInstant = float64(ph.statements) / float64(ph.instants)
 		execPer = ph.execMs / float64(ph.instants)
 	}
-	return Result{Group: "pgclaim", Name: name, Workers: n, Ops: ph.instants, Unit: "instants/s",
+	return Result{Group: "pgclaim", Name: name, Workers: n, Ops: ph.instants, Unit: "runs/s",
 		Seconds: ph.wall.Seconds(), PerSecond: perSec(ph.instants, ph.wall),
 		P50us: us(ph.lag.P50), P99us: us(ph.lag.P99), MaxUs: us(ph.lag.Max),
 		Extra: map[string]float64{
-			"schedules":              float64(k),
-			"statements":             float64(ph.statements),
-			"statements_per_second":  perSec(ph.statements, ph.wall),
-			"statements_per_instant": perInstant,
-			"exec_ms_per_instant":    execPer,
-			"peak_connections":       float64(ph.peakConns),
+			"schedules":             float64(k),
+			"due":                   float64(ph.due),
+			"no_row":                float64(max(0, ph.due-ph.recorded)),
+			"statements":            float64(ph.statements),
+			"statements_per_second": perSec(ph.statements, ph.wall),
+			"statements_per_run":    perInstant,
+			"exec_ms_per_run":       execPer,
+			"peak_connections":      float64(ph.peakConns),
 		}}
 }
 
@@ -429,9 +434,11 @@ func schedPhaseRun(ctx context.Context, e *env, url, dbName string, p *params, k
 FROM pgclaim_schedule_runs
 WHERE schedule LIKE $1 AND instant > $2 AND instant <= $3 AND kind = 'scheduled' AND started_at IS NOT NULL`,
 		prefix+"-%", ph.from, ph.to)
-	if n, err2 := scanInt64(ctx, dbp, `SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule LIKE $1 AND instant > $2 AND instant <= $3`, prefix+"-%", ph.from, ph.to); err2 == nil {
-		ph.instants = n
+	if err != nil {
+		return ph.schedPhase, err
 	}
+	ph.due = int64(k) * wholeSeconds(ph.from, ph.to)
+	ph.recorded, err = scanInt64(ctx, dbp, `SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule LIKE $1 AND instant > $2 AND instant <= $3`, prefix+"-%", ph.from, ph.to)
 	return ph.schedPhase, err
 }
 
@@ -621,5 +628,11 @@ func oncePhaseRun(ctx context.Context, e *env, url, dbName string, p *params, k 
 	defer dbp.Close()
 	w.instants, w.lag, err = lagOf(ctx, dbp, `SELECT extract(epoch FROM started_at - fire_at) * 1e6
 FROM pgclaim_ticks WHERE job LIKE $1 AND fire_at > $2 AND fire_at <= $3`, fmt.Sprintf("once-k%d-%%", k), w.from, w.to)
+	w.due, w.recorded = int64(k)*wholeSeconds(w.from, w.to), w.instants
 	return w.schedPhase, err
+}
+
+// wholeSeconds counts the whole seconds s with from < s ≤ to.
+func wholeSeconds(from, to time.Time) int64 {
+	return to.Truncate(time.Second).Unix() - from.Truncate(time.Second).Unix()
 }
