@@ -63,10 +63,10 @@ func tinyParams() *params {
 	}
 }
 
-// TestSchedules runs the schedules scenario at a tiny size: it reports
+// TestBenchSchedules runs the schedules scenario at a tiny size: it reports
 // the idle cost, the cost per instant and the wake-up lag of the scheduler
 // and of gate.Once, their same-run ratios, and no instant run twice.
-func TestSchedules(t *testing.T) {
+func TestBenchSchedules(t *testing.T) {
 	srv := pgtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

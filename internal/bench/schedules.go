@@ -508,7 +508,7 @@ func measureWindow(ctx context.Context, e *env, dbName string, insts []*schedIns
 	}
 	w.wall = time.Since(t0)
 	w.statements = client() - c0
-	w.prof = ph.end(ctx, label, 6)
+	w.prof = ph.end(ctx, label, 10)
 	if e.pgss {
 		var calls int64
 		for _, s := range w.prof.Statements {
