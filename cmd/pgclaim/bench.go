@@ -25,7 +25,8 @@ loop and a single bulk UPDATE; gate cycles against a ShedLock-style lock table
 and a bare advisory lock; the stale sweeper against one giant UPDATE; leader
 failover against a polling standby; claim latency as the table grows; the
 scheduler's idle cost, cost per instant and wake-up lag against gate.Once
-(scenario schedules: 8 instances × 200 schedules, 4 × 25 with --quick).
+(scenario schedules: 8 instances, 200 idle schedules, then 5, 25 and 200
+due every second; 4 instances × 25 schedules with --quick).
 
 Without --database-url a throwaway PostgreSQL is provisioned as the tests do
 (PGCLAIM_TEST_DATABASE_URL, a container, or local PostgreSQL binaries).
