@@ -15,7 +15,7 @@ func init() {
 	// The failover benchmark re-runs this executable as its leader and
 	// standby processes; in such a child, run it and exit before main.
 	bench.MaybeRunChild()
-	register(command{name: "bench", summary: "benchmark claims, gates, sweeps and failover against the alternatives", run: runBench})
+	register(command{name: "bench", summary: "benchmark claims, gates, sweeps, failover and schedules against the alternatives", run: runBench})
 }
 
 const benchAbout = `
@@ -23,7 +23,10 @@ Measures pgclaim side by side with what users would use instead, on one
 PostgreSQL server in one run: row claims against the field's SELECT-then-CAS
 loop and a single bulk UPDATE; gate cycles against a ShedLock-style lock table
 and a bare advisory lock; the stale sweeper against one giant UPDATE; leader
-failover against a polling standby; claim latency as the table grows.
+failover against a polling standby; claim latency as the table grows; the
+scheduler's idle cost, cost per instant and wake-up lag against gate.Once
+(scenario schedules: 8 instances, 200 idle schedules, then 5, 25 and 200
+due every second; 4 instances × 25 schedules with --quick).
 
 Without --database-url a throwaway PostgreSQL is provisioned as the tests do
 (PGCLAIM_TEST_DATABASE_URL, a container, or local PostgreSQL binaries).

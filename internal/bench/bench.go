@@ -3,7 +3,8 @@
 // against the field's SELECT-then-CAS loop and a single bulk UPDATE, gate
 // cycles against a ShedLock-style lock table and a bare advisory lock, the
 // stale sweeper against one giant UPDATE, leader failover against a polling
-// standby, and claim latency as the table grows.
+// standby, claim latency as the table grows, and the scheduler's idle cost,
+// cost per instant and wake-up lag against gate.Once.
 //
 // It is the engine of the `pgclaim bench` command. Absolute figures depend on
 // the machine and drift between runs; the ratios measured within one run are
@@ -25,7 +26,7 @@ import (
 )
 
 // Scenarios lists the scenario names in the order they run.
-var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale"}
+var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "schedules"}
 
 // Config configures a benchmark run.
 type Config struct {
@@ -84,6 +85,20 @@ type params struct {
 	ScaleSamples        int
 	ScaleNoIndexMax     int64
 	ScaleNoIndexSamples int
+
+	// schedules: SchedInstances schedulers; the idle phase with
+	// SchedSchedules yearly schedules, the due-every-second phases (the
+	// scheduler, then gate.Once on a timer) once per SchedBusySchedules
+	// size. Each phase starts up for SchedWarmup (the idle one up to
+	// SchedSettle more, until its statement rate settles), then is
+	// measured for SchedIdle or SchedBusy.
+	SchedInstances     int
+	SchedSchedules     int
+	SchedBusySchedules []int
+	SchedWarmup        time.Duration
+	SchedSettle        time.Duration
+	SchedIdle          time.Duration
+	SchedBusy          time.Duration
 }
 
 type point struct{ Workers, Batch int }
@@ -120,6 +135,14 @@ func fullParams() *params {
 		ScaleSamples:        200,
 		ScaleNoIndexMax:     1_000_000,
 		ScaleNoIndexSamples: 20,
+
+		SchedInstances:     8,
+		SchedSchedules:     200,
+		SchedBusySchedules: []int{5, 25, 200},
+		SchedWarmup:        5 * time.Second,
+		SchedSettle:        60 * time.Second,
+		SchedIdle:          20 * time.Second,
+		SchedBusy:          20 * time.Second,
 	}
 }
 
@@ -154,6 +177,14 @@ func quickParams() *params {
 		ScaleSamples:        50,
 		ScaleNoIndexMax:     100_000,
 		ScaleNoIndexSamples: 5,
+
+		SchedInstances:     4,
+		SchedSchedules:     25,
+		SchedBusySchedules: []int{25},
+		SchedWarmup:        2 * time.Second,
+		SchedSettle:        10 * time.Second,
+		SchedIdle:          4 * time.Second,
+		SchedBusy:          5 * time.Second,
 	}
 }
 
@@ -295,6 +326,7 @@ var scenarioFuncs = map[string]struct {
 	"sweeper":   {"Stale sweeper: stuck PROCESSING rows moved to FAILED", runSweeper},
 	"failover":  {"Failover: time until a standby process leads", runFailover},
 	"scale":     {"Scale: claim latency as the table grows, 1,000 claimable rows", runScale},
+	"schedules": {"Schedules: the scheduler's idle cost, cost per instant and wake-up lag, against gate.Once", runSchedules},
 }
 
 // Run runs the selected scenarios and returns the report. It returns an

@@ -52,7 +52,102 @@ func tinyParams() *params {
 		ScaleSamples:        10,
 		ScaleNoIndexMax:     10_000,
 		ScaleNoIndexSamples: 3,
+
+		SchedInstances:     2,
+		SchedSchedules:     5,
+		SchedBusySchedules: []int{5},
+		SchedWarmup:        1500 * time.Millisecond,
+		SchedSettle:        5 * time.Second,
+		SchedIdle:          2 * time.Second,
+		SchedBusy:          3 * time.Second,
 	}
+}
+
+// TestBenchSchedules runs the schedules scenario at a tiny size: it reports
+// the idle cost, the cost per instant and the wake-up lag of the scheduler
+// and of gate.Once, their same-run ratios, and no instant run twice.
+func TestBenchSchedules(t *testing.T) {
+	srv := pgtest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	rep, err := Run(ctx, Config{Quick: true, Scenarios: []string{"schedules"}, Progress: &progress, params: tinyParams(), server: srv})
+	if err != nil {
+		if rep != nil {
+			t.Logf("problems: %v", rep.Problems())
+		}
+		t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+	}
+	if len(rep.Scenarios) != 1 || rep.Scenarios[0].Name != "schedules" {
+		t.Fatalf("scenarios: %+v", rep.Scenarios)
+	}
+	s := rep.Scenarios[0]
+	byName := map[string]Result{}
+	for _, r := range s.Results {
+		byName[r.Name] = r
+	}
+	idle := byName["schedule.Scheduler, idle"]
+	// Idle: the instances' polls, and far fewer than while due.
+	if idle.PerSecond <= 0 || idle.Workers != 2 {
+		t.Errorf("idle: %+v", idle)
+	}
+	for _, name := range []string{"schedule.Scheduler, due every second", "gate.Once on a timer, every second"} {
+		r, ok := byName[name]
+		if !ok {
+			t.Fatalf("no result %q (have %v)", name, s.Results)
+		}
+		// About five instants a second, each with statements and a lag
+		// that is positive and below the length of the run.
+		if r.Ops < 5 || r.PerSecond <= 0 {
+			t.Errorf("%s: %d instants, %.1f/s", name, r.Ops, r.PerSecond)
+		}
+		if spi := r.Extra["statements_per_run"]; spi < 1 || spi > 1000 {
+			t.Errorf("%s: %.1f statements per run", name, spi)
+		}
+		if r.P50us <= 0 || r.P99us < r.P50us || r.MaxUs > 30e6 {
+			t.Errorf("%s: lag p50 %.0f µs, p99 %.0f µs, max %.0f µs", name, r.P50us, r.P99us, r.MaxUs)
+		}
+		if r.Extra["due"] < float64(r.Ops) {
+			t.Errorf("%s: %d runs of %.0f due instants", name, r.Ops, r.Extra["due"])
+		}
+		if r.Extra["statements_per_second"] <= idle.PerSecond {
+			t.Errorf("%s: %.1f statements/s, not above the idle %.1f", name, r.Extra["statements_per_second"], idle.PerSecond)
+		}
+	}
+	dupChecks := 0
+	for _, c := range s.Checks {
+		if !c.OK {
+			t.Errorf("check %q: got %d, want %d", c.Name, c.Got, c.Want)
+		}
+		if strings.Contains(c.Name, "more than once") {
+			dupChecks++
+		}
+	}
+	if dupChecks != 2 {
+		t.Errorf("%d duplicate checks, want 2 (scheduler, gate.Once): %+v", dupChecks, s.Checks)
+	}
+	names := map[string]bool{}
+	for _, r := range rep.Ratios {
+		names[r.Name] = true
+	}
+	for _, want := range []string{
+		"Scheduler statements per instant run / gate.Once's (2 instances × 5 schedules)",
+		"Scheduler wake-up lag / gate.Once on a timer's (2 instances × 5 schedules)",
+	} {
+		if !names[want] {
+			t.Errorf("missing ratio %q (have %v)", want, names)
+		}
+	}
+	var out bytes.Buffer
+	if err := rep.WriteMarkdown(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"schedules — ", "scheduler, idle (none due)", "gate.Once on a timer, every second", "Ratios (same run)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, out.String())
+		}
+	}
+	t.Logf("\n%s", out.String())
 }
 
 func TestQuickRun(t *testing.T) {

@@ -153,11 +153,19 @@ func (e *env) pool(ctx context.Context, db *pgtest.Database, n int) (*pgxpool.Po
 }
 
 func openPool(ctx context.Context, url string, n int) (*pgxpool.Pool, error) {
+	return openTracedPool(ctx, url, n, nil)
+}
+
+// openTracedPool is openPool with a tracer on every connection (nil: none).
+func openTracedPool(ctx context.Context, url string, n int, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	pc.MaxConns = int32(n)
+	if tracer != nil {
+		pc.ConnConfig.Tracer = tracer
+	}
 	pc.MinConns = 0
 	p, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -367,6 +367,31 @@ func ratios(r *Report) []Ratio {
 				last.P50us/first.P50us, fmtUs(last.P50us), fmtUs(first.P50us))
 		}
 	}
+	// schedules: the scheduler against gate.Once on a timer, same instances
+	// and jobs
+	for _, sc := range results("schedules") {
+		if sc.Name != "schedule.Scheduler, due every second" {
+			continue
+		}
+		if g, ok := find("schedules", func(x Result) bool {
+			return x.Name == "gate.Once on a timer, every second" && x.Extra["schedules"] == sc.Extra["schedules"]
+		}); ok {
+			size := fmt.Sprintf(" (%d instances × %.0f schedules)", sc.Workers, sc.Extra["schedules"])
+			perInstant := func(name, key string, f func(float64) string) {
+				if a, b := sc.Extra[key], g.Extra[key]; a > 0 && b > 0 {
+					add(name+size, sc, g, a/b, "scheduler "+f(a), "gate.Once "+f(b))
+				}
+			}
+			perInstant("Scheduler statements per instant run / gate.Once's", "statements_per_run", func(v float64) string { return fmt.Sprintf("%.1f", v) })
+			perInstant("Scheduler server exec per instant run / gate.Once's", "exec_ms_per_run", fmtMs)
+			if sc.P50us > 0 && g.P50us > 0 {
+				add("Scheduler wake-up lag / gate.Once on a timer's"+size, sc, g, sc.P50us/g.P50us, "scheduler p50 "+fmtUs(sc.P50us), "gate.Once p50 "+fmtUs(g.P50us))
+			}
+			if sc.P99us > 0 && g.P99us > 0 {
+				add("Scheduler wake-up lag p99 / gate.Once on a timer's"+size, sc, g, sc.P99us/g.P99us, "scheduler p99 "+fmtUs(sc.P99us), "gate.Once p99 "+fmtUs(g.P99us))
+			}
+		}
+	}
 	return out
 }
 
