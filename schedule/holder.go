@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -501,7 +502,7 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 	a.cancel = cancel
 	a.start = time.Now()
 	run := a.run
-	a.stopKeep = s.keep(a.start, lease, func(ctx context.Context) error {
+	a.stopKeep = s.keep(ctx, "run's lease", run.Schedule, a.start, lease, func(ctx context.Context) error {
 		return s.tx(ctx, func(q *store.Queries) error {
 			_, err := q.RenewRun(ctx, store.RenewRunParams{LeaseUs: us(lease), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
 			return err
@@ -554,7 +555,7 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 	default:
 		p.State, p.Reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := lockcore.ReleaseContext(ctx)
 	defer cancel()
 	err := s.tx(rctx, func(q *store.Queries) error {
 		_, err := q.FinishRun(rctx, p)

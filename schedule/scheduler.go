@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -405,7 +406,7 @@ func (s *Scheduler) listenOnce(ctx context.Context, kicks chan<- string) error {
 		return err
 	}
 	c := pc.Hijack()
-	defer closeConn(c)
+	defer lockcore.CloseConn(c)
 	if _, err := c.Exec(ctx, "LISTEN pgclaim_schedules"); err != nil {
 		return err
 	}

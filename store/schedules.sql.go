@@ -657,20 +657,3 @@ func (q *Queries) TriggerSchedule(ctx context.Context, name string) (TriggerSche
 	err := row.Scan(&i.Instant, &i.Created, &i.Notified)
 	return i, err
 }
-
-const trySchedLock = `-- name: TrySchedLock :one
-SELECT pg_try_advisory_lock($1::int4, $2::int4)::boolean AS locked
-`
-
-type TrySchedLockParams struct {
-	LockClass int32
-	LockKey   int32
-}
-
-// Take a schedule's session advisory lock if free.
-func (q *Queries) TrySchedLock(ctx context.Context, arg TrySchedLockParams) (bool, error) {
-	row := q.db.QueryRow(ctx, trySchedLock, arg.LockClass, arg.LockKey)
-	var locked bool
-	err := row.Scan(&locked)
-	return locked, err
-}

@@ -156,10 +156,6 @@ WHERE schedule = sqlc.arg(schedule)::text
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()));
 
--- name: TrySchedLock :one
--- Take a schedule's session advisory lock if free.
-SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS locked;
-
 -- name: PollSchedules :many
 -- For each of the named schedules: its version and pause state, and
 -- whether a run waits for an instance: pending (not paused), a retry whose
