@@ -96,9 +96,16 @@ type Definition struct {
 	Overlap Overlap
 	// Retry is the retry policy.
 	Retry RetryPolicy
-	// ExpectedDuration is how long a run is expected to take (0: not
-	// stated); stored for operators.
+	// ExpectedDuration is how long an attempt is expected to take (0: not
+	// stated). An attempt still running after it (database time) is
+	// overdue: EventOverdue, a warning, and the run's row marked overdue,
+	// once per attempt. The attempt goes on running.
 	ExpectedDuration time.Duration
+	// LateAfter is how long after its instant a run's first attempt may
+	// start and still be on time; one starting later is late: EventLate, a
+	// warning, and the run's row marked late (backfilled runs never are).
+	// Default 10 s.
+	LateAfter time.Duration
 	// Lease is how long an attempt stays exclusive without a renewal: the
 	// running attempt renews it every Lease/3; with Config.LeaseLocks, a
 	// run whose holder stopped renewing is taken over once it expires.
@@ -109,6 +116,7 @@ type Definition struct {
 const (
 	defaultCatchUpCap = 10
 	defaultLease      = 30 * time.Second
+	defaultLateAfter  = 10 * time.Second
 	minLease          = 500 * time.Millisecond
 	defaultAttempts   = 3
 )
@@ -138,6 +146,8 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 		return d, nil, f("Retry.MaxBackoff", "must not be below Retry.Backoff")
 	case d.ExpectedDuration < 0:
 		return d, nil, f("ExpectedDuration", "must not be negative")
+	case d.LateAfter < 0:
+		return d, nil, f("LateAfter", "must not be negative")
 	case d.Lease < 0:
 		return d, nil, f("Lease", "must not be negative")
 	case d.Lease > 0 && d.Lease < minLease:
@@ -177,6 +187,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	}
 	if d.Lease == 0 {
 		d.Lease = defaultLease
+	}
+	if d.LateAfter == 0 {
+		d.LateAfter = defaultLateAfter
 	}
 	return d, spec, nil
 }
@@ -227,7 +240,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 		CatchUp: CatchUp(r.CatchUp), CatchUpWindow: dur(r.CatchUpWindowUs), CatchUpCap: int(r.CatchUpCap),
 		Overlap:          Overlap(r.Overlap),
 		Retry:            RetryPolicy{MaxAttempts: int(r.MaxAttempts), Backoff: dur(r.BackoffUs), MaxBackoff: dur(r.MaxBackoffUs)},
-		ExpectedDuration: dur(r.ExpectedUs), Lease: dur(r.LeaseUs),
+		ExpectedDuration: dur(r.ExpectedUs), LateAfter: dur(r.LateAfterUs), Lease: dur(r.LeaseUs),
 	}
 	spec, err := parseSpec(d.Spec, d.TimeZone)
 	if err != nil {
@@ -248,7 +261,7 @@ func register(ctx context.Context, q *store.Queries, d Definition) (changed bool
 		CatchUp: string(d.CatchUp), CatchUpWindowUs: us(d.CatchUpWindow), CatchUpCap: int32(d.CatchUpCap),
 		Overlap: string(d.Overlap), MaxAttempts: int32(d.Retry.MaxAttempts),
 		BackoffUs: us(d.Retry.Backoff), MaxBackoffUs: us(d.Retry.MaxBackoff),
-		ExpectedUs: us(d.ExpectedDuration), LeaseUs: us(d.Lease),
+		ExpectedUs: us(d.ExpectedDuration), LateAfterUs: us(d.LateAfter), LeaseUs: us(d.Lease),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil

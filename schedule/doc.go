@@ -30,13 +30,14 @@
 // # Tables
 //
 // pgclaim_schedules holds one row per schedule: its definition (spec,
-// zone, catch-up, overlap and retry policies, expected duration, lease,
-// version), when its life began (starts_at: instants at or before it were
+// zone, catch-up, overlap and retry policies, expected duration, late
+// threshold, lease, version), when its life began (starts_at: instants at or before it were
 // never due) and its pause state. pgclaim_schedule_runs holds one row per
 // (schedule, instant) — the primary key, as DBOS keys scheduled workflows
 // by name and scheduled time — with its kind (scheduled, triggered,
 // backfill), state (pending, running, retrying, succeeded, failed,
-// skipped), attempt, fence, holder, lease, next attempt time and reason.
+// skipped), attempt, fence, holder, lease, next attempt time, reason, and
+// whether it was missed, late or overdue.
 // Fences come from pgclaim_fence_seq, shared with the rest of pgclaim.
 //
 // # Registration
@@ -146,6 +147,19 @@
 // marking the row missed. Scheduler.Missed lists, from the database
 // alone, the missed instants no instance has recorded yet — when every
 // instance is down, that is the only place they show.
+//
+// # Late and overdue
+//
+// A run whose first attempt starts more than Definition.LateAfter
+// (default 10 s) after its instant, by database time, is late: the claim
+// that starts it marks the row late, and the instance reports EventLate (a
+// warning) with how late it started. Catch-up runs are late by nature, and
+// a triggered run that waited (paused, or every instance busy) is too;
+// backfilled runs never are. An attempt still running
+// Definition.ExpectedDuration (when set) after it started, by database
+// time, is overdue: its instance marks the row overdue and reports
+// EventOverdue (a warning), once per attempt; the attempt goes on running.
+// Both flags stay on the row, for operators and the CLI to count.
 //
 // # Pause, resume, trigger
 //

@@ -55,11 +55,16 @@ type attemptRun struct {
 	run      Run
 	max      int
 	retry    RetryPolicy
+	expected time.Duration // Definition.ExpectedDuration (0: none)
+	late     time.Duration // how late a late first attempt started (0: not late)
 	cancel   context.CancelCauseFunc
 	stopKeep func()
-	done     chan struct{}
-	start    time.Time
-	err      error
+	// overdueAt is when (host clock) to check the attempt against its
+	// expected duration; zero: no check left.
+	overdueAt time.Time
+	done      chan struct{}
+	start     time.Time
+	err       error
 }
 
 // attend takes the schedule's lock and, holding it, does what is due. It
@@ -203,6 +208,9 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		if !wake.IsZero() {
 			d = max(wake.Sub(s.dbNow()), time.Millisecond)
 		}
+		if !cur.overdueAt.IsZero() {
+			d = min(d, max(time.Until(cur.overdueAt), time.Millisecond))
+		}
 		timer.Reset(d)
 		select {
 		case <-cur.done:
@@ -231,6 +239,9 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			case <-timer.C:
 			default:
 			}
+		}
+		if cur != nil && !cur.overdueAt.IsZero() && !time.Now().Before(cur.overdueAt) {
+			s.checkOverdue(ctx, h, cur)
 		}
 	}
 }
@@ -488,12 +499,17 @@ func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o o
 	if err != nil {
 		return nil, fmt.Errorf("schedule: %q: claim %s: %w", e.name, o.instant.Format(time.RFC3339Nano), err)
 	}
-	return &attemptRun{
-		run:   Run{Schedule: e.name, Instant: o.instant, Kind: row.Kind, Attempt: int(row.Attempt), Fence: *row.Fence, Holder: s.holder},
-		max:   st.def.Retry.MaxAttempts,
-		retry: st.def.Retry,
-		done:  make(chan struct{}),
-	}, nil
+	a := &attemptRun{
+		run:      Run{Schedule: e.name, Instant: o.instant, Kind: row.Kind, Attempt: int(row.Attempt), Fence: *row.Fence, Holder: s.holder},
+		max:      st.def.Retry.MaxAttempts,
+		retry:    st.def.Retry,
+		expected: st.def.ExpectedDuration,
+		done:     make(chan struct{}),
+	}
+	if row.Late && row.Attempt == 1 {
+		a.late = dur(row.LagUs)
+	}
+	return a, nil
 }
 
 // begin starts a's job, and the keeper renewing its run's lease.
@@ -512,11 +528,47 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: err})
 	})
 	s.emit(ctx, Event{Kind: EventStarted, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning})
+	if a.late > 0 {
+		s.emit(ctx, Event{Kind: EventLate, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning,
+			Duration: a.late, Reason: fmt.Sprintf("started %s after its instant", a.late.Round(time.Millisecond))})
+	}
+	if a.expected > 0 {
+		a.overdueAt = a.start.Add(a.expected)
+	}
 	job := e.job
 	go func() {
 		defer close(a.done)
 		a.err = callJob(jctx, job, run)
 	}()
+}
+
+// checkOverdue marks a's run overdue once it has run for its expected
+// duration by database time, and reports it, once; it looks again later
+// when the database says it is not yet, and stops looking once the attempt
+// is no longer running.
+func (s *Scheduler) checkOverdue(ctx context.Context, h held, a *attemptRun) {
+	run := a.run
+	var row store.MarkOverdueRow
+	err := h.do(ctx, func(q *store.Queries, _ guard) error {
+		var err error
+		row, err = q.MarkOverdue(ctx, store.MarkOverdueParams{ExpectedUs: us(a.expected), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		a.overdueAt = time.Time{}
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "schedule: record overdue", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "error", err)
+		}
+		a.overdueAt = time.Now().Add(max(a.expected/10, time.Second))
+	case row.Marked:
+		a.overdueAt = time.Time{}
+		s.emit(ctx, Event{Kind: EventOverdue, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning,
+			Duration: a.expected, Reason: fmt.Sprintf("running longer than its expected duration of %s", a.expected)})
+	default:
+		a.overdueAt = time.Now().Add(max(dur(row.RemainingUs), time.Millisecond))
+	}
 }
 
 // callJob calls job, turning a panic into an error.

@@ -188,6 +188,7 @@ func TestRegisterBadInput(t *testing.T) {
 		{func(d *Definition) { d.Retry.Backoff = -1 }, "Definition.Retry.Backoff"},
 		{func(d *Definition) { d.Retry.Backoff, d.Retry.MaxBackoff = time.Minute, time.Second }, "Definition.Retry.MaxBackoff"},
 		{func(d *Definition) { d.ExpectedDuration = -1 }, "Definition.ExpectedDuration"},
+		{func(d *Definition) { d.LateAfter = -1 }, "Definition.LateAfter"},
 		{func(d *Definition) { d.Lease = time.Millisecond }, "Definition.Lease"},
 	} {
 		d := good

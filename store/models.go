@@ -29,6 +29,7 @@ type PgclaimSchedule struct {
 	Backoff          pgtype.Interval
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
+	LateAfter        pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
@@ -51,6 +52,8 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    pgtype.Timestamptz
 	NextAttemptAt pgtype.Timestamptz
 	Missed        bool
+	Late          bool
+	Overdue       bool
 	CreatedAt     pgtype.Timestamptz
 	StartedAt     pgtype.Timestamptz
 	FinishedAt    pgtype.Timestamptz

@@ -12,25 +12,29 @@ import (
 )
 
 const claimRun = `-- name: ClaimRun :one
-UPDATE pgclaim_schedule_runs
+UPDATE pgclaim_schedule_runs r
 SET state = 'running',
-    attempt = attempt + 1,
+    attempt = r.attempt + 1,
     fence = nextval('pgclaim_fence_seq'),
     holder = $1::text,
     lease_until = now() + $2::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now()
-WHERE schedule = $3::text
-  AND instant = $4::timestamptz
-  AND state = $5::text
-  AND fence IS NOT DISTINCT FROM $6::bigint
-  AND (state <> 'retrying' OR next_attempt_at <= now())
-  AND (state <> 'running' OR NOT $7::boolean OR lease_until <= now())
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $3::text AND s.paused)
+    started_at = now(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - r.instant > s.late_after)
+FROM pgclaim_schedules s
+WHERE s.name = r.schedule
+  AND NOT s.paused
+  AND r.schedule = $3::text
+  AND r.instant = $4::timestamptz
+  AND r.state = $5::text
+  AND r.fence IS NOT DISTINCT FROM $6::bigint
+  AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
+  AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now())
   AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
-RETURNING attempt, fence, kind, started_at
+RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us
 `
 
 type ClaimRunParams struct {
@@ -50,6 +54,8 @@ type ClaimRunRow struct {
 	Fence     *int64
 	Kind      string
 	StartedAt pgtype.Timestamptz
+	Late      bool
+	LagUs     int64
 }
 
 // Start the next attempt of a run: a compare-and-swap on its state and
@@ -59,7 +65,10 @@ type ClaimRunRow struct {
 // leases, only once its lease has expired; the lock is checked as in
 // RecordInstants. Nothing starts while the
 // schedule is paused (read by this statement: a pause committed before it
-// stops it). No row: someone else moved it, or paused.
+// stops it). No row: someone else moved it, or paused. A first attempt
+// starting more than the schedule's late_after after its instant marks
+// the run late (not a backfilled one); lag_us is how long after its
+// instant this attempt started.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
 	row := q.db.QueryRow(ctx, claimRun,
 		arg.Holder,
@@ -78,6 +87,8 @@ func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow
 		&i.Fence,
 		&i.Kind,
 		&i.StartedAt,
+		&i.Late,
+		&i.LagUs,
 	)
 	return i, err
 }
@@ -166,6 +177,51 @@ func (q *Queries) FinishRun(ctx context.Context, arg FinishRunParams) (FinishRun
 	)
 	var i FinishRunRow
 	err := row.Scan(&i.State, &i.NextAttemptAt)
+	return i, err
+}
+
+const markOverdue = `-- name: MarkOverdue :one
+WITH r AS (
+    SELECT started_at FROM pgclaim_schedule_runs
+    WHERE schedule = $2::text AND instant = $3::timestamptz
+      AND fence = $4::bigint AND state = 'running'
+), u AS (
+    UPDATE pgclaim_schedule_runs
+    SET overdue = true
+    WHERE schedule = $2::text AND instant = $3::timestamptz
+      AND fence = $4::bigint AND state = 'running'
+      AND started_at + $1::bigint * interval '1 microsecond' <= now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u)::boolean AS marked,
+       (extract(epoch FROM r.started_at + $1::bigint * interval '1 microsecond' - now()) * 1000000)::bigint AS remaining_us
+FROM r
+`
+
+type MarkOverdueParams struct {
+	ExpectedUs int64
+	Schedule   string
+	Instant    pgtype.Timestamptz
+	Fence      int64
+}
+
+type MarkOverdueRow struct {
+	Marked      bool
+	RemainingUs int64
+}
+
+// Mark a running attempt overdue once it has run for expected_us (database
+// time). No row: the attempt is no longer running (finished, taken over).
+// marked false: not yet; remaining_us says how long until it is.
+func (q *Queries) MarkOverdue(ctx context.Context, arg MarkOverdueParams) (MarkOverdueRow, error) {
+	row := q.db.QueryRow(ctx, markOverdue,
+		arg.ExpectedUs,
+		arg.Schedule,
+		arg.Instant,
+		arg.Fence,
+	)
+	var i MarkOverdueRow
+	err := row.Scan(&i.Marked, &i.RemainingUs)
 	return i, err
 }
 
@@ -381,7 +437,7 @@ const registerSchedule = `-- name: RegisterSchedule :one
 
 INSERT INTO pgclaim_schedules AS s (
     name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
-    max_attempts, backoff, max_backoff, expected_duration, lease, starts_at, created_at, updated_at)
+    max_attempts, backoff, max_backoff, expected_duration, late_after, lease, starts_at, created_at, updated_at)
 VALUES ($1::text, $2::text, $3::text, $4::int4,
         $5::text, $6::bigint * interval '1 microsecond',
         $7::int4, $8::text, $9::int4,
@@ -389,6 +445,7 @@ VALUES ($1::text, $2::text, $3::text, $4::int4,
         $11::bigint * interval '1 microsecond',
         $12::bigint * interval '1 microsecond',
         $13::bigint * interval '1 microsecond',
+        $14::bigint * interval '1 microsecond',
         now(), now(), now())
 ON CONFLICT (name) DO UPDATE
 SET spec = excluded.spec,
@@ -402,6 +459,7 @@ SET spec = excluded.spec,
     backoff = excluded.backoff,
     max_backoff = excluded.max_backoff,
     expected_duration = excluded.expected_duration,
+    late_after = excluded.late_after,
     lease = excluded.lease,
     starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
                      THEN s.starts_at ELSE excluded.starts_at END,
@@ -423,6 +481,7 @@ type RegisterScheduleParams struct {
 	BackoffUs       int64
 	MaxBackoffUs    int64
 	ExpectedUs      int64
+	LateAfterUs     int64
 	LeaseUs         int64
 }
 
@@ -448,6 +507,7 @@ func (q *Queries) RegisterSchedule(ctx context.Context, arg RegisterSchedulePara
 		arg.BackoffUs,
 		arg.MaxBackoffUs,
 		arg.ExpectedUs,
+		arg.LateAfterUs,
 		arg.LeaseUs,
 	)
 	var inserted bool
@@ -560,6 +620,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM backoff) * 1000000)::bigint AS backoff_us,
        (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
        (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
+       (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
        paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
@@ -582,6 +643,7 @@ type ScheduleByNameRow struct {
 	BackoffUs       int64
 	MaxBackoffUs    int64
 	ExpectedUs      int64
+	LateAfterUs     int64
 	LeaseUs         int64
 	Paused          bool
 	PausedNote      *string
@@ -610,6 +672,7 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.BackoffUs,
 		&i.MaxBackoffUs,
 		&i.ExpectedUs,
+		&i.LateAfterUs,
 		&i.LeaseUs,
 		&i.Paused,
 		&i.PausedNote,

@@ -23,7 +23,11 @@ CREATE TABLE pgclaim_schedules (
     max_attempts      integer     NOT NULL CHECK (max_attempts >= 1),
     backoff           interval    NOT NULL CHECK (backoff >= interval '0'),
     max_backoff       interval    NOT NULL CHECK (max_backoff >= interval '0'),
+    -- An attempt running longer than expected_duration (when > 0) is
+    -- overdue; a run whose first attempt started more than late_after after
+    -- its instant is late.
     expected_duration interval    NOT NULL CHECK (expected_duration >= interval '0'),
+    late_after        interval    NOT NULL DEFAULT interval '10 seconds' CHECK (late_after > interval '0'),
     lease             interval    NOT NULL CHECK (lease > interval '0'),
     paused            boolean     NOT NULL DEFAULT false,
     paused_note       text,
@@ -61,6 +65,11 @@ CREATE TABLE pgclaim_schedule_runs (
     -- missed: the instant was recorded after its grace had passed (no
     -- instance recorded it in time); catch-up then decided its fate.
     missed          boolean     NOT NULL DEFAULT false,
+    -- late: the first attempt started more than the schedule's late_after
+    -- after its instant (backfilled runs are never late); overdue: an
+    -- attempt ran past the schedule's expected_duration. Both stay set.
+    late            boolean     NOT NULL DEFAULT false,
+    overdue         boolean     NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL,
     started_at      timestamptz,
     finished_at     timestamptz,

@@ -10,13 +10,14 @@
 -- the stored definition has an equal or higher version and stays.
 INSERT INTO pgclaim_schedules AS s (
     name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
-    max_attempts, backoff, max_backoff, expected_duration, lease, starts_at, created_at, updated_at)
+    max_attempts, backoff, max_backoff, expected_duration, late_after, lease, starts_at, created_at, updated_at)
 VALUES (sqlc.arg(name)::text, sqlc.arg(spec)::text, sqlc.arg(time_zone)::text, sqlc.arg(version)::int4,
         sqlc.arg(catch_up)::text, sqlc.arg(catch_up_window_us)::bigint * interval '1 microsecond',
         sqlc.arg(catch_up_cap)::int4, sqlc.arg(overlap)::text, sqlc.arg(max_attempts)::int4,
         sqlc.arg(backoff_us)::bigint * interval '1 microsecond',
         sqlc.arg(max_backoff_us)::bigint * interval '1 microsecond',
         sqlc.arg(expected_us)::bigint * interval '1 microsecond',
+        sqlc.arg(late_after_us)::bigint * interval '1 microsecond',
         sqlc.arg(lease_us)::bigint * interval '1 microsecond',
         now(), now(), now())
 ON CONFLICT (name) DO UPDATE
@@ -31,6 +32,7 @@ SET spec = excluded.spec,
     backoff = excluded.backoff,
     max_backoff = excluded.max_backoff,
     expected_duration = excluded.expected_duration,
+    late_after = excluded.late_after,
     lease = excluded.lease,
     starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
                      THEN s.starts_at ELSE excluded.starts_at END,
@@ -46,6 +48,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM backoff) * 1000000)::bigint AS backoff_us,
        (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
        (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
+       (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
        paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
@@ -92,26 +95,33 @@ ON CONFLICT DO NOTHING;
 -- leases, only once its lease has expired; the lock is checked as in
 -- RecordInstants. Nothing starts while the
 -- schedule is paused (read by this statement: a pause committed before it
--- stops it). No row: someone else moved it, or paused.
-UPDATE pgclaim_schedule_runs
+-- stops it). No row: someone else moved it, or paused. A first attempt
+-- starting more than the schedule's late_after after its instant marks
+-- the run late (not a backfilled one); lag_us is how long after its
+-- instant this attempt started.
+UPDATE pgclaim_schedule_runs r
 SET state = 'running',
-    attempt = attempt + 1,
+    attempt = r.attempt + 1,
     fence = nextval('pgclaim_fence_seq'),
     holder = sqlc.arg(holder)::text,
     lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now()
-WHERE schedule = sqlc.arg(schedule)::text
-  AND instant = sqlc.arg(instant)::timestamptz
-  AND state = sqlc.arg(state)::text
-  AND fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
-  AND (state <> 'retrying' OR next_attempt_at <= now())
-  AND (state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+    started_at = now(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - r.instant > s.late_after)
+FROM pgclaim_schedules s
+WHERE s.name = r.schedule
+  AND NOT s.paused
+  AND r.schedule = sqlc.arg(schedule)::text
+  AND r.instant = sqlc.arg(instant)::timestamptz
+  AND r.state = sqlc.arg(state)::text
+  AND r.fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
+  AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
+  AND (r.state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR r.lease_until <= now())
   AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
-RETURNING attempt, fence, kind, started_at;
+RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us;
 
 -- name: RenewRun :one
 -- Extend a running attempt's lease, only while it holds the run's fence and
@@ -141,6 +151,26 @@ WHERE schedule = sqlc.arg(schedule)::text
   AND fence = sqlc.arg(fence)::bigint
   AND state = 'running'
 RETURNING state, next_attempt_at;
+
+-- name: MarkOverdue :one
+-- Mark a running attempt overdue once it has run for expected_us (database
+-- time). No row: the attempt is no longer running (finished, taken over).
+-- marked false: not yet; remaining_us says how long until it is.
+WITH r AS (
+    SELECT started_at FROM pgclaim_schedule_runs
+    WHERE schedule = sqlc.arg(schedule)::text AND instant = sqlc.arg(instant)::timestamptz
+      AND fence = sqlc.arg(fence)::bigint AND state = 'running'
+), u AS (
+    UPDATE pgclaim_schedule_runs
+    SET overdue = true
+    WHERE schedule = sqlc.arg(schedule)::text AND instant = sqlc.arg(instant)::timestamptz
+      AND fence = sqlc.arg(fence)::bigint AND state = 'running'
+      AND started_at + sqlc.arg(expected_us)::bigint * interval '1 microsecond' <= now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u)::boolean AS marked,
+       (extract(epoch FROM r.started_at + sqlc.arg(expected_us)::bigint * interval '1 microsecond' - now()) * 1000000)::bigint AS remaining_us
+FROM r;
 
 -- name: FailDeadRun :execrows
 -- Record a running run whose holder died on its last attempt as failed
