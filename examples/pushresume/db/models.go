@@ -31,6 +31,7 @@ type PgclaimSchedule struct {
 	Backoff          pgtype.Interval
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
+	LateAfter        pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
@@ -53,6 +54,8 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    *time.Time
 	NextAttemptAt *time.Time
 	Missed        bool
+	Late          bool
+	Overdue       bool
 	CreatedAt     time.Time
 	StartedAt     *time.Time
 	FinishedAt    *time.Time
