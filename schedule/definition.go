@@ -2,8 +2,10 @@ package schedule
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -41,6 +43,13 @@ const (
 	// OverlapBufferOne keeps one such instant, which runs when the current
 	// run ends; further ones are recorded skipped.
 	OverlapBufferOne Overlap = "buffer_one"
+	// OverlapReplace cancels the previous run when the instant is recorded:
+	// it is recorded skipped, naming the instant that replaced it; its
+	// running attempt's context is cancelled (the cause wraps ErrLost) and
+	// its fence goes stale, so its completion, if it comes, changes
+	// nothing. The new instant runs. Of several instants recorded at once
+	// while a run runs, the newest runs and the others are skipped.
+	OverlapReplace Overlap = "replace"
 )
 
 // RetryPolicy says how often an instant is attempted. An attempt that
@@ -106,6 +115,13 @@ type Definition struct {
 	// warning, and the run's row marked late (backfilled runs never are).
 	// Default 10 s.
 	LateAfter time.Duration
+	// Jitter delays the start of each scheduled instant by an amount from
+	// 0 up to Jitter, fixed per instant (a hash of the schedule's name and
+	// the instant), to spread the load of many schedules due at once. The
+	// instant itself (Run.Instant, the ledger's key) stays the scheduled
+	// one, and lateness is measured from the delayed start. Triggered and
+	// backfilled runs are not delayed. Default 0: none.
+	Jitter time.Duration
 	// Lease is how long an attempt stays exclusive without a renewal: the
 	// running attempt renews it every Lease/3; with Config.LeaseLocks, a
 	// run whose holder stopped renewing is taken over once it expires.
@@ -148,6 +164,8 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 		return d, nil, f("ExpectedDuration", "must not be negative")
 	case d.LateAfter < 0:
 		return d, nil, f("LateAfter", "must not be negative")
+	case d.Jitter < 0:
+		return d, nil, f("Jitter", "must not be negative")
 	case d.Lease < 0:
 		return d, nil, f("Lease", "must not be negative")
 	case d.Lease > 0 && d.Lease < minLease:
@@ -163,9 +181,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	switch d.Overlap {
 	case "":
 		d.Overlap = OverlapSkip
-	case OverlapSkip, OverlapBufferOne:
+	case OverlapSkip, OverlapBufferOne, OverlapReplace:
 	default:
-		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip or buffer_one", string(d.Overlap)))
+		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip, buffer_one or replace", string(d.Overlap)))
 	}
 	if d.TimeZone == "" {
 		d.TimeZone = "UTC"
@@ -192,6 +210,19 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 		d.LateAfter = defaultLateAfter
 	}
 	return d, spec, nil
+}
+
+// jitterDelay is how long the start of the scheduled instant t is
+// delayed: from 0 up to d.Jitter (microseconds), fixed per name and
+// instant.
+func (d Definition) jitterDelay(t time.Time) time.Duration {
+	if d.Jitter <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(d.Name))
+	h.Write(binary.BigEndian.AppendUint64(nil, uint64(t.UnixMicro())))
+	return time.Duration(h.Sum64()%uint64(d.Jitter.Microseconds()+1)) * time.Microsecond
 }
 
 // stored is a schedule's row as read back: its definition and state.
@@ -240,7 +271,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 		CatchUp: CatchUp(r.CatchUp), CatchUpWindow: dur(r.CatchUpWindowUs), CatchUpCap: int(r.CatchUpCap),
 		Overlap:          Overlap(r.Overlap),
 		Retry:            RetryPolicy{MaxAttempts: int(r.MaxAttempts), Backoff: dur(r.BackoffUs), MaxBackoff: dur(r.MaxBackoffUs)},
-		ExpectedDuration: dur(r.ExpectedUs), LateAfter: dur(r.LateAfterUs), Lease: dur(r.LeaseUs),
+		ExpectedDuration: dur(r.ExpectedUs), LateAfter: dur(r.LateAfterUs), Jitter: dur(r.JitterUs), Lease: dur(r.LeaseUs),
 	}
 	spec, err := parseSpec(d.Spec, d.TimeZone)
 	if err != nil {
@@ -261,7 +292,7 @@ func register(ctx context.Context, q *store.Queries, d Definition) (changed bool
 		CatchUp: string(d.CatchUp), CatchUpWindowUs: us(d.CatchUpWindow), CatchUpCap: int32(d.CatchUpCap),
 		Overlap: string(d.Overlap), MaxAttempts: int32(d.Retry.MaxAttempts),
 		BackoffUs: us(d.Retry.Backoff), MaxBackoffUs: us(d.Retry.MaxBackoff),
-		ExpectedUs: us(d.ExpectedDuration), LateAfterUs: us(d.LateAfter), LeaseUs: us(d.Lease),
+		ExpectedUs: us(d.ExpectedDuration), LateAfterUs: us(d.LateAfter), JitterUs: us(d.Jitter), LeaseUs: us(d.Lease),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil

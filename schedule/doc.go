@@ -31,13 +31,13 @@
 //
 // pgclaim_schedules holds one row per schedule: its definition (spec,
 // zone, catch-up, overlap and retry policies, expected duration, late
-// threshold, lease, version), when its life began (starts_at: instants at or before it were
+// threshold, jitter, lease, version), when its life began (starts_at: instants at or before it were
 // never due) and its pause state. pgclaim_schedule_runs holds one row per
 // (schedule, instant) — the primary key, as DBOS keys scheduled workflows
 // by name and scheduled time — with its kind (scheduled, triggered,
 // backfill), state (pending, running, retrying, succeeded, failed,
-// skipped), attempt, fence, holder, lease, next attempt time, reason, and
-// whether it was missed, late or overdue.
+// skipped), attempt, fence, holder, lease, next attempt time, delayed
+// start (jitter), reason, and whether it was missed, late or overdue.
 // Fences come from pgclaim_fence_seq, shared with the rest of pgclaim.
 //
 // # Registration
@@ -137,7 +137,20 @@
 // An instant that comes due while the previous run is still running or
 // waiting for its retry is decided by the overlap policy: OverlapSkip
 // records it skipped, naming that run; OverlapBufferOne keeps one pending,
-// which runs when the current run ends, and records further ones skipped.
+// which runs when the current run ends, and records further ones skipped;
+// OverlapReplace records the previous run skipped, naming the new instant
+// (a compare-and-swap on its state and fence, so its fence is stale from
+// then on), cancels its attempt's context (the cause wraps ErrLost), and
+// runs the new instant at once; the cancelled attempt's completion, should
+// it come, changes nothing and is reported as EventLost. Run waits for
+// such an attempt to return before it returns.
+//
+// Definition.Jitter delays each scheduled instant's start by an amount up
+// to it, fixed per instant (a hash of the name and the instant): the
+// instant is recorded on time with the delayed start (start_after), which
+// the claim, the poll and the runner's wake-up all respect, by database
+// time. The instant stays the key and Run.Instant; lateness is measured
+// from the delayed start.
 //
 // # Missed instants
 //
@@ -151,7 +164,8 @@
 // # Late and overdue
 //
 // A run whose first attempt starts more than Definition.LateAfter
-// (default 10 s) after its instant, by database time, is late: the claim
+// (default 10 s) after its instant (its delayed start, with jitter), by
+// database time, is late: the claim
 // that starts it marks the row late, and the instance reports EventLate (a
 // warning) with how late it started. Catch-up runs are late by nature, and
 // a triggered run that waited (paused, or every instance busy) is too;

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
@@ -47,6 +48,7 @@ type openRun struct {
 	holder     string
 	leaseUntil time.Time
 	nextAt     time.Time
+	startAfter time.Time // a pending run's earliest start (jitter); zero: at once
 	ready      bool
 }
 
@@ -56,6 +58,7 @@ type attemptRun struct {
 	max      int
 	retry    RetryPolicy
 	expected time.Duration // Definition.ExpectedDuration (0: none)
+	replaced bool          // recorded skipped by overlap replace; its outcome is not recorded
 	late     time.Duration // how late a late first attempt started (0: not late)
 	cancel   context.CancelCauseFunc
 	stopKeep func()
@@ -132,7 +135,7 @@ func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []
 		for _, o := range rows {
 			open = append(open, openRun{
 				instant: tm(o.Instant), kind: o.Kind, state: o.State, attempt: int(o.Attempt), fence: o.Fence,
-				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), ready: o.Ready,
+				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), startAfter: tm(o.StartAfter), ready: o.Ready,
 			})
 		}
 		return nil
@@ -188,6 +191,9 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 					return s.retryLater(ctx, r, err)
 				}
 				open = mergeOpen(open, added)
+				if st.def.Overlap == OverlapReplace && busy != "" && len(added) > 0 {
+					cur, open = s.replace(ctx, h, e, open, added[len(added)-1].instant, cur)
+				}
 			}
 			if cur == nil && !st.paused {
 				started, err := s.startNext(ctx, h, e, st, open)
@@ -269,6 +275,8 @@ func (s *Scheduler) nextWake(st *stored, open []openRun, running bool) time.Time
 			at(o.nextAt)
 		case o.state == stateRunning && !running:
 			at(o.leaseUntil)
+		case o.state == statePending && !o.ready:
+			at(o.startAfter)
 		}
 	}
 	return w
@@ -310,7 +318,8 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 		}
 		for _, r := range recs {
 			if r.state == statePending {
-				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending, ready: true})
+				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending,
+					startAfter: r.startAfter, ready: !r.startAfter.After(now)})
 			}
 		}
 		st.cursor = recs[len(recs)-1].instant
@@ -331,7 +340,7 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 				case CatchUpAll:
 					reason = why(t, fmt.Sprintf("beyond the catch-up cap of %d", d.CatchUpCap))
 				}
-				recs = append(recs, rec{t, stateSkipped, !paused(t), reason})
+				recs = append(recs, rec{instant: t, state: stateSkipped, missed: !paused(t), reason: reason})
 			}
 			ring = append(ring[:0], ring[n:]...)
 			if err := flush(); err != nil {
@@ -345,6 +354,7 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 	}
 	n := len(ring)
 	current := n > 0 && now.Sub(ring[n-1]) <= s.cfg.Grace
+	replacing := -1 // with overlap replace: the pending rec the next one replaces
 	for i, t := range ring {
 		late := !(i == n-1 && current)
 		missed := late && !paused(t)
@@ -371,15 +381,24 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 			switch {
 			case d.Overlap == OverlapSkip:
 				run, reason = false, "overlap: "+busy
-			case pending:
+			case d.Overlap == OverlapBufferOne && pending:
 				run, reason = false, "overlap: "+busy+" and a run is already buffered"
+			case d.Overlap == OverlapReplace:
+				if replacing >= 0 {
+					recs[replacing].state, recs[replacing].reason = stateSkipped, "overlap: replaced by the run of "+t.Format(time.RFC3339Nano)
+				}
+				replacing = len(recs)
 			}
 		}
 		if run {
 			pending = true
-			recs = append(recs, rec{t, statePending, missed, ""})
+			r := rec{instant: t, state: statePending, missed: missed}
+			if delay := d.jitterDelay(t); delay > 0 {
+				r.startAfter = t.Add(delay)
+			}
+			recs = append(recs, r)
 		} else {
-			recs = append(recs, rec{t, stateSkipped, missed, reason})
+			recs = append(recs, rec{instant: t, state: stateSkipped, missed: missed, reason: reason})
 		}
 	}
 	err := flush()
@@ -398,10 +417,11 @@ func mergeOpen(open, added []openRun) []openRun {
 
 // rec is one instant to record.
 type rec struct {
-	instant time.Time
-	state   string
-	missed  bool
-	reason  string
+	instant    time.Time
+	state      string
+	missed     bool
+	reason     string
+	startAfter time.Time // a pending instant's jittered start; zero: at once
 }
 
 // write records recs and reports each.
@@ -412,6 +432,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		p.States = append(p.States, r.state)
 		p.Missed = append(p.Missed, r.missed)
 		p.Reasons = append(p.Reasons, r.reason)
+		p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
 	}
 	err := h.do(ctx, func(q *store.Queries, g guard) error {
 		p.LockName, p.LockFence = g.name, g.fence
@@ -430,6 +451,68 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		}
 	}
 	return nil
+}
+
+// replace applies overlap replace for the instant by, just recorded: the
+// runs of open still running or retrying (before by) are recorded skipped,
+// naming by. The attempt cur, when among them, is cancelled (its cause
+// wraps ErrLost) and left to end on its own: its completion changes
+// nothing, and Run waits for it before returning. It returns the attempt
+// still current (nil once cur was replaced) and open without the replaced
+// runs. A failure is logged; the new instant then waits its turn.
+func (s *Scheduler) replace(ctx context.Context, h held, e *entry, open []openRun, by time.Time, cur *attemptRun) (*attemptRun, []openRun) {
+	reason := "overlap: replaced by the run of " + by.Format(time.RFC3339Nano)
+	p := store.ReplaceRunsParams{Schedule: e.name, Reason: reason}
+	for _, o := range open {
+		if (o.state == stateRunning || o.state == stateRetrying) && o.fence != nil && o.instant.Before(by) {
+			p.Instants = append(p.Instants, ts(o.instant))
+			p.Fences = append(p.Fences, *o.fence)
+			p.States = append(p.States, o.state)
+		}
+	}
+	if len(p.Instants) == 0 {
+		return cur, open
+	}
+	var got []pgtype.Timestamptz
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
+		p.LockName, p.LockFence = g.name, g.fence
+		var err error
+		got, err = q.ReplaceRuns(ctx, p)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "schedule: replace the running run (overlap replace)", "schedule", e.name, "error", err)
+		}
+		return cur, open
+	}
+	replaced := make(map[time.Time]bool, len(got))
+	for _, t := range got {
+		replaced[tm(t)] = true
+	}
+	kept := make([]openRun, 0, len(open))
+	for _, o := range open {
+		if !replaced[o.instant] {
+			kept = append(kept, o)
+			continue
+		}
+		s.emit(ctx, Event{Kind: EventSkipped, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: o.attempt, Fence: *o.fence, Holder: s.holder, State: stateSkipped, Reason: reason})
+	}
+	if cur != nil && replaced[cur.run.Instant] {
+		run := cur.run
+		cause := fmt.Errorf("%w: %q %s attempt %d (fence %d): %s", ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, reason)
+		cur.replaced = true
+		cur.cancel(cause)
+		cur.stopKeep()
+		s.zombies.Add(1)
+		go func(a *attemptRun) {
+			defer s.zombies.Done()
+			<-a.done
+			s.finish(ctx, a, cause)
+		}(cur)
+		cur = nil
+	}
+	return cur, kept
 }
 
 // startNext claims the oldest run that can start now and starts its
@@ -468,7 +551,7 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 			if a != nil || err != nil {
 				return a, err
 			}
-		case o.state == stateRetrying && o.ready, o.state == statePending:
+		case (o.state == stateRetrying || o.state == statePending) && o.ready:
 			a, err := s.claim(ctx, h, e, st, o)
 			if a != nil {
 				s.begin(ctx, e, a, lease)
@@ -591,6 +674,9 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 	run := a.run
 	ev := Event{Kind: EventFinished, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Duration: d, Err: a.err}
 	if lost != nil && a.err != nil {
+		if a.replaced {
+			return // recorded skipped when it was replaced
+		}
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder,
 			Err: fmt.Errorf("%w; the attempt's error (%v) is left for the next holder", lost, a.err)})
 		return
@@ -615,8 +701,12 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was taken over; its %s completion changed nothing",
-			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.State)
+		how := "taken over"
+		if a.replaced {
+			how = "replaced"
+		}
+		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was %s; its %s completion changed nothing",
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, how, p.State)
 	case err != nil:
 		s.log.ErrorContext(ctx, "schedule: record outcome", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "error", err)
 		return

@@ -39,7 +39,9 @@ type Run struct {
 }
 
 // Job is the work of a schedule. ctx is cancelled when the attempt's
-// exclusivity is lost (the cause wraps ErrLost) or Run's context ends. A
+// exclusivity is lost (the cause wraps ErrLost), when a newer instant
+// replaces it (OverlapReplace; the cause wraps ErrLost too), or when Run's
+// context ends. A
 // nil return records the instant succeeded; an error (or a panic) is a
 // failed attempt, retried per the schedule's RetryPolicy.
 type Job func(ctx context.Context, run Run) error
@@ -82,8 +84,9 @@ type Scheduler struct {
 	cfg    Config
 	locks  locker
 
-	offset  atomic.Int64 // database time minus host time, ns
-	stalled atomic.Bool  // tests: keepers freeze, as in a stopped process
+	offset  atomic.Int64   // database time minus host time, ns
+	stalled atomic.Bool    // tests: keepers freeze, as in a stopped process
+	zombies sync.WaitGroup // attempts replaced (overlap replace) still running
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -247,6 +250,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.locks.check(ctx); err != nil {
 		return err
 	}
+	defer s.zombies.Wait() // after the holders below have returned
 
 	kicks := make(chan string, 64)
 	var wg sync.WaitGroup

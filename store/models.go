@@ -30,6 +30,7 @@ type PgclaimSchedule struct {
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
 	LateAfter        pgtype.Interval
+	Jitter           pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
@@ -52,6 +53,7 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    pgtype.Timestamptz
 	NextAttemptAt pgtype.Timestamptz
 	Missed        bool
+	StartAfter    pgtype.Timestamptz
 	Late          bool
 	Overdue       bool
 	CreatedAt     pgtype.Timestamptz

@@ -20,7 +20,7 @@ SET state = 'running',
     lease_until = now() + $2::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
     started_at = now(),
-    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - r.instant > s.late_after)
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - COALESCE(r.start_after, r.instant) > s.late_after)
 FROM pgclaim_schedules s
 WHERE s.name = r.schedule
   AND NOT s.paused
@@ -29,6 +29,7 @@ WHERE s.name = r.schedule
   AND r.state = $5::text
   AND r.fence IS NOT DISTINCT FROM $6::bigint
   AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
+  AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
   AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now())
   AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
@@ -67,8 +68,9 @@ type ClaimRunRow struct {
 // schedule is paused (read by this statement: a pause committed before it
 // stops it). No row: someone else moved it, or paused. A first attempt
 // starting more than the schedule's late_after after its instant marks
-// the run late (not a backfilled one); lag_us is how long after its
-// instant this attempt started.
+// the run late (not a backfilled one), measured from its start_after when
+// it has one (a jittered instant); lag_us is how long after its instant
+// this attempt started. A pending run does not start before start_after.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
 	row := q.db.QueryRow(ctx, claimRun,
 		arg.Holder,
@@ -226,8 +228,8 @@ func (q *Queries) MarkOverdue(ctx context.Context, arg MarkOverdueParams) (MarkO
 }
 
 const openRuns = `-- name: OpenRuns :many
-SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at,
-       (state = 'pending'
+SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+       ((state = 'pending' AND (start_after IS NULL OR start_after <= now()))
         OR (state = 'retrying' AND next_attempt_at <= now())
         OR (state = 'running' AND lease_until <= now()))::boolean AS ready
 FROM pgclaim_schedule_runs
@@ -244,12 +246,13 @@ type OpenRunsRow struct {
 	Holder        *string
 	LeaseUntil    pgtype.Timestamptz
 	NextAttemptAt pgtype.Timestamptz
+	StartAfter    pgtype.Timestamptz
 	Ready         bool
 }
 
 // A schedule's unfinished runs, oldest first, with whether each can be
-// taken now: a pending run, a retry whose time has come, a running one
-// whose lease has expired.
+// taken now: a pending run past its start_after, a retry whose time has
+// come, a running one whose lease has expired.
 func (q *Queries) OpenRuns(ctx context.Context, schedule string) ([]OpenRunsRow, error) {
 	rows, err := q.db.Query(ctx, openRuns, schedule)
 	if err != nil {
@@ -268,6 +271,7 @@ func (q *Queries) OpenRuns(ctx context.Context, schedule string) ([]OpenRunsRow,
 			&i.Holder,
 			&i.LeaseUntil,
 			&i.NextAttemptAt,
+			&i.StartAfter,
 			&i.Ready,
 		); err != nil {
 			return nil, err
@@ -319,7 +323,7 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
            SELECT 1 FROM pgclaim_schedule_runs r
            WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
              AND CASE r.state
-                 WHEN 'pending' THEN NOT s.paused
+                 WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
                       OR (NOT $1::boolean AND NOT EXISTS (
@@ -352,7 +356,8 @@ type PollSchedulesRow struct {
 }
 
 // For each of the named schedules: its version and pause state, and
-// whether a run waits for an instance: pending (not paused), a retry whose
+// whether a run waits for an instance: pending (not paused, past its
+// start_after), a retry whose
 // time has come, or a running run whose holder is gone (lease expired, or,
 // with advisory locks, nobody holds the schedule's lock).
 func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([]PollSchedulesRow, error) {
@@ -387,31 +392,35 @@ func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([
 }
 
 const recordInstants = `-- name: RecordInstants :execrows
-INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, created_at, finished_at)
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
-       now(), CASE WHEN u.state = 'skipped' THEN now() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
-             unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason) AS u
-WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
-  AND ($7::bigint = 0 OR EXISTS (
+             unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason,
+             unnest($7::timestamptz[]) AS start_after) AS u
+WHERE u.instant IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
+  AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = $8::text AND l.fence = $7::bigint AND l.lock_until > now()))
+    WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING
 `
 
 type RecordInstantsParams struct {
-	Schedule  string
-	Kind      string
-	Instants  []pgtype.Timestamptz
-	States    []string
-	Missed    []bool
-	Reasons   []string
-	LockFence int64
-	LockName  string
+	Schedule    string
+	Kind        string
+	Instants    []pgtype.Timestamptz
+	States      []string
+	Missed      []bool
+	Reasons     []string
+	StartAfters []pgtype.Timestamptz
+	LockFence   int64
+	LockName    string
 }
 
-// Record due instants of a schedule, each pending (to run) or skipped (with
-// its reason). An instant already recorded is left as it is; nothing is
+// Record due instants of a schedule, each pending (to run, not before its
+// start_after; start_afters may be NULL or shorter: the missing ones start
+// at once) or skipped (with its reason). An instant already recorded is left as it is; nothing is
 // recorded while the schedule is paused (read by this statement). Only the
 // holder of the schedule's lock records: with a lease (lock_fence > 0) the
 // statement checks it still holds it; a session lock is checked by
@@ -424,6 +433,7 @@ func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) 
 		arg.States,
 		arg.Missed,
 		arg.Reasons,
+		arg.StartAfters,
 		arg.LockFence,
 		arg.LockName,
 	)
@@ -437,7 +447,7 @@ const registerSchedule = `-- name: RegisterSchedule :one
 
 INSERT INTO pgclaim_schedules AS s (
     name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
-    max_attempts, backoff, max_backoff, expected_duration, late_after, lease, starts_at, created_at, updated_at)
+    max_attempts, backoff, max_backoff, expected_duration, late_after, jitter, lease, starts_at, created_at, updated_at)
 VALUES ($1::text, $2::text, $3::text, $4::int4,
         $5::text, $6::bigint * interval '1 microsecond',
         $7::int4, $8::text, $9::int4,
@@ -446,6 +456,7 @@ VALUES ($1::text, $2::text, $3::text, $4::int4,
         $12::bigint * interval '1 microsecond',
         $13::bigint * interval '1 microsecond',
         $14::bigint * interval '1 microsecond',
+        $15::bigint * interval '1 microsecond',
         now(), now(), now())
 ON CONFLICT (name) DO UPDATE
 SET spec = excluded.spec,
@@ -460,6 +471,7 @@ SET spec = excluded.spec,
     max_backoff = excluded.max_backoff,
     expected_duration = excluded.expected_duration,
     late_after = excluded.late_after,
+    jitter = excluded.jitter,
     lease = excluded.lease,
     starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
                      THEN s.starts_at ELSE excluded.starts_at END,
@@ -482,6 +494,7 @@ type RegisterScheduleParams struct {
 	MaxBackoffUs    int64
 	ExpectedUs      int64
 	LateAfterUs     int64
+	JitterUs        int64
 	LeaseUs         int64
 }
 
@@ -508,6 +521,7 @@ func (q *Queries) RegisterSchedule(ctx context.Context, arg RegisterSchedulePara
 		arg.MaxBackoffUs,
 		arg.ExpectedUs,
 		arg.LateAfterUs,
+		arg.JitterUs,
 		arg.LeaseUs,
 	)
 	var inserted bool
@@ -545,6 +559,64 @@ func (q *Queries) RenewRun(ctx context.Context, arg RenewRunParams) (pgtype.Time
 	var lease_until pgtype.Timestamptz
 	err := row.Scan(&lease_until)
 	return lease_until, err
+}
+
+const replaceRuns = `-- name: ReplaceRuns :many
+UPDATE pgclaim_schedule_runs r
+SET state = 'skipped', lease_until = NULL, next_attempt_at = NULL, finished_at = now(),
+    reason = $1::text
+FROM (SELECT unnest($5::timestamptz[]) AS instant, unnest($6::bigint[]) AS fence,
+             unnest($7::text[]) AS state) AS u
+WHERE r.schedule = $2::text
+  AND r.instant = u.instant AND r.fence = u.fence AND r.state = u.state
+  AND r.state IN ('running', 'retrying')
+  AND ($3::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = $4::text AND l.fence = $3::bigint AND l.lock_until > now()))
+RETURNING r.instant
+`
+
+type ReplaceRunsParams struct {
+	Reason    string
+	Schedule  string
+	LockFence int64
+	LockName  string
+	Instants  []pgtype.Timestamptz
+	Fences    []int64
+	States    []string
+}
+
+// Overlap replace: record the given running or retrying runs of a schedule
+// skipped with reason (a compare-and-swap on each one's state and fence;
+// a running attempt's fence is then stale), by the holder of the
+// schedule's lock (checked as in RecordInstants). Returns the instants
+// replaced.
+func (q *Queries) ReplaceRuns(ctx context.Context, arg ReplaceRunsParams) ([]pgtype.Timestamptz, error) {
+	rows, err := q.db.Query(ctx, replaceRuns,
+		arg.Reason,
+		arg.Schedule,
+		arg.LockFence,
+		arg.LockName,
+		arg.Instants,
+		arg.Fences,
+		arg.States,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []pgtype.Timestamptz{}
+	for rows.Next() {
+		var instant pgtype.Timestamptz
+		if err := rows.Scan(&instant); err != nil {
+			return nil, err
+		}
+		items = append(items, instant)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const resumeSchedule = `-- name: ResumeSchedule :one
@@ -621,6 +693,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
        (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
        (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
+       (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
        paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
@@ -644,6 +717,7 @@ type ScheduleByNameRow struct {
 	MaxBackoffUs    int64
 	ExpectedUs      int64
 	LateAfterUs     int64
+	JitterUs        int64
 	LeaseUs         int64
 	Paused          bool
 	PausedNote      *string
@@ -673,6 +747,7 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.MaxBackoffUs,
 		&i.ExpectedUs,
 		&i.LateAfterUs,
+		&i.JitterUs,
 		&i.LeaseUs,
 		&i.Paused,
 		&i.PausedNote,
