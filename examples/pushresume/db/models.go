@@ -32,6 +32,7 @@ type PgclaimSchedule struct {
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
 	LateAfter        pgtype.Interval
+	Jitter           pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
@@ -54,6 +55,7 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    *time.Time
 	NextAttemptAt *time.Time
 	Missed        bool
+	StartAfter    *time.Time
 	Late          bool
 	Overdue       bool
 	CreatedAt     time.Time
