@@ -227,16 +227,17 @@ func (d Definition) jitterDelay(t time.Time) time.Duration {
 
 // stored is a schedule's row as read back: its definition and state.
 type stored struct {
-	def        Definition
-	spec       *cronSpec
-	paused     bool
-	pausedAt   time.Time
-	resumedAt  time.Time
-	startsAt   time.Time
-	cursor     time.Time // the newest scheduled instant recorded (zero: none)
-	dbNow      time.Time
-	pausedNote string
-	pausedBy   string
+	def         Definition
+	spec        *cronSpec
+	paused      bool
+	pausedAt    time.Time
+	resumedAt   time.Time
+	startsAt    time.Time
+	prunedUntil time.Time // instants up to it may have been pruned (zero: none)
+	cursor      time.Time // the newest scheduled instant recorded (zero: none)
+	dbNow       time.Time
+	pausedNote  string
+	pausedBy    string
 }
 
 func us(d time.Duration) int64          { return d.Microseconds() }
@@ -279,7 +280,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 	}
 	return &stored{
 		def: d, spec: spec, paused: r.Paused, pausedAt: tm(r.PausedAt), resumedAt: tm(r.ResumedAt),
-		startsAt: tm(r.StartsAt), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
+		startsAt: tm(r.StartsAt), prunedUntil: tm(r.PrunedUntil), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
 		pausedNote: deref(r.PausedNote), pausedBy: deref(r.PausedBy),
 	}, nil
 }

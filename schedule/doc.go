@@ -186,6 +186,15 @@
 // database's time; while one is open, Trigger returns it, so two
 // operators triggering together get one run.
 //
+// # Retention
+//
+// Scheduler.Prune deletes finished runs older than a given age by database
+// time, never an open one. Each schedule keeps the newest scheduled instant
+// pruned (pruned_until): instants up to it are never recorded again by
+// catch-up nor reported missed, so pruning cannot make an instant run
+// twice. Prune refuses an age within any stored schedule's catch-up
+// window (ErrInvalid naming olderThan and the schedule).
+//
 // # Isolation
 //
 // Every statement the package sends through the pool runs in an explicit

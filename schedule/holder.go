@@ -293,6 +293,9 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 	if st.cursor.After(from) {
 		from = st.cursor
 	}
+	if st.prunedUntil.After(from) {
+		from = st.prunedUntil // pruned instants are never recorded again
+	}
 	now := st.dbNow
 	keep := 1
 	if d.CatchUp == CatchUpAll {

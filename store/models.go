@@ -37,6 +37,7 @@ type PgclaimSchedule struct {
 	PausedBy         *string
 	PausedAt         pgtype.Timestamptz
 	ResumedAt        pgtype.Timestamptz
+	PrunedUntil      pgtype.Timestamptz
 	StartsAt         pgtype.Timestamptz
 	CreatedAt        pgtype.Timestamptz
 	UpdatedAt        pgtype.Timestamptz

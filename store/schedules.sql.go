@@ -391,6 +391,57 @@ func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([
 	return items, nil
 }
 
+const pruneRuns = `-- name: PruneRuns :one
+WITH bad AS (
+    SELECT name, (extract(epoch FROM catch_up_window) * 1000000)::bigint AS window_us
+    FROM pgclaim_schedules
+    WHERE catch_up_window >= $1::bigint * interval '1 microsecond'
+    ORDER BY catch_up_window DESC, name
+    LIMIT 1
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    WHERE NOT EXISTS (SELECT 1 FROM bad)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - $1::bigint * interval '1 microsecond'
+    RETURNING r.schedule, r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules s
+    SET pruned_until = GREATEST(s.pruned_until, m.until)
+    FROM (SELECT schedule, max(instant) AS until FROM d WHERE kind <> 'triggered' GROUP BY schedule) AS m
+    WHERE s.name = m.schedule
+    RETURNING s.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       (SELECT count(*) FROM u)::bigint AS schedules,
+       COALESCE((SELECT name FROM bad), '')::text AS refused_by,
+       COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us
+`
+
+type PruneRunsRow struct {
+	Deleted         int64
+	Schedules       int64
+	RefusedBy       string
+	RefusedWindowUs int64
+}
+
+// Delete the finished runs (succeeded, failed, skipped; never an open one)
+// that finished more than older_than ago by database time, and move each
+// schedule's pruned_until up to the newest scheduled or backfilled instant
+// deleted, so catch-up never records those instants again and Missed never
+// lists them. Nothing is deleted when a stored schedule's catch-up window
+// reaches older_than: refused_by names the one with the widest window.
+func (q *Queries) PruneRuns(ctx context.Context, olderThanUs int64) (PruneRunsRow, error) {
+	row := q.db.QueryRow(ctx, pruneRuns, olderThanUs)
+	var i PruneRunsRow
+	err := row.Scan(
+		&i.Deleted,
+		&i.Schedules,
+		&i.RefusedBy,
+		&i.RefusedWindowUs,
+	)
+	return i, err
+}
+
 const recordInstants = `-- name: RecordInstants :execrows
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
@@ -695,7 +746,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -725,6 +776,7 @@ type ScheduleByNameRow struct {
 	PausedAt        pgtype.Timestamptz
 	ResumedAt       pgtype.Timestamptz
 	StartsAt        pgtype.Timestamptz
+	PrunedUntil     pgtype.Timestamptz
 	Cursor          pgtype.Timestamptz
 	DbNow           pgtype.Timestamptz
 }
@@ -755,6 +807,7 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.PausedAt,
 		&i.ResumedAt,
 		&i.StartsAt,
+		&i.PrunedUntil,
 		&i.Cursor,
 		&i.DbNow,
 	)

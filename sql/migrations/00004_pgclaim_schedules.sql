@@ -40,6 +40,9 @@ CREATE TABLE pgclaim_schedules (
     -- ended (NULL while paused): instants between them are not missed.
     paused_at         timestamptz,
     resumed_at        timestamptz,
+    -- Scheduler.Prune deleted finished runs of instants up to pruned_until:
+    -- those instants are never recorded again nor reported missed.
+    pruned_until      timestamptz,
     -- Instants at or before starts_at were never due under this
     -- definition: it is the registration's time, moved when a new version
     -- changes the spec or the zone.

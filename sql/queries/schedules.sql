@@ -53,7 +53,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -294,3 +294,34 @@ SELECT instant FROM pgclaim_schedule_runs
 WHERE schedule = sqlc.arg(schedule)::text AND kind = sqlc.arg(kind)::text
   AND instant > sqlc.arg(after)::timestamptz AND instant <= sqlc.arg(upto)::timestamptz
 ORDER BY instant;
+
+-- name: PruneRuns :one
+-- Delete the finished runs (succeeded, failed, skipped; never an open one)
+-- that finished more than older_than ago by database time, and move each
+-- schedule's pruned_until up to the newest scheduled or backfilled instant
+-- deleted, so catch-up never records those instants again and Missed never
+-- lists them. Nothing is deleted when a stored schedule's catch-up window
+-- reaches older_than: refused_by names the one with the widest window.
+WITH bad AS (
+    SELECT name, (extract(epoch FROM catch_up_window) * 1000000)::bigint AS window_us
+    FROM pgclaim_schedules
+    WHERE catch_up_window >= sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+    ORDER BY catch_up_window DESC, name
+    LIMIT 1
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    WHERE NOT EXISTS (SELECT 1 FROM bad)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+    RETURNING r.schedule, r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules s
+    SET pruned_until = GREATEST(s.pruned_until, m.until)
+    FROM (SELECT schedule, max(instant) AS until FROM d WHERE kind <> 'triggered' GROUP BY schedule) AS m
+    WHERE s.name = m.schedule
+    RETURNING s.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       (SELECT count(*) FROM u)::bigint AS schedules,
+       COALESCE((SELECT name FROM bad), '')::text AS refused_by,
+       COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us;
