@@ -39,6 +39,7 @@ type PgclaimSchedule struct {
 	PausedBy         *string
 	PausedAt         *time.Time
 	ResumedAt        *time.Time
+	PrunedUntil      *time.Time
 	StartsAt         time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
