@@ -119,7 +119,9 @@
 // attempt; after the last it is recorded failed with the error as reason.
 // An attempt whose holder died counts as an attempt; a dead run with no
 // attempts left is recorded failed, naming the dead holder. An attempt
-// interrupted by its own scheduler's shutdown is handed back at once.
+// interrupted by its own scheduler's shutdown is handed back at once: once
+// its lock is released, the other instances are told by NOTIFY (by their
+// poll with Config.LeaseLocks), and one of them runs the next attempt.
 //
 // # Policies
 //

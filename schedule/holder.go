@@ -68,6 +68,7 @@ type attemptRun struct {
 	done      chan struct{}
 	start     time.Time
 	err       error
+	handBack  bool // finish handed the attempt back at shutdown
 }
 
 // attend takes the schedule's lock and, holding it, does what is due. It
@@ -98,8 +99,20 @@ func (s *Scheduler) attend(ctx context.Context, e *entry) result {
 		}
 		return r
 	}
-	defer h.release()
-	return s.hold(ctx, e, h)
+	r = func() result {
+		defer h.release()
+		return s.hold(ctx, e, h)
+	}()
+	if r.handBack && !s.cfg.LeaseLocks {
+		// The lock is free now: tell the other instances at once rather
+		// than leave the attempt to their poll.
+		nctx, cancel := lockcore.ReleaseContext(ctx)
+		defer cancel()
+		if err := s.tx(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, e.name) }); err != nil {
+			s.log.WarnContext(ctx, "schedule: notify the hand-back (the poll will find it)", "schedule", e.name, "error", err)
+		}
+	}
+	return r
 }
 
 func (s *Scheduler) setStored(e *entry, st *stored) {
@@ -237,6 +250,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			cur.cancel(context.Cause(ctx))
 			<-cur.done
 			s.finish(ctx, cur, nil)
+			r.handBack = cur.handBack
 			cur = nil
 			return r
 		}
@@ -715,6 +729,7 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 		return
 	default:
 		ev.State, ev.Reason = p.State, p.Reason
+		a.handBack = p.State == stateRetrying && ctx.Err() != nil
 	}
 	s.emit(ctx, ev)
 }

@@ -223,8 +223,9 @@ func (s *Scheduler) observe(sent time.Time, db time.Time) {
 
 // result is what a holder goroutine reports to Run's loop.
 type result struct {
-	name string
-	wake time.Time // database time of the next wake-up; zero: none but polls
+	name     string
+	wake     time.Time // database time of the next wake-up; zero: none but polls
+	handBack bool      // an attempt was handed back at shutdown
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the

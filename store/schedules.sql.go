@@ -227,6 +227,17 @@ func (q *Queries) MarkOverdue(ctx context.Context, arg MarkOverdueParams) (MarkO
 	return i, err
 }
 
+const notifySchedule = `-- name: NotifySchedule :exec
+SELECT pg_notify('pgclaim_schedules', $1::text)
+`
+
+// Tell every listening instance that a run of the schedule waits (an
+// attempt handed back at shutdown), as Pause, Resume and Trigger do.
+func (q *Queries) NotifySchedule(ctx context.Context, name string) error {
+	_, err := q.db.Exec(ctx, notifySchedule, name)
+	return err
+}
+
 const openRuns = `-- name: OpenRuns :many
 SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
        ((state = 'pending' AND (start_after IS NULL OR start_after <= now()))

@@ -325,3 +325,8 @@ SELECT (SELECT count(*) FROM d)::bigint AS deleted,
        (SELECT count(*) FROM u)::bigint AS schedules,
        COALESCE((SELECT name FROM bad), '')::text AS refused_by,
        COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us;
+
+-- name: NotifySchedule :exec
+-- Tell every listening instance that a run of the schedule waits (an
+-- attempt handed back at shutdown), as Pause, Resume and Trigger do.
+SELECT pg_notify('pgclaim_schedules', sqlc.arg(name)::text);
