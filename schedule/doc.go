@@ -66,7 +66,9 @@
 // decision reads now() from the server), or until a notification or a
 // poll says a run waits. No busy polling: besides the instants, an idle
 // instance sends one statement per Config.PollInterval (default 1 s) for
-// all its schedules.
+// all its schedules, on its listening connection (through the pool, in a
+// transaction of its own, with Config.LeaseLocks or while that connection
+// is down).
 //
 // To run a schedule, an instance takes the schedule's lock (see Locks).
 // Holding it, it is the schedule's runner: it records the instants that
@@ -181,7 +183,7 @@
 //
 // Pause, Resume and Trigger write one row and notify every instance
 // through LISTEN/NOTIFY on channel pgclaim_schedules (a dedicated
-// connection per Scheduler); a missed notification is covered by the poll,
+// connection per Scheduler, which also carries the poll); a missed notification is covered by the poll,
 // so every instance hears within Config.PollInterval at worst. Once a pause
 // is committed no attempt starts anywhere: the claim itself reads it. A
 // running attempt finishes. Trigger records a run of kind triggered at the
@@ -200,7 +202,7 @@
 // # Isolation
 //
 // Every statement the package sends through the pool runs in an explicit
-// READ COMMITTED transaction, and the lock connections set their session
-// default to read committed (store.SessionSetup), whatever
+// READ COMMITTED transaction, and the lock and listening connections set
+// their session default to read committed (store.SessionSetup), whatever
 // default_transaction_isolation the database, role or pool sets.
 package schedule

@@ -167,7 +167,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		if cur != nil {
 			cur.cancel(context.Cause(ctx))
 			<-cur.done
-			s.finish(ctx, cur, h.cause())
+			s.finish(ctx, h, cur, h.cause())
 		}
 	}()
 	timer := time.NewTimer(time.Hour)
@@ -233,14 +233,14 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		timer.Reset(d)
 		select {
 		case <-cur.done:
-			s.finish(ctx, cur, nil)
+			s.finish(ctx, h, cur, nil)
 			cur = nil
 		case <-h.lost():
 			run := cur.run
 			s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
 			cur.cancel(h.cause())
 			<-cur.done
-			s.finish(ctx, cur, h.cause())
+			s.finish(ctx, h, cur, h.cause())
 			cur = nil
 			r.wake = s.dbNow() // look again at once: the next lock holder (perhaps this instance) takes over
 			return r
@@ -249,7 +249,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		case <-ctx.Done():
 			cur.cancel(context.Cause(ctx))
 			<-cur.done
-			s.finish(ctx, cur, nil)
+			s.finish(ctx, h, cur, nil)
 			r.handBack = cur.handBack
 			cur = nil
 			return r
@@ -525,7 +525,7 @@ func (s *Scheduler) replace(ctx context.Context, h held, e *entry, open []openRu
 		go func(a *attemptRun) {
 			defer s.zombies.Done()
 			<-a.done
-			s.finish(ctx, a, cause)
+			s.finish(ctx, nil, a, cause)
 		}(cur)
 		cur = nil
 	}
@@ -684,8 +684,10 @@ func callJob(ctx context.Context, job Job, run Run) (err error) {
 // finish records the outcome of a's attempt, which has returned. lost is
 // why the lock was lost meanwhile, if it was: then only a success is
 // recorded (a compare-and-swap on the fence, refused if the run was taken
-// over), and a failure is left for the next holder to take over.
-func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
+// over), and a failure is left for the next holder to take over. The
+// outcome is written on h (the schedule's lock, when still held) or, when
+// h is nil, lost or fails with its loss, through the pool.
+func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost error) {
 	a.stopKeep()
 	d := time.Since(a.start)
 	run := a.run
@@ -712,10 +714,19 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 	}
 	rctx, cancel := lockcore.ReleaseContext(ctx)
 	defer cancel()
-	err := s.tx(rctx, func(q *store.Queries) error {
+	write := func(q *store.Queries) error {
 		_, err := q.FinishRun(rctx, p)
 		return err
-	})
+	}
+	var err error
+	if h != nil && lost == nil {
+		// Still holding the schedule's lock: on its session, one round
+		// trip (the fence is the guard either way).
+		err = h.do(rctx, func(q *store.Queries, _ guard) error { return write(q) })
+	}
+	if h == nil || lost != nil || (err != nil && h.cause() != nil) {
+		err = s.tx(rctx, write)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		how := "taken over"
