@@ -2,8 +2,10 @@ package schedule
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -41,6 +43,13 @@ const (
 	// OverlapBufferOne keeps one such instant, which runs when the current
 	// run ends; further ones are recorded skipped.
 	OverlapBufferOne Overlap = "buffer_one"
+	// OverlapReplace cancels the previous run when the instant is recorded:
+	// it is recorded skipped, naming the instant that replaced it; its
+	// running attempt's context is cancelled (the cause wraps ErrLost) and
+	// its fence goes stale, so its completion, if it comes, changes
+	// nothing. The new instant runs. Of several instants recorded at once
+	// while a run runs, the newest runs and the others are skipped.
+	OverlapReplace Overlap = "replace"
 )
 
 // RetryPolicy says how often an instant is attempted. An attempt that
@@ -96,9 +105,23 @@ type Definition struct {
 	Overlap Overlap
 	// Retry is the retry policy.
 	Retry RetryPolicy
-	// ExpectedDuration is how long a run is expected to take (0: not
-	// stated); stored for operators.
+	// ExpectedDuration is how long an attempt is expected to take (0: not
+	// stated). An attempt still running after it (database time) is
+	// overdue: EventOverdue, a warning, and the run's row marked overdue,
+	// once per attempt. The attempt goes on running.
 	ExpectedDuration time.Duration
+	// LateAfter is how long after its instant a run's first attempt may
+	// start and still be on time; one starting later is late: EventLate, a
+	// warning, and the run's row marked late (backfilled runs never are).
+	// Default 10 s.
+	LateAfter time.Duration
+	// Jitter delays the start of each scheduled instant by an amount from
+	// 0 up to Jitter, fixed per instant (a hash of the schedule's name and
+	// the instant), to spread the load of many schedules due at once. The
+	// instant itself (Run.Instant, the ledger's key) stays the scheduled
+	// one, and lateness is measured from the delayed start. Triggered and
+	// backfilled runs are not delayed. Default 0: none.
+	Jitter time.Duration
 	// Lease is how long an attempt stays exclusive without a renewal: the
 	// running attempt renews it every Lease/3; with Config.LeaseLocks, a
 	// run whose holder stopped renewing is taken over once it expires.
@@ -109,6 +132,7 @@ type Definition struct {
 const (
 	defaultCatchUpCap = 10
 	defaultLease      = 30 * time.Second
+	defaultLateAfter  = 10 * time.Second
 	minLease          = 500 * time.Millisecond
 	defaultAttempts   = 3
 )
@@ -138,6 +162,10 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 		return d, nil, f("Retry.MaxBackoff", "must not be below Retry.Backoff")
 	case d.ExpectedDuration < 0:
 		return d, nil, f("ExpectedDuration", "must not be negative")
+	case d.LateAfter < 0:
+		return d, nil, f("LateAfter", "must not be negative")
+	case d.Jitter < 0:
+		return d, nil, f("Jitter", "must not be negative")
 	case d.Lease < 0:
 		return d, nil, f("Lease", "must not be negative")
 	case d.Lease > 0 && d.Lease < minLease:
@@ -153,9 +181,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	switch d.Overlap {
 	case "":
 		d.Overlap = OverlapSkip
-	case OverlapSkip, OverlapBufferOne:
+	case OverlapSkip, OverlapBufferOne, OverlapReplace:
 	default:
-		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip or buffer_one", string(d.Overlap)))
+		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip, buffer_one or replace", string(d.Overlap)))
 	}
 	if d.TimeZone == "" {
 		d.TimeZone = "UTC"
@@ -178,21 +206,38 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	if d.Lease == 0 {
 		d.Lease = defaultLease
 	}
+	if d.LateAfter == 0 {
+		d.LateAfter = defaultLateAfter
+	}
 	return d, spec, nil
+}
+
+// jitterDelay is how long the start of the scheduled instant t is
+// delayed: from 0 up to d.Jitter (microseconds), fixed per name and
+// instant.
+func (d Definition) jitterDelay(t time.Time) time.Duration {
+	if d.Jitter <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(d.Name))
+	h.Write(binary.BigEndian.AppendUint64(nil, uint64(t.UnixMicro())))
+	return time.Duration(h.Sum64()%uint64(d.Jitter.Microseconds()+1)) * time.Microsecond
 }
 
 // stored is a schedule's row as read back: its definition and state.
 type stored struct {
-	def        Definition
-	spec       *cronSpec
-	paused     bool
-	pausedAt   time.Time
-	resumedAt  time.Time
-	startsAt   time.Time
-	cursor     time.Time // the newest scheduled instant recorded (zero: none)
-	dbNow      time.Time
-	pausedNote string
-	pausedBy   string
+	def         Definition
+	spec        *cronSpec
+	paused      bool
+	pausedAt    time.Time
+	resumedAt   time.Time
+	startsAt    time.Time
+	prunedUntil time.Time // instants up to it may have been pruned (zero: none)
+	cursor      time.Time // the newest scheduled instant recorded (zero: none)
+	dbNow       time.Time
+	pausedNote  string
+	pausedBy    string
 }
 
 func us(d time.Duration) int64          { return d.Microseconds() }
@@ -227,7 +272,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 		CatchUp: CatchUp(r.CatchUp), CatchUpWindow: dur(r.CatchUpWindowUs), CatchUpCap: int(r.CatchUpCap),
 		Overlap:          Overlap(r.Overlap),
 		Retry:            RetryPolicy{MaxAttempts: int(r.MaxAttempts), Backoff: dur(r.BackoffUs), MaxBackoff: dur(r.MaxBackoffUs)},
-		ExpectedDuration: dur(r.ExpectedUs), Lease: dur(r.LeaseUs),
+		ExpectedDuration: dur(r.ExpectedUs), LateAfter: dur(r.LateAfterUs), Jitter: dur(r.JitterUs), Lease: dur(r.LeaseUs),
 	}
 	spec, err := parseSpec(d.Spec, d.TimeZone)
 	if err != nil {
@@ -235,7 +280,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 	}
 	return &stored{
 		def: d, spec: spec, paused: r.Paused, pausedAt: tm(r.PausedAt), resumedAt: tm(r.ResumedAt),
-		startsAt: tm(r.StartsAt), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
+		startsAt: tm(r.StartsAt), prunedUntil: tm(r.PrunedUntil), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
 		pausedNote: deref(r.PausedNote), pausedBy: deref(r.PausedBy),
 	}, nil
 }
@@ -248,7 +293,7 @@ func register(ctx context.Context, q *store.Queries, d Definition) (changed bool
 		CatchUp: string(d.CatchUp), CatchUpWindowUs: us(d.CatchUpWindow), CatchUpCap: int32(d.CatchUpCap),
 		Overlap: string(d.Overlap), MaxAttempts: int32(d.Retry.MaxAttempts),
 		BackoffUs: us(d.Retry.Backoff), MaxBackoffUs: us(d.Retry.MaxBackoff),
-		ExpectedUs: us(d.ExpectedDuration), LeaseUs: us(d.Lease),
+		ExpectedUs: us(d.ExpectedDuration), LateAfterUs: us(d.LateAfter), JitterUs: us(d.Jitter), LeaseUs: us(d.Lease),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil

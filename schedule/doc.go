@@ -30,13 +30,14 @@
 // # Tables
 //
 // pgclaim_schedules holds one row per schedule: its definition (spec,
-// zone, catch-up, overlap and retry policies, expected duration, lease,
-// version), when its life began (starts_at: instants at or before it were
+// zone, catch-up, overlap and retry policies, expected duration, late
+// threshold, jitter, lease, version), when its life began (starts_at: instants at or before it were
 // never due) and its pause state. pgclaim_schedule_runs holds one row per
 // (schedule, instant) — the primary key, as DBOS keys scheduled workflows
 // by name and scheduled time — with its kind (scheduled, triggered,
 // backfill), state (pending, running, retrying, succeeded, failed,
-// skipped), attempt, fence, holder, lease, next attempt time and reason.
+// skipped), attempt, fence, holder, lease, next attempt time, delayed
+// start (jitter), reason, and whether it was missed, late or overdue.
 // Fences come from pgclaim_fence_seq, shared with the rest of pgclaim.
 //
 // # Registration
@@ -65,7 +66,9 @@
 // decision reads now() from the server), or until a notification or a
 // poll says a run waits. No busy polling: besides the instants, an idle
 // instance sends one statement per Config.PollInterval (default 1 s) for
-// all its schedules.
+// all its schedules, on its listening connection (through the pool, in a
+// transaction of its own, with Config.LeaseLocks or while that connection
+// is down).
 //
 // To run a schedule, an instance takes the schedule's lock (see Locks).
 // Holding it, it is the schedule's runner: it records the instants that
@@ -118,7 +121,9 @@
 // attempt; after the last it is recorded failed with the error as reason.
 // An attempt whose holder died counts as an attempt; a dead run with no
 // attempts left is recorded failed, naming the dead holder. An attempt
-// interrupted by its own scheduler's shutdown is handed back at once.
+// interrupted by its own scheduler's shutdown is handed back at once: once
+// its lock is released, the other instances are told by NOTIFY (by their
+// poll with Config.LeaseLocks), and one of them runs the next attempt.
 //
 // # Policies
 //
@@ -136,7 +141,20 @@
 // An instant that comes due while the previous run is still running or
 // waiting for its retry is decided by the overlap policy: OverlapSkip
 // records it skipped, naming that run; OverlapBufferOne keeps one pending,
-// which runs when the current run ends, and records further ones skipped.
+// which runs when the current run ends, and records further ones skipped;
+// OverlapReplace records the previous run skipped, naming the new instant
+// (a compare-and-swap on its state and fence, so its fence is stale from
+// then on), cancels its attempt's context (the cause wraps ErrLost), and
+// runs the new instant at once; the cancelled attempt's completion, should
+// it come, changes nothing and is reported as EventLost. Run waits for
+// such an attempt to return before it returns.
+//
+// Definition.Jitter delays each scheduled instant's start by an amount up
+// to it, fixed per instant (a hash of the name and the instant): the
+// instant is recorded on time with the delayed start (start_after), which
+// the claim, the poll and the runner's wake-up all respect, by database
+// time. The instant stays the key and Run.Instant; lateness is measured
+// from the delayed start.
 //
 // # Missed instants
 //
@@ -147,21 +165,44 @@
 // alone, the missed instants no instance has recorded yet — when every
 // instance is down, that is the only place they show.
 //
+// # Late and overdue
+//
+// A run whose first attempt starts more than Definition.LateAfter
+// (default 10 s) after its instant (its delayed start, with jitter), by
+// database time, is late: the claim
+// that starts it marks the row late, and the instance reports EventLate (a
+// warning) with how late it started. Catch-up runs are late by nature, and
+// a triggered run that waited (paused, or every instance busy) is too;
+// backfilled runs never are. An attempt still running
+// Definition.ExpectedDuration (when set) after it started, by database
+// time, is overdue: its instance marks the row overdue and reports
+// EventOverdue (a warning), once per attempt; the attempt goes on running.
+// Both flags stay on the row, for operators and the CLI to count.
+//
 // # Pause, resume, trigger
 //
 // Pause, Resume and Trigger write one row and notify every instance
 // through LISTEN/NOTIFY on channel pgclaim_schedules (a dedicated
-// connection per Scheduler); a missed notification is covered by the poll,
+// connection per Scheduler, which also carries the poll); a missed notification is covered by the poll,
 // so every instance hears within Config.PollInterval at worst. Once a pause
 // is committed no attempt starts anywhere: the claim itself reads it. A
 // running attempt finishes. Trigger records a run of kind triggered at the
 // database's time; while one is open, Trigger returns it, so two
 // operators triggering together get one run.
 //
+// # Retention
+//
+// Scheduler.Prune deletes finished runs older than a given age by database
+// time, never an open one. Each schedule keeps the newest scheduled instant
+// pruned (pruned_until): instants up to it are never recorded again by
+// catch-up nor reported missed, so pruning cannot make an instant run
+// twice. Prune refuses an age within any stored schedule's catch-up
+// window (ErrInvalid naming olderThan and the schedule).
+//
 // # Isolation
 //
 // Every statement the package sends through the pool runs in an explicit
-// READ COMMITTED transaction, and the lock connections set their session
-// default to read committed (store.SessionSetup), whatever
+// READ COMMITTED transaction, and the lock and listening connections set
+// their session default to read committed (store.SessionSetup), whatever
 // default_transaction_isolation the database, role or pool sets.
 package schedule

@@ -35,10 +35,18 @@ const (
 	// EventFollowed: Register found a stored definition different from
 	// the one given, with an equal or higher version, and follows it.
 	EventFollowed
+	// EventLate: a run's first attempt started more than the schedule's
+	// LateAfter after its instant; Duration is how long after. The run's
+	// row is marked late.
+	EventLate
+	// EventOverdue: an attempt has been running longer than the
+	// schedule's ExpectedDuration (reported once per attempt; Duration is
+	// the expected duration). The run's row is marked overdue.
+	EventOverdue
 )
 
 // String returns the kind's name: "started", "finished", "skipped",
-// "missed", "lost", "taken over" or "followed".
+// "missed", "lost", "taken over", "followed", "late" or "overdue".
 func (k EventKind) String() string {
 	switch k {
 	case EventStarted:
@@ -55,6 +63,10 @@ func (k EventKind) String() string {
 		return "taken over"
 	case EventFollowed:
 		return "followed"
+	case EventLate:
+		return "late"
+	case EventOverdue:
+		return "overdue"
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -69,7 +81,7 @@ type Event struct {
 	Fence    int64
 	Holder   string        // this instance
 	State    string        // the run's state after the event, where one was written
-	Duration time.Duration // how long the attempt ran (EventFinished)
+	Duration time.Duration // how long the attempt ran (EventFinished), how late it started (EventLate), its expected duration (EventOverdue)
 	Reason   string        // why (skipped, failed, taken over, followed)
 	Err      error         // the attempt's error, or one wrapping ErrLost
 }
@@ -93,14 +105,14 @@ func (noHooks) Observe(context.Context, Event) {}
 
 // emit reports e to the hooks and logs it: started at debug, finished at
 // info (retrying at warn, failed at error), skipped at info, missed, lost,
-// taken over and followed at warn.
+// taken over, followed, late and overdue at warn.
 func (s *Scheduler) emit(ctx context.Context, e Event) {
 	s.hooks.Observe(ctx, e)
 	level := slog.LevelInfo
 	switch e.Kind {
 	case EventStarted:
 		level = slog.LevelDebug
-	case EventMissed, EventLost, EventTakenOver, EventFollowed:
+	case EventMissed, EventLost, EventTakenOver, EventFollowed, EventLate, EventOverdue:
 		level = slog.LevelWarn
 	case EventFinished:
 		switch e.State {
@@ -128,7 +140,7 @@ func (s *Scheduler) emit(ctx context.Context, e Event) {
 	if e.State != "" {
 		attrs = append(attrs, slog.String("state", e.State))
 	}
-	if e.Kind == EventFinished {
+	if e.Kind == EventFinished || e.Kind == EventLate || e.Kind == EventOverdue {
 		attrs = append(attrs, slog.Duration("duration", e.Duration))
 	}
 	if e.Reason != "" {

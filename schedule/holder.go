@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -46,6 +48,7 @@ type openRun struct {
 	holder     string
 	leaseUntil time.Time
 	nextAt     time.Time
+	startAfter time.Time // a pending run's earliest start (jitter); zero: at once
 	ready      bool
 }
 
@@ -54,11 +57,18 @@ type attemptRun struct {
 	run      Run
 	max      int
 	retry    RetryPolicy
+	expected time.Duration // Definition.ExpectedDuration (0: none)
+	replaced bool          // recorded skipped by overlap replace; its outcome is not recorded
+	late     time.Duration // how late a late first attempt started (0: not late)
 	cancel   context.CancelCauseFunc
 	stopKeep func()
-	done     chan struct{}
-	start    time.Time
-	err      error
+	// overdueAt is when (host clock) to check the attempt against its
+	// expected duration; zero: no check left.
+	overdueAt time.Time
+	done      chan struct{}
+	start     time.Time
+	err       error
+	handBack  bool // finish handed the attempt back at shutdown
 }
 
 // attend takes the schedule's lock and, holding it, does what is due. It
@@ -89,8 +99,20 @@ func (s *Scheduler) attend(ctx context.Context, e *entry) result {
 		}
 		return r
 	}
-	defer h.release()
-	return s.hold(ctx, e, h)
+	r = func() result {
+		defer h.release()
+		return s.hold(ctx, e, h)
+	}()
+	if r.handBack && !s.cfg.LeaseLocks {
+		// The lock is free now: tell the other instances at once rather
+		// than leave the attempt to their poll.
+		nctx, cancel := lockcore.ReleaseContext(ctx)
+		defer cancel()
+		if err := s.tx(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, e.name) }); err != nil {
+			s.log.WarnContext(ctx, "schedule: notify the hand-back (the poll will find it)", "schedule", e.name, "error", err)
+		}
+	}
+	return r
 }
 
 func (s *Scheduler) setStored(e *entry, st *stored) {
@@ -126,7 +148,7 @@ func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []
 		for _, o := range rows {
 			open = append(open, openRun{
 				instant: tm(o.Instant), kind: o.Kind, state: o.State, attempt: int(o.Attempt), fence: o.Fence,
-				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), ready: o.Ready,
+				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), startAfter: tm(o.StartAfter), ready: o.Ready,
 			})
 		}
 		return nil
@@ -145,7 +167,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		if cur != nil {
 			cur.cancel(context.Cause(ctx))
 			<-cur.done
-			s.finish(ctx, cur, h.cause())
+			s.finish(ctx, h, cur, h.cause())
 		}
 	}()
 	timer := time.NewTimer(time.Hour)
@@ -182,6 +204,9 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 					return s.retryLater(ctx, r, err)
 				}
 				open = mergeOpen(open, added)
+				if st.def.Overlap == OverlapReplace && busy != "" && len(added) > 0 {
+					cur, open = s.replace(ctx, h, e, open, added[len(added)-1].instant, cur)
+				}
 			}
 			if cur == nil && !st.paused {
 				started, err := s.startNext(ctx, h, e, st, open)
@@ -202,17 +227,20 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		if !wake.IsZero() {
 			d = max(wake.Sub(s.dbNow()), time.Millisecond)
 		}
+		if !cur.overdueAt.IsZero() {
+			d = min(d, max(time.Until(cur.overdueAt), time.Millisecond))
+		}
 		timer.Reset(d)
 		select {
 		case <-cur.done:
-			s.finish(ctx, cur, nil)
+			s.finish(ctx, h, cur, nil)
 			cur = nil
 		case <-h.lost():
 			run := cur.run
 			s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
 			cur.cancel(h.cause())
 			<-cur.done
-			s.finish(ctx, cur, h.cause())
+			s.finish(ctx, h, cur, h.cause())
 			cur = nil
 			r.wake = s.dbNow() // look again at once: the next lock holder (perhaps this instance) takes over
 			return r
@@ -221,7 +249,8 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		case <-ctx.Done():
 			cur.cancel(context.Cause(ctx))
 			<-cur.done
-			s.finish(ctx, cur, nil)
+			s.finish(ctx, h, cur, nil)
+			r.handBack = cur.handBack
 			cur = nil
 			return r
 		}
@@ -230,6 +259,9 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			case <-timer.C:
 			default:
 			}
+		}
+		if cur != nil && !cur.overdueAt.IsZero() && !time.Now().Before(cur.overdueAt) {
+			s.checkOverdue(ctx, h, cur)
 		}
 	}
 }
@@ -257,6 +289,8 @@ func (s *Scheduler) nextWake(st *stored, open []openRun, running bool) time.Time
 			at(o.nextAt)
 		case o.state == stateRunning && !running:
 			at(o.leaseUntil)
+		case o.state == statePending && !o.ready:
+			at(o.startAfter)
 		}
 	}
 	return w
@@ -272,6 +306,9 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 	from := st.startsAt
 	if st.cursor.After(from) {
 		from = st.cursor
+	}
+	if st.prunedUntil.After(from) {
+		from = st.prunedUntil // pruned instants are never recorded again
 	}
 	now := st.dbNow
 	keep := 1
@@ -298,7 +335,8 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 		}
 		for _, r := range recs {
 			if r.state == statePending {
-				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending, ready: true})
+				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending,
+					startAfter: r.startAfter, ready: !r.startAfter.After(now)})
 			}
 		}
 		st.cursor = recs[len(recs)-1].instant
@@ -319,7 +357,7 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 				case CatchUpAll:
 					reason = why(t, fmt.Sprintf("beyond the catch-up cap of %d", d.CatchUpCap))
 				}
-				recs = append(recs, rec{t, stateSkipped, !paused(t), reason})
+				recs = append(recs, rec{instant: t, state: stateSkipped, missed: !paused(t), reason: reason})
 			}
 			ring = append(ring[:0], ring[n:]...)
 			if err := flush(); err != nil {
@@ -333,6 +371,7 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 	}
 	n := len(ring)
 	current := n > 0 && now.Sub(ring[n-1]) <= s.cfg.Grace
+	replacing := -1 // with overlap replace: the pending rec the next one replaces
 	for i, t := range ring {
 		late := !(i == n-1 && current)
 		missed := late && !paused(t)
@@ -359,15 +398,24 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 			switch {
 			case d.Overlap == OverlapSkip:
 				run, reason = false, "overlap: "+busy
-			case pending:
+			case d.Overlap == OverlapBufferOne && pending:
 				run, reason = false, "overlap: "+busy+" and a run is already buffered"
+			case d.Overlap == OverlapReplace:
+				if replacing >= 0 {
+					recs[replacing].state, recs[replacing].reason = stateSkipped, "overlap: replaced by the run of "+t.Format(time.RFC3339Nano)
+				}
+				replacing = len(recs)
 			}
 		}
 		if run {
 			pending = true
-			recs = append(recs, rec{t, statePending, missed, ""})
+			r := rec{instant: t, state: statePending, missed: missed}
+			if delay := d.jitterDelay(t); delay > 0 {
+				r.startAfter = t.Add(delay)
+			}
+			recs = append(recs, r)
 		} else {
-			recs = append(recs, rec{t, stateSkipped, missed, reason})
+			recs = append(recs, rec{instant: t, state: stateSkipped, missed: missed, reason: reason})
 		}
 	}
 	err := flush()
@@ -386,10 +434,11 @@ func mergeOpen(open, added []openRun) []openRun {
 
 // rec is one instant to record.
 type rec struct {
-	instant time.Time
-	state   string
-	missed  bool
-	reason  string
+	instant    time.Time
+	state      string
+	missed     bool
+	reason     string
+	startAfter time.Time // a pending instant's jittered start; zero: at once
 }
 
 // write records recs and reports each.
@@ -400,6 +449,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		p.States = append(p.States, r.state)
 		p.Missed = append(p.Missed, r.missed)
 		p.Reasons = append(p.Reasons, r.reason)
+		p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
 	}
 	err := h.do(ctx, func(q *store.Queries, g guard) error {
 		p.LockName, p.LockFence = g.name, g.fence
@@ -418,6 +468,68 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		}
 	}
 	return nil
+}
+
+// replace applies overlap replace for the instant by, just recorded: the
+// runs of open still running or retrying (before by) are recorded skipped,
+// naming by. The attempt cur, when among them, is cancelled (its cause
+// wraps ErrLost) and left to end on its own: its completion changes
+// nothing, and Run waits for it before returning. It returns the attempt
+// still current (nil once cur was replaced) and open without the replaced
+// runs. A failure is logged; the new instant then waits its turn.
+func (s *Scheduler) replace(ctx context.Context, h held, e *entry, open []openRun, by time.Time, cur *attemptRun) (*attemptRun, []openRun) {
+	reason := "overlap: replaced by the run of " + by.Format(time.RFC3339Nano)
+	p := store.ReplaceRunsParams{Schedule: e.name, Reason: reason}
+	for _, o := range open {
+		if (o.state == stateRunning || o.state == stateRetrying) && o.fence != nil && o.instant.Before(by) {
+			p.Instants = append(p.Instants, ts(o.instant))
+			p.Fences = append(p.Fences, *o.fence)
+			p.States = append(p.States, o.state)
+		}
+	}
+	if len(p.Instants) == 0 {
+		return cur, open
+	}
+	var got []pgtype.Timestamptz
+	err := h.do(ctx, func(q *store.Queries, g guard) error {
+		p.LockName, p.LockFence = g.name, g.fence
+		var err error
+		got, err = q.ReplaceRuns(ctx, p)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "schedule: replace the running run (overlap replace)", "schedule", e.name, "error", err)
+		}
+		return cur, open
+	}
+	replaced := make(map[time.Time]bool, len(got))
+	for _, t := range got {
+		replaced[tm(t)] = true
+	}
+	kept := make([]openRun, 0, len(open))
+	for _, o := range open {
+		if !replaced[o.instant] {
+			kept = append(kept, o)
+			continue
+		}
+		s.emit(ctx, Event{Kind: EventSkipped, Schedule: e.name, Instant: o.instant, RunKind: o.kind, Attempt: o.attempt, Fence: *o.fence, Holder: s.holder, State: stateSkipped, Reason: reason})
+	}
+	if cur != nil && replaced[cur.run.Instant] {
+		run := cur.run
+		cause := fmt.Errorf("%w: %q %s attempt %d (fence %d): %s", ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, reason)
+		cur.replaced = true
+		cur.cancel(cause)
+		cur.stopKeep()
+		s.zombies.Add(1)
+		go func(a *attemptRun) {
+			defer s.zombies.Done()
+			<-a.done
+			s.finish(ctx, nil, a, cause)
+		}(cur)
+		cur = nil
+	}
+	return cur, kept
 }
 
 // startNext claims the oldest run that can start now and starts its
@@ -456,7 +568,7 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 			if a != nil || err != nil {
 				return a, err
 			}
-		case o.state == stateRetrying && o.ready, o.state == statePending:
+		case (o.state == stateRetrying || o.state == statePending) && o.ready:
 			a, err := s.claim(ctx, h, e, st, o)
 			if a != nil {
 				s.begin(ctx, e, a, lease)
@@ -487,12 +599,17 @@ func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o o
 	if err != nil {
 		return nil, fmt.Errorf("schedule: %q: claim %s: %w", e.name, o.instant.Format(time.RFC3339Nano), err)
 	}
-	return &attemptRun{
-		run:   Run{Schedule: e.name, Instant: o.instant, Kind: row.Kind, Attempt: int(row.Attempt), Fence: *row.Fence, Holder: s.holder},
-		max:   st.def.Retry.MaxAttempts,
-		retry: st.def.Retry,
-		done:  make(chan struct{}),
-	}, nil
+	a := &attemptRun{
+		run:      Run{Schedule: e.name, Instant: o.instant, Kind: row.Kind, Attempt: int(row.Attempt), Fence: *row.Fence, Holder: s.holder},
+		max:      st.def.Retry.MaxAttempts,
+		retry:    st.def.Retry,
+		expected: st.def.ExpectedDuration,
+		done:     make(chan struct{}),
+	}
+	if row.Late && row.Attempt == 1 {
+		a.late = dur(row.LagUs)
+	}
+	return a, nil
 }
 
 // begin starts a's job, and the keeper renewing its run's lease.
@@ -501,7 +618,7 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 	a.cancel = cancel
 	a.start = time.Now()
 	run := a.run
-	a.stopKeep = s.keep(a.start, lease, func(ctx context.Context) error {
+	a.stopKeep = s.keep(ctx, "run's lease", run.Schedule, a.start, lease, func(ctx context.Context) error {
 		return s.tx(ctx, func(q *store.Queries) error {
 			_, err := q.RenewRun(ctx, store.RenewRunParams{LeaseUs: us(lease), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
 			return err
@@ -511,11 +628,47 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: err})
 	})
 	s.emit(ctx, Event{Kind: EventStarted, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning})
+	if a.late > 0 {
+		s.emit(ctx, Event{Kind: EventLate, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning,
+			Duration: a.late, Reason: fmt.Sprintf("started %s after its instant", a.late.Round(time.Millisecond))})
+	}
+	if a.expected > 0 {
+		a.overdueAt = a.start.Add(a.expected)
+	}
 	job := e.job
 	go func() {
 		defer close(a.done)
 		a.err = callJob(jctx, job, run)
 	}()
+}
+
+// checkOverdue marks a's run overdue once it has run for its expected
+// duration by database time, and reports it, once; it looks again later
+// when the database says it is not yet, and stops looking once the attempt
+// is no longer running.
+func (s *Scheduler) checkOverdue(ctx context.Context, h held, a *attemptRun) {
+	run := a.run
+	var row store.MarkOverdueRow
+	err := h.do(ctx, func(q *store.Queries, _ guard) error {
+		var err error
+		row, err = q.MarkOverdue(ctx, store.MarkOverdueParams{ExpectedUs: us(a.expected), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		a.overdueAt = time.Time{}
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "schedule: record overdue", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "error", err)
+		}
+		a.overdueAt = time.Now().Add(max(a.expected/10, time.Second))
+	case row.Marked:
+		a.overdueAt = time.Time{}
+		s.emit(ctx, Event{Kind: EventOverdue, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning,
+			Duration: a.expected, Reason: fmt.Sprintf("running longer than its expected duration of %s", a.expected)})
+	default:
+		a.overdueAt = time.Now().Add(max(dur(row.RemainingUs), time.Millisecond))
+	}
 }
 
 // callJob calls job, turning a panic into an error.
@@ -531,13 +684,18 @@ func callJob(ctx context.Context, job Job, run Run) (err error) {
 // finish records the outcome of a's attempt, which has returned. lost is
 // why the lock was lost meanwhile, if it was: then only a success is
 // recorded (a compare-and-swap on the fence, refused if the run was taken
-// over), and a failure is left for the next holder to take over.
-func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
+// over), and a failure is left for the next holder to take over. The
+// outcome is written on h (the schedule's lock, when still held) or, when
+// h is nil, lost or fails with its loss, through the pool.
+func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost error) {
 	a.stopKeep()
 	d := time.Since(a.start)
 	run := a.run
 	ev := Event{Kind: EventFinished, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Duration: d, Err: a.err}
 	if lost != nil && a.err != nil {
+		if a.replaced {
+			return // recorded skipped when it was replaced
+		}
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder,
 			Err: fmt.Errorf("%w; the attempt's error (%v) is left for the next holder", lost, a.err)})
 		return
@@ -554,21 +712,35 @@ func (s *Scheduler) finish(ctx context.Context, a *attemptRun, lost error) {
 	default:
 		p.State, p.Reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := lockcore.ReleaseContext(ctx)
 	defer cancel()
-	err := s.tx(rctx, func(q *store.Queries) error {
+	write := func(q *store.Queries) error {
 		_, err := q.FinishRun(rctx, p)
 		return err
-	})
+	}
+	var err error
+	if h != nil && lost == nil {
+		// Still holding the schedule's lock: on its session, one round
+		// trip (the fence is the guard either way).
+		err = h.do(rctx, func(q *store.Queries, _ guard) error { return write(q) })
+	}
+	if h == nil || lost != nil || (err != nil && h.cause() != nil) {
+		err = s.tx(rctx, write)
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was taken over; its %s completion changed nothing",
-			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.State)
+		how := "taken over"
+		if a.replaced {
+			how = "replaced"
+		}
+		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was %s; its %s completion changed nothing",
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, how, p.State)
 	case err != nil:
 		s.log.ErrorContext(ctx, "schedule: record outcome", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "error", err)
 		return
 	default:
 		ev.State, ev.Reason = p.State, p.Reason
+		a.handBack = p.State == stateRetrying && ctx.Err() != nil
 	}
 	s.emit(ctx, ev)
 }

@@ -4,7 +4,9 @@ package schedule
 // makes one instance at a time the runner of a schedule (a session
 // advisory lock, or a lease row for transaction poolers), and the keeper
 // that renews a lease while it is held. Everything else calls it through
-// locker and held.
+// locker and held. The mechanism is internal/lockcore's, as gate's is:
+// its Sessions and Session.Watch for advisory locks, Renew and Validity
+// for leases, ReleaseContext for every release.
 
 import (
 	"context"
@@ -18,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -69,126 +72,93 @@ func lockKey(name string) (class, key int32) { return gate.AdvisoryKey("pgclaim.
 // lockName is a schedule's lease row name in pgclaim_locks.
 func lockName(name string) string { return "pgclaim.schedule:" + name }
 
-const (
-	releaseTimeout = 10 * time.Second
-	maxIdleConns   = 4
-)
-
 // pingEvery: a held session is watched by blocking on its socket; after
 // this much quiet it is pinged, to find a silent network failure.
 var pingEvery = 5 * time.Second
 
 // advisoryLocker holds session advisory locks on connections taken out of
-// the pool, watched while held: the server drops the lock the moment the
-// session ends, which is what lets another instance take a dead holder's
-// run over at once.
+// the pool (lockcore.Sessions), watched while held: the server drops the
+// lock the moment the session ends, which is what lets another instance
+// take a dead holder's run over at once.
 type advisoryLocker struct {
 	pool *pgxpool.Pool
 	mu   sync.Mutex
-	idle []*pgx.Conn
+	ss   *lockcore.Sessions // replaced by close, so a later Run starts afresh
 }
 
 func (l *advisoryLocker) leases() bool { return false }
 
-func (l *advisoryLocker) conn(ctx context.Context) (*pgx.Conn, error) {
+func (l *advisoryLocker) sessions() *lockcore.Sessions {
 	l.mu.Lock()
-	for n := len(l.idle); n > 0; n = len(l.idle) {
-		c := l.idle[n-1]
-		l.idle = l.idle[:n-1]
-		//lint:ignore SA1019 a read-only liveness check, no round trip
-		if c.PgConn().CheckConn() == nil && !c.IsClosed() {
-			l.mu.Unlock()
-			return c, nil
-		}
-		closeConn(c)
+	defer l.mu.Unlock()
+	if l.ss == nil {
+		l.ss = &lockcore.Sessions{Pool: l.pool}
 	}
-	l.mu.Unlock()
-	pc, err := l.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("schedule: acquire connection: %w", err)
-	}
-	c := pc.Hijack()
-	row, err := store.New(c).SessionSetup(ctx)
-	if err != nil {
-		closeConn(c)
-		return nil, fmt.Errorf("schedule: prepare lock connection: %w", err)
-	}
-	if uint32(row.Pid) != c.PgConn().PID() {
-		closeConn(c)
-		return nil, fmt.Errorf("%w (pg_backend_pid %d, announced %d): use Config.LeaseLocks", gate.ErrPooler, row.Pid, c.PgConn().PID())
-	}
-	return c, nil
+	return l.ss
 }
 
 func (l *advisoryLocker) check(ctx context.Context) error {
-	c, err := l.conn(ctx)
+	ss := l.sessions()
+	s, err := ss.Get(ctx)
 	if errors.Is(err, gate.ErrPooler) {
-		return err
+		return fmt.Errorf("schedule: %w: use Config.LeaseLocks", err)
 	}
 	if err == nil {
-		l.put(c)
+		ss.Put(s)
 	}
 	return nil
 }
 
-func (l *advisoryLocker) put(c *pgx.Conn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.idle) >= maxIdleConns || c.IsClosed() || c.PgConn().TxStatus() != 'I' {
-		go closeConn(c)
-		return
-	}
-	l.idle = append(l.idle, c)
-}
-
 func (l *advisoryLocker) close() {
 	l.mu.Lock()
-	idle := l.idle
-	l.idle = nil
+	ss := l.ss
+	l.ss = nil
 	l.mu.Unlock()
-	for _, c := range idle {
-		closeConn(c)
+	if ss != nil {
+		ss.Close()
 	}
-}
-
-// closeConn closes c and cuts its socket, so the server sees the session
-// end (and frees its locks) at once.
-func closeConn(c *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = c.Close(ctx)
-	_ = c.PgConn().Conn().Close()
 }
 
 func (l *advisoryLocker) acquire(ctx context.Context, name string, _ time.Duration) (held, error) {
-	c, err := l.conn(ctx)
-	if err != nil {
-		return nil, err
-	}
+	ss := l.sessions()
 	class, key := lockKey(name)
-	ok, err := store.New(c).TrySchedLock(ctx, store.TrySchedLockParams{LockClass: class, LockKey: key})
+	var s *lockcore.Session
+	var ok bool
+	var err error
+	for try := 0; try < 2; try++ {
+		if s, err = ss.Get(ctx); err != nil {
+			return nil, fmt.Errorf("schedule: %q: lock connection: %w", name, err)
+		}
+		_, ok, err = s.TryLock(ctx, class, key, 0)
+		if err == nil {
+			break
+		}
+		s.Close() // the lock may have been taken: closing drops it
+		if !s.Ended(err) {
+			break
+		}
+		// A cached session that ended while idle: once more, fresh.
+	}
 	if err != nil {
-		closeConn(c) // the lock may have been taken: closing drops it
 		return nil, fmt.Errorf("schedule: %q: take lock: %w", name, err)
 	}
 	if !ok {
-		l.put(c)
+		ss.Put(s)
 		return nil, nil
 	}
-	h := &advisoryHeld{l: l, c: c, class: class, key: key, lostc: make(chan struct{})}
+	h := &advisoryHeld{ss: ss, s: s, class: class, key: key, lostc: make(chan struct{})}
 	h.watch()
 	return h, nil
 }
 
-// advisoryHeld is a session advisory lock while held. Its connection is
-// watched whenever no statement runs on it.
+// advisoryHeld is a session advisory lock while held. Its session is
+// watched (Session.Watch) whenever no statement runs on it.
 type advisoryHeld struct {
-	l          *advisoryLocker
-	c          *pgx.Conn
+	ss         *lockcore.Sessions
+	s          *lockcore.Session
 	class, key int32
 	mu         sync.Mutex // serializes do, release and the watch
-	stopWatch  context.CancelFunc
-	watching   chan struct{} // closed when the watch has ended
+	keeper     *lockcore.Keeper
 	lostc      chan struct{}
 	lostOnce   sync.Once
 	err        error // set before lostc is closed
@@ -201,46 +171,14 @@ func (h *advisoryHeld) markLost(err error) {
 	})
 }
 
-// watch starts watching the connection: a goroutine blocks reading it, so
-// a terminated backend or a server shutdown is seen at once; a quiet
-// connection is pinged.
+// watch starts watching the session: a terminated backend or a server
+// shutdown is seen at once; a quiet connection is pinged.
 func (h *advisoryHeld) watch() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	h.stopWatch, h.watching = cancel, done
-	go func() {
-		defer close(done)
-		pc := h.c.PgConn()
-		for {
-			wctx, wcancel := context.WithTimeout(ctx, pingEvery)
-			err := pc.WaitForNotification(wctx)
-			quiet := wctx.Err() != nil
-			wcancel()
-			if ctx.Err() != nil && !pc.IsClosed() {
-				return
-			}
-			if err == nil {
-				continue
-			}
-			if quiet && !pc.IsClosed() {
-				pctx, pcancel := context.WithTimeout(context.Background(), pingEvery)
-				err = pc.Ping(pctx)
-				pcancel()
-				if err == nil {
-					continue
-				}
-			}
-			h.markLost(err)
-			return
-		}
-	}()
+	h.keeper = h.s.Watch(context.Background(), lockcore.WatchConfig{Every: pingEvery}, h.markLost)
 }
 
 // unwatch ends the watch; the connection is then free for a statement.
-func (h *advisoryHeld) unwatch() {
-	h.stopWatch()
-	<-h.watching
-}
+func (h *advisoryHeld) unwatch() { h.keeper.Stop() }
 
 func (h *advisoryHeld) do(ctx context.Context, fn func(q *store.Queries, g guard) error) error {
 	h.mu.Lock()
@@ -249,8 +187,8 @@ func (h *advisoryHeld) do(ctx context.Context, fn func(q *store.Queries, g guard
 	if err := h.cause(); err != nil {
 		return err
 	}
-	err := fn(store.New(h.c), guard{})
-	if h.c.IsClosed() {
+	err := fn(h.s.Q, guard{})
+	if h.s.Conn.IsClosed() {
 		h.markLost(err)
 		return h.cause()
 	}
@@ -274,17 +212,12 @@ func (h *advisoryHeld) release() {
 	defer h.mu.Unlock()
 	h.unwatch()
 	if h.cause() != nil {
-		closeConn(h.c)
+		h.s.Close()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	ctx, cancel := lockcore.ReleaseContext(context.Background())
 	defer cancel()
-	ok, err := store.New(h.c).AdvisoryUnlock(ctx, store.AdvisoryUnlockParams{LockClass: h.class, LockKey: h.key})
-	if err != nil || !ok {
-		closeConn(h.c)
-		return
-	}
-	h.l.put(h.c)
+	h.ss.Unlock(ctx, h.s, h.class, h.key)
 }
 
 // leaseLocker holds lease rows in pgclaim_locks, through the pool: every
@@ -313,7 +246,7 @@ func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Durat
 		return nil, fmt.Errorf("schedule: %q: take lease: %w", name, err)
 	}
 	h := &leaseHeld{l: l, name: lockName(name), fence: fence, lostc: make(chan struct{})}
-	h.stop = l.s.keep(sent, lease, func(ctx context.Context) error {
+	h.stop = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
 		return l.s.tx(ctx, func(q *store.Queries) error {
 			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: fence, AtMostUs: us(lease)})
 			return err
@@ -355,7 +288,7 @@ func (h *leaseHeld) release() {
 	if h.cause() != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	ctx, cancel := lockcore.ReleaseContext(context.Background())
 	defer cancel()
 	_ = h.l.s.tx(ctx, func(q *store.Queries) error {
 		_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})
@@ -363,53 +296,55 @@ func (h *leaseHeld) release() {
 	})
 }
 
-// keep renews a lease of length lease, first granted by a statement sent
-// at sent, every lease/3 until the returned stop is called. A renewal that
-// finds the lease gone (pgx.ErrNoRows), or no renewal succeeding before
-// the lease's validity (measured on this host's monotonic clock from the
-// send time of the last success) is near its end, calls onLost once with
-// an error wrapping ErrLost. Each renewal's deadline ends before the
-// validity does. While s.stalled is set (tests), the keeper does nothing
-// at all, as a stopped process would.
-func (s *Scheduler) keep(sent time.Time, lease time.Duration, renew func(context.Context) error, onLost func(error)) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	margin := lease / 10
-	go func() {
-		defer close(done)
-		valid := sent.Add(lease)
-		wait := lease / 3
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
+// keep renews a lease of length lease (the schedule's lock, or a run's
+// lease), first granted by a statement sent at sent, every lease/3 until
+// the returned stop is called (lockcore.Renew). The lease counts as held
+// until 9/10 of its length after the send time of the last success (a
+// lockcore.Validity, on this host's monotonic clock), so a renewal's
+// deadline ends before the database's expiry; a renewal that finds the
+// lease gone (pgx.ErrNoRows), or none succeeding within the validity,
+// calls onLost once with an error wrapping ErrLost. A renewal that failed
+// otherwise is logged and retried after lease/20. Renewals run with ctx's
+// values, not its cancellation. While s.stalled is set (tests), the keeper
+// does nothing at all, as a stopped process would.
+func (s *Scheduler) keep(ctx context.Context, what, name string, sent time.Time, lease time.Duration, renew func(context.Context) error, onLost func(error)) (stop func()) {
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	k := lockcore.Renew(kctx, lockcore.RenewConfig{
+		Every:    lease / 3,
+		Retry:    lease / 20,
+		Validity: lockcore.NewValidity(sent, lease-lease/10, nil),
+		Renew: func(rctx context.Context) (bool, error) {
 			if s.stalled.Load() {
-				wait = lease / 3
-				continue
+				s.freeze(kctx)
+				if err := rctx.Err(); err != nil {
+					return false, err // the stall outlasted the validity
+				}
 			}
-			deadline := valid.Add(-margin)
-			if !time.Now().Before(deadline) {
-				onLost(fmt.Errorf("%w: the lease was not renewed in time", ErrLost))
-				return
-			}
-			rctx, rcancel := context.WithDeadline(ctx, deadline)
-			at := time.Now()
 			err := renew(rctx)
-			rcancel()
-			switch {
-			case ctx.Err() != nil:
-				return
-			case err == nil:
-				valid, wait = at.Add(lease), lease/3
-			case errors.Is(err, pgx.ErrNoRows):
-				onLost(fmt.Errorf("%w: the lease had expired or was taken over", ErrLost))
-				return
-			default:
-				wait = min(lease/20, time.Until(deadline)) // retry soon
+			if errors.Is(err, pgx.ErrNoRows) {
+				return false, nil
 			}
+			return err == nil, err
+		},
+		OnFail: func(err error) {
+			s.log.WarnContext(ctx, "schedule: renewal failed (retrying)", "schedule", name, "lease", what, "error", err)
+		},
+	}, func(err error) {
+		if errors.Is(err, lockcore.ErrExpired) {
+			onLost(fmt.Errorf("%w: the %s was not renewed in time", ErrLost, what))
+		} else {
+			onLost(fmt.Errorf("%w: the %s had expired or was taken over", ErrLost, what))
 		}
-	}()
-	return func() { cancel(); <-done }
+	})
+	return func() { cancel(); k.Stop() }
+}
+
+// freeze blocks while s.stalled is set (tests), or until ctx ends.
+func (s *Scheduler) freeze(ctx context.Context) {
+	for s.stalled.Load() && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }

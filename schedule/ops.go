@@ -86,7 +86,7 @@ func opErr(op, name string, err error) error {
 
 // Missed returns the instants of the schedule name that were due after
 // since and are missed: due by its stored definition, after its life began
-// (starts_at), outside its latest pause, older than Config.Grace by
+// (starts_at) and after the instants Prune deleted, outside its latest pause, older than Config.Grace by
 // database time, and without a row — nothing recorded them, so no instance
 // ran, skipped or decided them. At most limit (at least 1), oldest first;
 // more says whether further missed instants follow. An instance that runs
@@ -105,6 +105,9 @@ func (s *Scheduler) Missed(ctx context.Context, name string, since time.Time, li
 	from := st.startsAt
 	if since.After(from) {
 		from = since
+	}
+	if st.prunedUntil.After(from) {
+		from = st.prunedUntil
 	}
 	upto := st.dbNow.Add(-s.cfg.Grace)
 	if st.paused && st.pausedAt.Before(upto) {
@@ -141,4 +144,34 @@ func (s *Scheduler) Missed(ctx context.Context, name string, since time.Time, li
 		from = batch[len(batch)-1]
 	}
 	return instants, false, nil
+}
+
+// Prune deletes the finished runs (succeeded, failed or skipped; never an
+// open one) of every stored schedule that finished more than olderThan
+// ago by database time, and returns how many it deleted. The instants
+// deleted are never recorded again by catch-up nor listed by Missed: each
+// schedule keeps, in pruned_until, the newest scheduled or backfilled
+// instant deleted. olderThan must be positive and longer than every stored
+// schedule's CatchUpWindow (a window of 0, unbounded, does not refuse:
+// pruned_until covers it), or Prune deletes nothing and returns an error
+// wrapping ErrInvalid that names olderThan and the schedule with the
+// widest window. A backfill over a pruned range runs its instants again.
+func (s *Scheduler) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, err error) {
+	if olderThan <= 0 {
+		return 0, invalid("olderThan", "must be positive")
+	}
+	var row store.PruneRunsRow
+	err = s.tx(ctx, func(q *store.Queries) error {
+		var err error
+		row, err = q.PruneRuns(ctx, us(olderThan))
+		return err
+	})
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("schedule: prune: %w", err)
+	case row.RefusedBy != "":
+		return 0, invalid("olderThan", fmt.Sprintf("%s is within the catch-up window (%s) of schedule %q: catch-up could run a pruned instant again",
+			olderThan, dur(row.RefusedWindowUs), row.RefusedBy))
+	}
+	return row.Deleted, nil
 }

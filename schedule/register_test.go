@@ -183,11 +183,13 @@ func TestRegisterBadInput(t *testing.T) {
 		{func(d *Definition) { d.CatchUp = "some" }, "Definition.CatchUp"},
 		{func(d *Definition) { d.CatchUpWindow = -time.Second }, "Definition.CatchUpWindow"},
 		{func(d *Definition) { d.CatchUpCap = -1 }, "Definition.CatchUpCap"},
-		{func(d *Definition) { d.Overlap = "replace" }, "Definition.Overlap"},
+		{func(d *Definition) { d.Overlap = "cancel" }, "Definition.Overlap"},
+		{func(d *Definition) { d.Jitter = -1 }, "Definition.Jitter"},
 		{func(d *Definition) { d.Retry.MaxAttempts = -1 }, "Definition.Retry.MaxAttempts"},
 		{func(d *Definition) { d.Retry.Backoff = -1 }, "Definition.Retry.Backoff"},
 		{func(d *Definition) { d.Retry.Backoff, d.Retry.MaxBackoff = time.Minute, time.Second }, "Definition.Retry.MaxBackoff"},
 		{func(d *Definition) { d.ExpectedDuration = -1 }, "Definition.ExpectedDuration"},
+		{func(d *Definition) { d.LateAfter = -1 }, "Definition.LateAfter"},
 		{func(d *Definition) { d.Lease = time.Millisecond }, "Definition.Lease"},
 	} {
 		d := good

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -38,7 +39,9 @@ type Run struct {
 }
 
 // Job is the work of a schedule. ctx is cancelled when the attempt's
-// exclusivity is lost (the cause wraps ErrLost) or Run's context ends. A
+// exclusivity is lost (the cause wraps ErrLost), when a newer instant
+// replaces it (OverlapReplace; the cause wraps ErrLost too), or when Run's
+// context ends. A
 // nil return records the instant succeeded; an error (or a panic) is a
 // failed attempt, retried per the schedule's RetryPolicy.
 type Job func(ctx context.Context, run Run) error
@@ -81,8 +84,12 @@ type Scheduler struct {
 	cfg    Config
 	locks  locker
 
-	offset  atomic.Int64 // database time minus host time, ns
-	stalled atomic.Bool  // tests: keepers freeze, as in a stopped process
+	offset  atomic.Int64   // database time minus host time, ns
+	stalled atomic.Bool    // tests: keepers freeze, as in a stopped process
+	zombies sync.WaitGroup // attempts replaced (overlap replace) still running
+	// listening: the listener is connected and polls on its own
+	// connection; Run's loop polls through the pool only while it is not.
+	listening atomic.Bool
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -219,8 +226,9 @@ func (s *Scheduler) observe(sent time.Time, db time.Time) {
 
 // result is what a holder goroutine reports to Run's loop.
 type result struct {
-	name string
-	wake time.Time // database time of the next wake-up; zero: none but polls
+	name     string
+	wake     time.Time // database time of the next wake-up; zero: none but polls
+	handBack bool      // an attempt was handed back at shutdown
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the
@@ -246,6 +254,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.locks.check(ctx); err != nil {
 		return err
 	}
+	defer s.zombies.Wait() // after the holders below have returned
 
 	kicks := make(chan string, 64)
 	var wg sync.WaitGroup
@@ -266,12 +275,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		s.mu.Lock()
-		entries := make([]*entry, 0, len(s.entries))
-		for _, e := range s.entries {
-			entries = append(entries, e)
-		}
-		s.mu.Unlock()
+		entries := s.snapshot()
 		now := s.dbNow()
 		next := time.Time{}
 		for _, e := range entries {
@@ -322,7 +326,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				kicked[name] = true
 			}
 		case <-poll.C:
-			for _, name := range s.poll(ctx, entries) {
+			if s.listening.Load() {
+				break // the listener polls
+			}
+			for _, name := range s.poll(ctx, entries, nil) {
 				kicked[name] = true
 			}
 		case r := <-results:
@@ -338,10 +345,23 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 }
 
+// snapshot returns the schedules registered so far.
+func (s *Scheduler) snapshot() []*entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries := make([]*entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		entries = append(entries, e)
+	}
+	return entries
+}
+
 // poll asks the database which of the schedules have a run waiting for an
 // instance (pending, a retry due, a dead holder's run) or a changed
-// definition or pause state, and returns their names.
-func (s *Scheduler) poll(ctx context.Context, entries []*entry) []string {
+// definition or pause state, and returns their names. It runs on conn (the
+// listener's, at read committed: one round trip), or through the pool when
+// conn is nil.
+func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Queries) []string {
 	names := make([]string, 0, len(entries))
 	keys := make([]int32, 0, len(entries))
 	known := map[string]*stored{}
@@ -360,11 +380,17 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry) []string {
 	}
 	var rows []store.PollSchedulesRow
 	sent := time.Now()
-	err := s.tx(ctx, func(q *store.Queries) error {
+	read := func(q *store.Queries) error {
 		var err error
 		rows, err = q.PollSchedules(ctx, store.PollSchedulesParams{LeaseMode: s.cfg.LeaseLocks, LockClass: class, Names: names, LockKeys: keys})
 		return err
-	})
+	}
+	var err error
+	if conn != nil {
+		err = read(conn)
+	} else {
+		err = s.tx(ctx, read)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.WarnContext(ctx, "schedule: poll", "error", err)
@@ -382,9 +408,11 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry) []string {
 	return out
 }
 
-// listen receives the notifications of Pause, Resume and Trigger on a
-// dedicated connection and passes the schedule names to kicks. A lost
-// connection is reopened after a second; the poll covers the gap.
+// listen receives the notifications of Pause, Resume, Trigger and
+// hand-backs on a dedicated connection and passes the schedule names to
+// kicks; every Config.PollInterval of quiet it polls on that connection
+// too (one round trip, where the pool costs three). A lost connection is
+// reopened after a second; Run's loop polls through the pool meanwhile.
 func (s *Scheduler) listen(ctx context.Context, kicks chan<- string) {
 	for ctx.Err() == nil {
 		err := s.listenOnce(ctx, kicks)
@@ -405,19 +433,50 @@ func (s *Scheduler) listenOnce(ctx context.Context, kicks chan<- string) error {
 		return err
 	}
 	c := pc.Hijack()
-	defer closeConn(c)
+	defer lockcore.CloseConn(c)
+	q := store.New(c)
+	if _, err := q.SessionSetup(ctx); err != nil { // read committed, keepalives
+		return err
+	}
 	if _, err := c.Exec(ctx, "LISTEN pgclaim_schedules"); err != nil {
 		return err
 	}
-	for {
-		n, err := c.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
+	s.listening.Store(true)
+	defer s.listening.Store(false)
+	send := func(name string) error {
 		select {
-		case kicks <- n.Payload:
+		case kicks <- name:
+			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	next := time.Now().Add(s.cfg.PollInterval)
+	for {
+		wctx, cancel := context.WithDeadline(ctx, next)
+		n, err := c.WaitForNotification(wctx)
+		quiet := wctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case err == nil:
+			if err := send(n.Payload); err != nil {
+				return err
+			}
+			continue
+		case !quiet || c.IsClosed():
+			return err
+		}
+		pctx, pcancel := context.WithTimeout(ctx, pingEvery)
+		names := s.poll(pctx, s.snapshot(), q)
+		pcancel()
+		if c.IsClosed() {
+			return errors.New("schedule: the listener's connection closed during a poll")
+		}
+		for _, name := range names {
+			if err := send(name); err != nil {
+				return err
+			}
+		}
+		next = time.Now().Add(s.cfg.PollInterval)
 	}
 }

@@ -29,12 +29,15 @@ type PgclaimSchedule struct {
 	Backoff          pgtype.Interval
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
+	LateAfter        pgtype.Interval
+	Jitter           pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
 	PausedBy         *string
 	PausedAt         pgtype.Timestamptz
 	ResumedAt        pgtype.Timestamptz
+	PrunedUntil      pgtype.Timestamptz
 	StartsAt         pgtype.Timestamptz
 	CreatedAt        pgtype.Timestamptz
 	UpdatedAt        pgtype.Timestamptz
@@ -51,6 +54,9 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    pgtype.Timestamptz
 	NextAttemptAt pgtype.Timestamptz
 	Missed        bool
+	StartAfter    pgtype.Timestamptz
+	Late          bool
+	Overdue       bool
 	CreatedAt     pgtype.Timestamptz
 	StartedAt     pgtype.Timestamptz
 	FinishedAt    pgtype.Timestamptz

@@ -12,25 +12,30 @@ import (
 )
 
 const claimRun = `-- name: ClaimRun :one
-UPDATE pgclaim_schedule_runs
+UPDATE pgclaim_schedule_runs r
 SET state = 'running',
-    attempt = attempt + 1,
+    attempt = r.attempt + 1,
     fence = nextval('pgclaim_fence_seq'),
     holder = $1::text,
     lease_until = now() + $2::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now()
-WHERE schedule = $3::text
-  AND instant = $4::timestamptz
-  AND state = $5::text
-  AND fence IS NOT DISTINCT FROM $6::bigint
-  AND (state <> 'retrying' OR next_attempt_at <= now())
-  AND (state <> 'running' OR NOT $7::boolean OR lease_until <= now())
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $3::text AND s.paused)
+    started_at = now(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - COALESCE(r.start_after, r.instant) > s.late_after)
+FROM pgclaim_schedules s
+WHERE s.name = r.schedule
+  AND NOT s.paused
+  AND r.schedule = $3::text
+  AND r.instant = $4::timestamptz
+  AND r.state = $5::text
+  AND r.fence IS NOT DISTINCT FROM $6::bigint
+  AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
+  AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
+  AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now())
   AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
-RETURNING attempt, fence, kind, started_at
+RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us
 `
 
 type ClaimRunParams struct {
@@ -50,6 +55,8 @@ type ClaimRunRow struct {
 	Fence     *int64
 	Kind      string
 	StartedAt pgtype.Timestamptz
+	Late      bool
+	LagUs     int64
 }
 
 // Start the next attempt of a run: a compare-and-swap on its state and
@@ -59,7 +66,11 @@ type ClaimRunRow struct {
 // leases, only once its lease has expired; the lock is checked as in
 // RecordInstants. Nothing starts while the
 // schedule is paused (read by this statement: a pause committed before it
-// stops it). No row: someone else moved it, or paused.
+// stops it). No row: someone else moved it, or paused. A first attempt
+// starting more than the schedule's late_after after its instant marks
+// the run late (not a backfilled one), measured from its start_after when
+// it has one (a jittered instant); lag_us is how long after its instant
+// this attempt started. A pending run does not start before start_after.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
 	row := q.db.QueryRow(ctx, claimRun,
 		arg.Holder,
@@ -78,6 +89,8 @@ func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow
 		&i.Fence,
 		&i.Kind,
 		&i.StartedAt,
+		&i.Late,
+		&i.LagUs,
 	)
 	return i, err
 }
@@ -169,9 +182,65 @@ func (q *Queries) FinishRun(ctx context.Context, arg FinishRunParams) (FinishRun
 	return i, err
 }
 
+const markOverdue = `-- name: MarkOverdue :one
+WITH r AS (
+    SELECT started_at FROM pgclaim_schedule_runs
+    WHERE schedule = $2::text AND instant = $3::timestamptz
+      AND fence = $4::bigint AND state = 'running'
+), u AS (
+    UPDATE pgclaim_schedule_runs
+    SET overdue = true
+    WHERE schedule = $2::text AND instant = $3::timestamptz
+      AND fence = $4::bigint AND state = 'running'
+      AND started_at + $1::bigint * interval '1 microsecond' <= now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u)::boolean AS marked,
+       (extract(epoch FROM r.started_at + $1::bigint * interval '1 microsecond' - now()) * 1000000)::bigint AS remaining_us
+FROM r
+`
+
+type MarkOverdueParams struct {
+	ExpectedUs int64
+	Schedule   string
+	Instant    pgtype.Timestamptz
+	Fence      int64
+}
+
+type MarkOverdueRow struct {
+	Marked      bool
+	RemainingUs int64
+}
+
+// Mark a running attempt overdue once it has run for expected_us (database
+// time). No row: the attempt is no longer running (finished, taken over).
+// marked false: not yet; remaining_us says how long until it is.
+func (q *Queries) MarkOverdue(ctx context.Context, arg MarkOverdueParams) (MarkOverdueRow, error) {
+	row := q.db.QueryRow(ctx, markOverdue,
+		arg.ExpectedUs,
+		arg.Schedule,
+		arg.Instant,
+		arg.Fence,
+	)
+	var i MarkOverdueRow
+	err := row.Scan(&i.Marked, &i.RemainingUs)
+	return i, err
+}
+
+const notifySchedule = `-- name: NotifySchedule :exec
+SELECT pg_notify('pgclaim_schedules', $1::text)
+`
+
+// Tell every listening instance that a run of the schedule waits (an
+// attempt handed back at shutdown), as Pause, Resume and Trigger do.
+func (q *Queries) NotifySchedule(ctx context.Context, name string) error {
+	_, err := q.db.Exec(ctx, notifySchedule, name)
+	return err
+}
+
 const openRuns = `-- name: OpenRuns :many
-SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at,
-       (state = 'pending'
+SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+       ((state = 'pending' AND (start_after IS NULL OR start_after <= now()))
         OR (state = 'retrying' AND next_attempt_at <= now())
         OR (state = 'running' AND lease_until <= now()))::boolean AS ready
 FROM pgclaim_schedule_runs
@@ -188,12 +257,13 @@ type OpenRunsRow struct {
 	Holder        *string
 	LeaseUntil    pgtype.Timestamptz
 	NextAttemptAt pgtype.Timestamptz
+	StartAfter    pgtype.Timestamptz
 	Ready         bool
 }
 
 // A schedule's unfinished runs, oldest first, with whether each can be
-// taken now: a pending run, a retry whose time has come, a running one
-// whose lease has expired.
+// taken now: a pending run past its start_after, a retry whose time has
+// come, a running one whose lease has expired.
 func (q *Queries) OpenRuns(ctx context.Context, schedule string) ([]OpenRunsRow, error) {
 	rows, err := q.db.Query(ctx, openRuns, schedule)
 	if err != nil {
@@ -212,6 +282,7 @@ func (q *Queries) OpenRuns(ctx context.Context, schedule string) ([]OpenRunsRow,
 			&i.Holder,
 			&i.LeaseUntil,
 			&i.NextAttemptAt,
+			&i.StartAfter,
 			&i.Ready,
 		); err != nil {
 			return nil, err
@@ -263,7 +334,7 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
            SELECT 1 FROM pgclaim_schedule_runs r
            WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
              AND CASE r.state
-                 WHEN 'pending' THEN NOT s.paused
+                 WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
                       OR (NOT $1::boolean AND NOT EXISTS (
@@ -296,7 +367,8 @@ type PollSchedulesRow struct {
 }
 
 // For each of the named schedules: its version and pause state, and
-// whether a run waits for an instance: pending (not paused), a retry whose
+// whether a run waits for an instance: pending (not paused, past its
+// start_after), a retry whose
 // time has come, or a running run whose holder is gone (lease expired, or,
 // with advisory locks, nobody holds the schedule's lock).
 func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([]PollSchedulesRow, error) {
@@ -330,32 +402,87 @@ func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([
 	return items, nil
 }
 
+const pruneRuns = `-- name: PruneRuns :one
+WITH bad AS (
+    SELECT name, (extract(epoch FROM catch_up_window) * 1000000)::bigint AS window_us
+    FROM pgclaim_schedules
+    WHERE catch_up_window >= $1::bigint * interval '1 microsecond'
+    ORDER BY catch_up_window DESC, name
+    LIMIT 1
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    WHERE NOT EXISTS (SELECT 1 FROM bad)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - $1::bigint * interval '1 microsecond'
+    RETURNING r.schedule, r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules s
+    SET pruned_until = GREATEST(s.pruned_until, m.until)
+    FROM (SELECT schedule, max(instant) AS until FROM d WHERE kind <> 'triggered' GROUP BY schedule) AS m
+    WHERE s.name = m.schedule
+    RETURNING s.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       (SELECT count(*) FROM u)::bigint AS schedules,
+       COALESCE((SELECT name FROM bad), '')::text AS refused_by,
+       COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us
+`
+
+type PruneRunsRow struct {
+	Deleted         int64
+	Schedules       int64
+	RefusedBy       string
+	RefusedWindowUs int64
+}
+
+// Delete the finished runs (succeeded, failed, skipped; never an open one)
+// that finished more than older_than ago by database time, and move each
+// schedule's pruned_until up to the newest scheduled or backfilled instant
+// deleted, so catch-up never records those instants again and Missed never
+// lists them. Nothing is deleted when a stored schedule's catch-up window
+// reaches older_than: refused_by names the one with the widest window.
+func (q *Queries) PruneRuns(ctx context.Context, olderThanUs int64) (PruneRunsRow, error) {
+	row := q.db.QueryRow(ctx, pruneRuns, olderThanUs)
+	var i PruneRunsRow
+	err := row.Scan(
+		&i.Deleted,
+		&i.Schedules,
+		&i.RefusedBy,
+		&i.RefusedWindowUs,
+	)
+	return i, err
+}
+
 const recordInstants = `-- name: RecordInstants :execrows
-INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, created_at, finished_at)
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
-       now(), CASE WHEN u.state = 'skipped' THEN now() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
-             unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason) AS u
-WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
-  AND ($7::bigint = 0 OR EXISTS (
+             unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason,
+             unnest($7::timestamptz[]) AS start_after) AS u
+WHERE u.instant IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
+  AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = $8::text AND l.fence = $7::bigint AND l.lock_until > now()))
+    WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
 ON CONFLICT DO NOTHING
 `
 
 type RecordInstantsParams struct {
-	Schedule  string
-	Kind      string
-	Instants  []pgtype.Timestamptz
-	States    []string
-	Missed    []bool
-	Reasons   []string
-	LockFence int64
-	LockName  string
+	Schedule    string
+	Kind        string
+	Instants    []pgtype.Timestamptz
+	States      []string
+	Missed      []bool
+	Reasons     []string
+	StartAfters []pgtype.Timestamptz
+	LockFence   int64
+	LockName    string
 }
 
-// Record due instants of a schedule, each pending (to run) or skipped (with
-// its reason). An instant already recorded is left as it is; nothing is
+// Record due instants of a schedule, each pending (to run, not before its
+// start_after; start_afters may be NULL or shorter: the missing ones start
+// at once) or skipped (with its reason). An instant already recorded is left as it is; nothing is
 // recorded while the schedule is paused (read by this statement). Only the
 // holder of the schedule's lock records: with a lease (lock_fence > 0) the
 // statement checks it still holds it; a session lock is checked by
@@ -368,6 +495,7 @@ func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) 
 		arg.States,
 		arg.Missed,
 		arg.Reasons,
+		arg.StartAfters,
 		arg.LockFence,
 		arg.LockName,
 	)
@@ -381,7 +509,7 @@ const registerSchedule = `-- name: RegisterSchedule :one
 
 INSERT INTO pgclaim_schedules AS s (
     name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
-    max_attempts, backoff, max_backoff, expected_duration, lease, starts_at, created_at, updated_at)
+    max_attempts, backoff, max_backoff, expected_duration, late_after, jitter, lease, starts_at, created_at, updated_at)
 VALUES ($1::text, $2::text, $3::text, $4::int4,
         $5::text, $6::bigint * interval '1 microsecond',
         $7::int4, $8::text, $9::int4,
@@ -389,6 +517,8 @@ VALUES ($1::text, $2::text, $3::text, $4::int4,
         $11::bigint * interval '1 microsecond',
         $12::bigint * interval '1 microsecond',
         $13::bigint * interval '1 microsecond',
+        $14::bigint * interval '1 microsecond',
+        $15::bigint * interval '1 microsecond',
         now(), now(), now())
 ON CONFLICT (name) DO UPDATE
 SET spec = excluded.spec,
@@ -402,6 +532,8 @@ SET spec = excluded.spec,
     backoff = excluded.backoff,
     max_backoff = excluded.max_backoff,
     expected_duration = excluded.expected_duration,
+    late_after = excluded.late_after,
+    jitter = excluded.jitter,
     lease = excluded.lease,
     starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
                      THEN s.starts_at ELSE excluded.starts_at END,
@@ -423,6 +555,8 @@ type RegisterScheduleParams struct {
 	BackoffUs       int64
 	MaxBackoffUs    int64
 	ExpectedUs      int64
+	LateAfterUs     int64
+	JitterUs        int64
 	LeaseUs         int64
 }
 
@@ -448,6 +582,8 @@ func (q *Queries) RegisterSchedule(ctx context.Context, arg RegisterSchedulePara
 		arg.BackoffUs,
 		arg.MaxBackoffUs,
 		arg.ExpectedUs,
+		arg.LateAfterUs,
+		arg.JitterUs,
 		arg.LeaseUs,
 	)
 	var inserted bool
@@ -485,6 +621,64 @@ func (q *Queries) RenewRun(ctx context.Context, arg RenewRunParams) (pgtype.Time
 	var lease_until pgtype.Timestamptz
 	err := row.Scan(&lease_until)
 	return lease_until, err
+}
+
+const replaceRuns = `-- name: ReplaceRuns :many
+UPDATE pgclaim_schedule_runs r
+SET state = 'skipped', lease_until = NULL, next_attempt_at = NULL, finished_at = now(),
+    reason = $1::text
+FROM (SELECT unnest($5::timestamptz[]) AS instant, unnest($6::bigint[]) AS fence,
+             unnest($7::text[]) AS state) AS u
+WHERE r.schedule = $2::text
+  AND r.instant = u.instant AND r.fence = u.fence AND r.state = u.state
+  AND r.state IN ('running', 'retrying')
+  AND ($3::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = $4::text AND l.fence = $3::bigint AND l.lock_until > now()))
+RETURNING r.instant
+`
+
+type ReplaceRunsParams struct {
+	Reason    string
+	Schedule  string
+	LockFence int64
+	LockName  string
+	Instants  []pgtype.Timestamptz
+	Fences    []int64
+	States    []string
+}
+
+// Overlap replace: record the given running or retrying runs of a schedule
+// skipped with reason (a compare-and-swap on each one's state and fence;
+// a running attempt's fence is then stale), by the holder of the
+// schedule's lock (checked as in RecordInstants). Returns the instants
+// replaced.
+func (q *Queries) ReplaceRuns(ctx context.Context, arg ReplaceRunsParams) ([]pgtype.Timestamptz, error) {
+	rows, err := q.db.Query(ctx, replaceRuns,
+		arg.Reason,
+		arg.Schedule,
+		arg.LockFence,
+		arg.LockName,
+		arg.Instants,
+		arg.Fences,
+		arg.States,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []pgtype.Timestamptz{}
+	for rows.Next() {
+		var instant pgtype.Timestamptz
+		if err := rows.Scan(&instant); err != nil {
+			return nil, err
+		}
+		items = append(items, instant)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const resumeSchedule = `-- name: ResumeSchedule :one
@@ -560,8 +754,10 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM backoff) * 1000000)::bigint AS backoff_us,
        (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
        (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
+       (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
+       (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -582,6 +778,8 @@ type ScheduleByNameRow struct {
 	BackoffUs       int64
 	MaxBackoffUs    int64
 	ExpectedUs      int64
+	LateAfterUs     int64
+	JitterUs        int64
 	LeaseUs         int64
 	Paused          bool
 	PausedNote      *string
@@ -589,6 +787,7 @@ type ScheduleByNameRow struct {
 	PausedAt        pgtype.Timestamptz
 	ResumedAt       pgtype.Timestamptz
 	StartsAt        pgtype.Timestamptz
+	PrunedUntil     pgtype.Timestamptz
 	Cursor          pgtype.Timestamptz
 	DbNow           pgtype.Timestamptz
 }
@@ -610,6 +809,8 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.BackoffUs,
 		&i.MaxBackoffUs,
 		&i.ExpectedUs,
+		&i.LateAfterUs,
+		&i.JitterUs,
 		&i.LeaseUs,
 		&i.Paused,
 		&i.PausedNote,
@@ -617,6 +818,7 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.PausedAt,
 		&i.ResumedAt,
 		&i.StartsAt,
+		&i.PrunedUntil,
 		&i.Cursor,
 		&i.DbNow,
 	)
@@ -656,21 +858,4 @@ func (q *Queries) TriggerSchedule(ctx context.Context, name string) (TriggerSche
 	var i TriggerScheduleRow
 	err := row.Scan(&i.Instant, &i.Created, &i.Notified)
 	return i, err
-}
-
-const trySchedLock = `-- name: TrySchedLock :one
-SELECT pg_try_advisory_lock($1::int4, $2::int4)::boolean AS locked
-`
-
-type TrySchedLockParams struct {
-	LockClass int32
-	LockKey   int32
-}
-
-// Take a schedule's session advisory lock if free.
-func (q *Queries) TrySchedLock(ctx context.Context, arg TrySchedLockParams) (bool, error) {
-	row := q.db.QueryRow(ctx, trySchedLock, arg.LockClass, arg.LockKey)
-	var locked bool
-	err := row.Scan(&locked)
-	return locked, err
 }

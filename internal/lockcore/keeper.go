@@ -84,11 +84,10 @@ func (v *Validity) Stop() {
 // Keeper confirms, on its own goroutine, that a lock is still held, until it
 // is stopped or finds the lock lost. Session.Watch and Renew start one.
 type Keeper struct {
-	stop    context.CancelFunc
-	start   *time.Timer
-	done    chan struct{}
-	err     error // why the lock was lost; read after done
-	stopped bool  // Stop found the keeper not started
+	stop  context.CancelFunc
+	start *time.Timer
+	done  chan struct{}
+	err   error // why the lock was lost; read after done
 }
 
 // keep starts loop after after (0: at once). loop returns nil when its

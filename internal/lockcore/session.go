@@ -156,14 +156,18 @@ func (c *Sessions) Close() {
 }
 
 // Close closes the connection; the server then releases its locks.
-func (s *Session) Close() {
+func (s *Session) Close() { CloseConn(s.Conn) }
+
+// CloseConn closes c, a connection taken out of its pool, and cuts its
+// socket, so the server sees the session end (and frees its locks) at once.
+func CloseConn(c *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = s.Conn.Close(ctx)
+	_ = c.Close(ctx)
 	// After a timed-out statement pgconn closes in the background, first
 	// sending a cancel request that can wait up to 15 s. Cut the socket now
 	// so the server sees the session end and frees its locks.
-	_ = s.Conn.PgConn().Conn().Close()
+	_ = c.PgConn().Conn().Close()
 }
 
 // TryLock takes the advisory lock (class, key), waiting up to wait (0: not

@@ -18,12 +18,20 @@ CREATE TABLE pgclaim_schedules (
     catch_up_window   interval    NOT NULL CHECK (catch_up_window >= interval '0'),
     catch_up_cap      integer     NOT NULL CHECK (catch_up_cap >= 1),
     -- An instant due while the previous run still runs: skip (recorded
-    -- skipped) or buffer_one (runs when the current one ends).
-    overlap           text        NOT NULL CHECK (overlap IN ('skip', 'buffer_one')),
+    -- skipped), buffer_one (runs when the current one ends) or replace (the
+    -- previous run is cancelled and recorded skipped; the new one runs).
+    overlap           text        NOT NULL CHECK (overlap IN ('skip', 'buffer_one', 'replace')),
     max_attempts      integer     NOT NULL CHECK (max_attempts >= 1),
     backoff           interval    NOT NULL CHECK (backoff >= interval '0'),
     max_backoff       interval    NOT NULL CHECK (max_backoff >= interval '0'),
+    -- An attempt running longer than expected_duration (when > 0) is
+    -- overdue; a run whose first attempt started more than late_after after
+    -- its instant is late.
     expected_duration interval    NOT NULL CHECK (expected_duration >= interval '0'),
+    late_after        interval    NOT NULL DEFAULT interval '10 seconds' CHECK (late_after > interval '0'),
+    -- Each scheduled instant's start is delayed by up to jitter (a fixed
+    -- amount per instant); the instant itself stays the scheduled one.
+    jitter            interval    NOT NULL DEFAULT interval '0' CHECK (jitter >= interval '0'),
     lease             interval    NOT NULL CHECK (lease > interval '0'),
     paused            boolean     NOT NULL DEFAULT false,
     paused_note       text,
@@ -32,6 +40,9 @@ CREATE TABLE pgclaim_schedules (
     -- ended (NULL while paused): instants between them are not missed.
     paused_at         timestamptz,
     resumed_at        timestamptz,
+    -- Scheduler.Prune deleted finished runs of instants up to pruned_until:
+    -- those instants are never recorded again nor reported missed.
+    pruned_until      timestamptz,
     -- Instants at or before starts_at were never due under this
     -- definition: it is the registration's time, moved when a new version
     -- changes the spec or the zone.
@@ -61,6 +72,15 @@ CREATE TABLE pgclaim_schedule_runs (
     -- missed: the instant was recorded after its grace had passed (no
     -- instance recorded it in time); catch-up then decided its fate.
     missed          boolean     NOT NULL DEFAULT false,
+    -- A pending run does not start before start_after (its instant plus
+    -- its jitter delay); NULL: at once.
+    start_after     timestamptz,
+    -- late: the first attempt started more than the schedule's late_after
+    -- after start_after, or the instant (backfilled runs are never late);
+    -- overdue: an attempt ran past the schedule's expected_duration. Both
+    -- stay set.
+    late            boolean     NOT NULL DEFAULT false,
+    overdue         boolean     NOT NULL DEFAULT false,
     created_at      timestamptz NOT NULL,
     started_at      timestamptz,
     finished_at     timestamptz,

@@ -10,13 +10,15 @@
 -- the stored definition has an equal or higher version and stays.
 INSERT INTO pgclaim_schedules AS s (
     name, spec, time_zone, version, catch_up, catch_up_window, catch_up_cap, overlap,
-    max_attempts, backoff, max_backoff, expected_duration, lease, starts_at, created_at, updated_at)
+    max_attempts, backoff, max_backoff, expected_duration, late_after, jitter, lease, starts_at, created_at, updated_at)
 VALUES (sqlc.arg(name)::text, sqlc.arg(spec)::text, sqlc.arg(time_zone)::text, sqlc.arg(version)::int4,
         sqlc.arg(catch_up)::text, sqlc.arg(catch_up_window_us)::bigint * interval '1 microsecond',
         sqlc.arg(catch_up_cap)::int4, sqlc.arg(overlap)::text, sqlc.arg(max_attempts)::int4,
         sqlc.arg(backoff_us)::bigint * interval '1 microsecond',
         sqlc.arg(max_backoff_us)::bigint * interval '1 microsecond',
         sqlc.arg(expected_us)::bigint * interval '1 microsecond',
+        sqlc.arg(late_after_us)::bigint * interval '1 microsecond',
+        sqlc.arg(jitter_us)::bigint * interval '1 microsecond',
         sqlc.arg(lease_us)::bigint * interval '1 microsecond',
         now(), now(), now())
 ON CONFLICT (name) DO UPDATE
@@ -31,6 +33,8 @@ SET spec = excluded.spec,
     backoff = excluded.backoff,
     max_backoff = excluded.max_backoff,
     expected_duration = excluded.expected_duration,
+    late_after = excluded.late_after,
+    jitter = excluded.jitter,
     lease = excluded.lease,
     starts_at = CASE WHEN s.spec = excluded.spec AND s.time_zone = excluded.time_zone
                      THEN s.starts_at ELSE excluded.starts_at END,
@@ -46,8 +50,10 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM backoff) * 1000000)::bigint AS backoff_us,
        (extract(epoch FROM max_backoff) * 1000000)::bigint AS max_backoff_us,
        (extract(epoch FROM expected_duration) * 1000000)::bigint AS expected_us,
+       (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
+       (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -56,10 +62,10 @@ WHERE name = sqlc.arg(name)::text;
 
 -- name: OpenRuns :many
 -- A schedule's unfinished runs, oldest first, with whether each can be
--- taken now: a pending run, a retry whose time has come, a running one
--- whose lease has expired.
-SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at,
-       (state = 'pending'
+-- taken now: a pending run past its start_after, a retry whose time has
+-- come, a running one whose lease has expired.
+SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+       ((state = 'pending' AND (start_after IS NULL OR start_after <= now()))
         OR (state = 'retrying' AND next_attempt_at <= now())
         OR (state = 'running' AND lease_until <= now()))::boolean AS ready
 FROM pgclaim_schedule_runs
@@ -67,18 +73,21 @@ WHERE schedule = sqlc.arg(schedule)::text AND state IN ('pending', 'running', 'r
 ORDER BY instant;
 
 -- name: RecordInstants :execrows
--- Record due instants of a schedule, each pending (to run) or skipped (with
--- its reason). An instant already recorded is left as it is; nothing is
+-- Record due instants of a schedule, each pending (to run, not before its
+-- start_after; start_afters may be NULL or shorter: the missing ones start
+-- at once) or skipped (with its reason). An instant already recorded is left as it is; nothing is
 -- recorded while the schedule is paused (read by this statement). Only the
 -- holder of the schedule's lock records: with a lease (lock_fence > 0) the
 -- statement checks it still holds it; a session lock is checked by
 -- running the statement on the lock's own session.
-INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, created_at, finished_at)
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
-       now(), CASE WHEN u.state = 'skipped' THEN now() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, now(), CASE WHEN u.state = 'skipped' THEN now() END
 FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
-             unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason) AS u
-WHERE NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+             unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason,
+             unnest(sqlc.narg(start_afters)::timestamptz[]) AS start_after) AS u
+WHERE u.instant IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
   AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
@@ -92,26 +101,35 @@ ON CONFLICT DO NOTHING;
 -- leases, only once its lease has expired; the lock is checked as in
 -- RecordInstants. Nothing starts while the
 -- schedule is paused (read by this statement: a pause committed before it
--- stops it). No row: someone else moved it, or paused.
-UPDATE pgclaim_schedule_runs
+-- stops it). No row: someone else moved it, or paused. A first attempt
+-- starting more than the schedule's late_after after its instant marks
+-- the run late (not a backfilled one), measured from its start_after when
+-- it has one (a jittered instant); lag_us is how long after its instant
+-- this attempt started. A pending run does not start before start_after.
+UPDATE pgclaim_schedule_runs r
 SET state = 'running',
-    attempt = attempt + 1,
+    attempt = r.attempt + 1,
     fence = nextval('pgclaim_fence_seq'),
     holder = sqlc.arg(holder)::text,
     lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now()
-WHERE schedule = sqlc.arg(schedule)::text
-  AND instant = sqlc.arg(instant)::timestamptz
-  AND state = sqlc.arg(state)::text
-  AND fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
-  AND (state <> 'retrying' OR next_attempt_at <= now())
-  AND (state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
+    started_at = now(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - COALESCE(r.start_after, r.instant) > s.late_after)
+FROM pgclaim_schedules s
+WHERE s.name = r.schedule
+  AND NOT s.paused
+  AND r.schedule = sqlc.arg(schedule)::text
+  AND r.instant = sqlc.arg(instant)::timestamptz
+  AND r.state = sqlc.arg(state)::text
+  AND r.fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
+  AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
+  AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
+  AND (r.state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR r.lease_until <= now())
   AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
-RETURNING attempt, fence, kind, started_at;
+RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us;
 
 -- name: RenewRun :one
 -- Extend a running attempt's lease, only while it holds the run's fence and
@@ -142,6 +160,45 @@ WHERE schedule = sqlc.arg(schedule)::text
   AND state = 'running'
 RETURNING state, next_attempt_at;
 
+-- name: MarkOverdue :one
+-- Mark a running attempt overdue once it has run for expected_us (database
+-- time). No row: the attempt is no longer running (finished, taken over).
+-- marked false: not yet; remaining_us says how long until it is.
+WITH r AS (
+    SELECT started_at FROM pgclaim_schedule_runs
+    WHERE schedule = sqlc.arg(schedule)::text AND instant = sqlc.arg(instant)::timestamptz
+      AND fence = sqlc.arg(fence)::bigint AND state = 'running'
+), u AS (
+    UPDATE pgclaim_schedule_runs
+    SET overdue = true
+    WHERE schedule = sqlc.arg(schedule)::text AND instant = sqlc.arg(instant)::timestamptz
+      AND fence = sqlc.arg(fence)::bigint AND state = 'running'
+      AND started_at + sqlc.arg(expected_us)::bigint * interval '1 microsecond' <= now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u)::boolean AS marked,
+       (extract(epoch FROM r.started_at + sqlc.arg(expected_us)::bigint * interval '1 microsecond' - now()) * 1000000)::bigint AS remaining_us
+FROM r;
+
+-- name: ReplaceRuns :many
+-- Overlap replace: record the given running or retrying runs of a schedule
+-- skipped with reason (a compare-and-swap on each one's state and fence;
+-- a running attempt's fence is then stale), by the holder of the
+-- schedule's lock (checked as in RecordInstants). Returns the instants
+-- replaced.
+UPDATE pgclaim_schedule_runs r
+SET state = 'skipped', lease_until = NULL, next_attempt_at = NULL, finished_at = now(),
+    reason = sqlc.arg(reason)::text
+FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(fences)::bigint[]) AS fence,
+             unnest(sqlc.arg(states)::text[]) AS state) AS u
+WHERE r.schedule = sqlc.arg(schedule)::text
+  AND r.instant = u.instant AND r.fence = u.fence AND r.state = u.state
+  AND r.state IN ('running', 'retrying')
+  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+    SELECT 1 FROM pgclaim_locks l
+    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
+RETURNING r.instant;
+
 -- name: FailDeadRun :execrows
 -- Record a running run whose holder died on its last attempt as failed
 -- (by the holder of the schedule's lock, checked as in RecordInstants).
@@ -156,13 +213,10 @@ WHERE schedule = sqlc.arg(schedule)::text
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()));
 
--- name: TrySchedLock :one
--- Take a schedule's session advisory lock if free.
-SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS locked;
-
 -- name: PollSchedules :many
 -- For each of the named schedules: its version and pause state, and
--- whether a run waits for an instance: pending (not paused), a retry whose
+-- whether a run waits for an instance: pending (not paused, past its
+-- start_after), a retry whose
 -- time has come, or a running run whose holder is gone (lease expired, or,
 -- with advisory locks, nobody holds the schedule's lock).
 SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
@@ -170,7 +224,7 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
            SELECT 1 FROM pgclaim_schedule_runs r
            WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
              AND CASE r.state
-                 WHEN 'pending' THEN NOT s.paused
+                 WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
                       OR (NOT sqlc.arg(lease_mode)::boolean AND NOT EXISTS (
@@ -240,3 +294,39 @@ SELECT instant FROM pgclaim_schedule_runs
 WHERE schedule = sqlc.arg(schedule)::text AND kind = sqlc.arg(kind)::text
   AND instant > sqlc.arg(after)::timestamptz AND instant <= sqlc.arg(upto)::timestamptz
 ORDER BY instant;
+
+-- name: PruneRuns :one
+-- Delete the finished runs (succeeded, failed, skipped; never an open one)
+-- that finished more than older_than ago by database time, and move each
+-- schedule's pruned_until up to the newest scheduled or backfilled instant
+-- deleted, so catch-up never records those instants again and Missed never
+-- lists them. Nothing is deleted when a stored schedule's catch-up window
+-- reaches older_than: refused_by names the one with the widest window.
+WITH bad AS (
+    SELECT name, (extract(epoch FROM catch_up_window) * 1000000)::bigint AS window_us
+    FROM pgclaim_schedules
+    WHERE catch_up_window >= sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+    ORDER BY catch_up_window DESC, name
+    LIMIT 1
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    WHERE NOT EXISTS (SELECT 1 FROM bad)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+    RETURNING r.schedule, r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules s
+    SET pruned_until = GREATEST(s.pruned_until, m.until)
+    FROM (SELECT schedule, max(instant) AS until FROM d WHERE kind <> 'triggered' GROUP BY schedule) AS m
+    WHERE s.name = m.schedule
+    RETURNING s.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       (SELECT count(*) FROM u)::bigint AS schedules,
+       COALESCE((SELECT name FROM bad), '')::text AS refused_by,
+       COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us;
+
+-- name: NotifySchedule :exec
+-- Tell every listening instance that a run of the schedule waits (an
+-- attempt handed back at shutdown), as Pause, Resume and Trigger do.
+SELECT pg_notify('pgclaim_schedules', sqlc.arg(name)::text);

@@ -31,12 +31,15 @@ type PgclaimSchedule struct {
 	Backoff          pgtype.Interval
 	MaxBackoff       pgtype.Interval
 	ExpectedDuration pgtype.Interval
+	LateAfter        pgtype.Interval
+	Jitter           pgtype.Interval
 	Lease            pgtype.Interval
 	Paused           bool
 	PausedNote       *string
 	PausedBy         *string
 	PausedAt         *time.Time
 	ResumedAt        *time.Time
+	PrunedUntil      *time.Time
 	StartsAt         time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
@@ -53,6 +56,9 @@ type PgclaimScheduleRun struct {
 	LeaseUntil    *time.Time
 	NextAttemptAt *time.Time
 	Missed        bool
+	StartAfter    *time.Time
+	Late          bool
+	Overdue       bool
 	CreatedAt     time.Time
 	StartedAt     *time.Time
 	FinishedAt    *time.Time
