@@ -681,12 +681,15 @@ func callJob(ctx context.Context, job Job, run Run) (err error) {
 	return job(ctx, run)
 }
 
-// finish records the outcome of a's attempt, which has returned. lost is
+// finish records the outcome of a's attempt, which has returned. While the
+// schedule's lock is held, a write that fails for a reason that may pass (a
+// deadline, a lost connection, a serialization failure) is tried again, so
+// the lock is never released on a run still recorded running. lost is
 // why the lock was lost meanwhile, if it was: then only a success is
 // recorded (a compare-and-swap on the fence, refused if the run was taken
 // over), and a failure is left for the next holder to take over. The
-// outcome is written on h (the schedule's lock, when still held) or, when
-// h is nil, lost or fails with its loss, through the pool.
+// outcome is written through the pool (the fence guards it), not on the
+// lock's session, where a statement's deadline would end the lock.
 func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost error) {
 	a.stopKeep()
 	d := time.Since(a.start)
@@ -712,20 +715,30 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 	default:
 		p.State, p.Reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
 	}
-	rctx, cancel := lockcore.ReleaseContext(ctx)
-	defer cancel()
-	write := func(q *store.Queries) error {
-		_, err := q.FinishRun(rctx, p)
+	write := func(ctx context.Context, q *store.Queries) error {
+		_, err := q.FinishRun(ctx, p)
 		return err
 	}
 	var err error
-	if h != nil && lost == nil {
-		// Still holding the schedule's lock: on its session, one round
-		// trip (the fence is the guard either way).
-		err = h.do(rctx, func(q *store.Queries, _ guard) error { return write(q) })
-	}
-	if h == nil || lost != nil || (err != nil && h.cause() != nil) {
-		err = s.tx(rctx, write)
+	for try := 1; ; try++ {
+		// Through the pool, guarded by the fence, never on the lock's own
+		// session: a statement there that hits its deadline ends the
+		// session, and with it the lock.
+		rctx, cancel := lockcore.ReleaseContext(ctx)
+		err = s.tx(rctx, func(q *store.Queries) error { return write(rctx, q) })
+		cancel()
+		if err == nil || errors.Is(err, pgx.ErrNoRows) || !transient(err) || h == nil || lost != nil || h.cause() != nil {
+			break
+		}
+		// The lock is still held, so no other instance can take the run
+		// over: keep trying rather than release the lock while the run is
+		// recorded running, which the next holder would run again.
+		wait := min(50*time.Millisecond<<min(try, 6), 2*time.Second)
+		s.log.WarnContext(ctx, "schedule: record outcome; retrying while the schedule's lock is held", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "try", try, "retry_in", wait, "error", err)
+		select {
+		case <-h.lost():
+		case <-time.After(wait):
+		}
 	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

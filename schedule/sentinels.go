@@ -1,6 +1,10 @@
 package schedule
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // Sentinel errors besides ErrInvalid. Compare with errors.Is; returned
 // errors wrap them with the schedule and instant.
@@ -15,3 +19,20 @@ var (
 	// ErrNotFound means no schedule of that name is stored.
 	ErrNotFound = errors.New("schedule: no such schedule")
 )
+
+// transient reports whether err may go away when the statement is tried
+// again: anything but an error the server returned, or one of those in the
+// classes that depend on the moment (40 transaction rollback, 08
+// connection, 53 insufficient resources, 57 operator intervention, 25006
+// read-only transaction).
+func transient(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return true
+	}
+	switch pe.Code[:2] {
+	case "40", "08", "53", "57":
+		return true
+	}
+	return pe.Code == "25006"
+}
