@@ -157,7 +157,8 @@ func (o ElectorConfig) check() (ElectorConfig, error) {
 // ended_at in database time), and the term number is a fencing token from
 // pgclaim_fence_seq. At most one term of an election is open at a time, and
 // terms never overlap: a new leader starts its term only after the previous
-// one was closed. Prune deletes terms that ended long ago.
+// one was closed, with a higher term number. Prune deletes terms that ended
+// long ago.
 //
 // Leadership changes are reported to ElectorConfig.Hooks and the Logger:
 // EventAcquired when this instance starts leading, EventLost when it lost

@@ -43,8 +43,10 @@ func (e *Elector) campaignLease(ctx context.Context, deferEnd bool) (*term, erro
 // stampStart records when a new lease term is certainly in force. A term
 // that ended meanwhile, or whose lease ran out before the stamp (the
 // candidate stalled longer than TTL), is lost: pgx.ErrNoRows, and its row is
-// closed (as expired) if still open. A term whose stamp cannot be written is
-// closed again.
+// closed (as expired) if still open. So is a term whose fence is below that
+// of a term the election had meanwhile (the candidate stalled inside
+// StartLeaseTerm): the stamp deletes its row. A term whose stamp cannot be
+// written is closed again.
 func (e *Elector) stampStart(ctx context.Context, term int64) error {
 	sctx, cancel := releaseCtx(ctx)
 	defer cancel()

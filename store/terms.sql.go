@@ -186,12 +186,25 @@ func (q *Queries) RenewTerm(ctx context.Context, arg RenewTermParams) (pgtype.Ti
 }
 
 const stampTermStart = `-- name: StampTermStart :one
+WITH later AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgclaim_terms n
+        WHERE n.election = $1::text AND n.term > $2::bigint
+    ) AS found
+), outdated AS (
+    DELETE FROM pgclaim_terms
+    WHERE election = $1::text
+      AND term = $2::bigint
+      AND ended_at IS NULL
+      AND (SELECT found FROM later)
+)
 UPDATE pgclaim_terms
 SET started_at = least(clock_timestamp(), lease_until)
 WHERE election = $1::text
   AND term = $2::bigint
   AND ended_at IS NULL
   AND lease_until > clock_timestamp()
+  AND NOT (SELECT found FROM later)
 RETURNING started_at
 `
 
@@ -207,6 +220,19 @@ type StampTermStartParams struct {
 // Only while the lease lasts: a candidate that stalled past its lease (a
 // saturated pool, a pause) gets no row and does not lead, and started_at
 // never passes lease_until.
+//
+// Only while no term of the election has a higher number: StartLeaseTerm
+// draws its fence before its insert meets the open-term index, and judges
+// "no term open" by the snapshot its statement began with. A candidate that
+// stalls in between (its backend descheduled) can find, when it goes on,
+// that a whole term with a higher fence began and ended meanwhile; its
+// insert then succeeds, and leading with it would let fences fall. Such a
+// row is deleted here (it never was in force, and it is this candidate's
+// own) and no row returned: the candidate does not lead this time and
+// campaigns again, with a new fence. A higher-numbered row of the election
+// seen here was inserted and closed before this term's insert (the open-
+// term index keeps any other out while this one is open), so this never
+// refuses a term whose fence is the highest.
 func (q *Queries) StampTermStart(ctx context.Context, arg StampTermStartParams) (pgtype.Timestamptz, error) {
 	row := q.db.QueryRow(ctx, stampTermStart, arg.Election, arg.Term)
 	var started_at pgtype.Timestamptz
@@ -296,7 +322,9 @@ type StartLeaseTermRow struct {
 // Win the election if no unexpired term is open: close an expired term (it
 // ended when its lease ran out), then open a term leased until now() + ttl.
 // The partial unique index on open terms lets one of several racing
-// standbys win; no row returned means another one leads.
+// standbys win; no row returned means another one leads. A row returned
+// is not yet a term in force: StampTermStart confirms it (and refuses a
+// fence another term overtook while this statement stalled).
 //
 // Every statement that closes a term sets ended_at to at least started_at
 // (greatest(started_at, ...)), so the row's CHECK (ended_at >= started_at)
