@@ -43,6 +43,11 @@ const (
 	// OverlapBufferOne keeps one such instant, which runs when the current
 	// run ends; further ones are recorded skipped.
 	OverlapBufferOne Overlap = "buffer_one"
+	// OverlapBufferAll keeps every such instant: each runs, oldest first,
+	// once the runs before it have ended, and none is skipped for overlap.
+	// Pick it when every instant must complete; runs that take longer than
+	// the period then build a backlog (visible as late runs).
+	OverlapBufferAll Overlap = "buffer_all"
 	// OverlapReplace cancels the previous run when the instant is recorded:
 	// it is recorded skipped, naming the instant that replaced it; its
 	// running attempt's context is cancelled (the cause wraps ErrLost) and
@@ -181,9 +186,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	switch d.Overlap {
 	case "":
 		d.Overlap = OverlapSkip
-	case OverlapSkip, OverlapBufferOne, OverlapReplace:
+	case OverlapSkip, OverlapBufferOne, OverlapBufferAll, OverlapReplace:
 	default:
-		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip, buffer_one or replace", string(d.Overlap)))
+		return d, nil, f("Overlap", fmt.Sprintf("%q is not skip, buffer_one, buffer_all or replace", string(d.Overlap)))
 	}
 	if d.TimeZone == "" {
 		d.TimeZone = "UTC"

@@ -142,6 +142,7 @@
 // waiting for its retry is decided by the overlap policy: OverlapSkip
 // records it skipped, naming that run; OverlapBufferOne keeps one pending,
 // which runs when the current run ends, and records further ones skipped;
+// OverlapBufferAll keeps every one pending, to run oldest first;
 // OverlapReplace records the previous run skipped, naming the new instant
 // (a compare-and-swap on its state and fence, so its fence is stale from
 // then on), cancels its attempt's context (the cause wraps ErrLost), and

@@ -398,6 +398,8 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 			switch {
 			case d.Overlap == OverlapSkip:
 				run, reason = false, "overlap: "+busy
+			case d.Overlap == OverlapBufferAll:
+				// kept: runs after the ones before it
 			case d.Overlap == OverlapBufferOne && pending:
 				run, reason = false, "overlap: "+busy+" and a run is already buffered"
 			case d.Overlap == OverlapReplace:

@@ -228,3 +228,62 @@ func TestOverlapSkipAndBufferOne(t *testing.T) {
 		t.Errorf("buffer: %d runs waited in the buffer, %d skipped as the buffer was full; want both", buffered, full)
 	}
 }
+
+// TestOverlapBufferAll: a 3 s run on a 1 s schedule with buffer_all skips
+// nothing: every instant recorded runs, oldest first, never two at once.
+func TestOverlapBufferAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	def := Definition{Name: "all", Spec: "* * * * * *", Version: 1, Overlap: OverlapBufferAll}
+	slow := func(ctx context.Context, r Run) error {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	var ins []*instance
+	for i := range 2 {
+		in := newInstance(t, db, fmt.Sprintf("inst-%d", i), Config{}, nil)
+		if err := in.s.Register(ctx, def, slow); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+		ins = append(ins, in)
+	}
+	waitFor(t, 30*time.Second, "three runs", func() bool {
+		n := 0
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.State == stateSucceeded {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	for _, in := range ins {
+		in.stop()
+	}
+	var overlaps int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_schedule_runs a JOIN pgclaim_schedule_runs b
+		ON a.schedule = b.schedule AND a.instant < b.instant
+		WHERE a.schedule = $1 AND b.started_at < a.finished_at`, def.Name).Scan(&overlaps); err != nil {
+		t.Fatal(err)
+	}
+	if overlaps != 0 {
+		t.Errorf("%d pairs of runs overlapped or ran out of order", overlaps)
+	}
+	rs := runsOf(t, db.Pool, def.Name)
+	pending := 0
+	for _, r := range rs {
+		switch r.State {
+		case stateSkipped, stateFailed:
+			t.Errorf("%v: %s (%q); want every instant kept", r.Instant, r.State, deref(r.Reason))
+		case statePending, stateRetrying, stateRunning:
+			pending++
+		}
+	}
+	if pending < 3 {
+		t.Errorf("%d runs recorded, %d still waiting; want a backlog of at least 3 (runs take 3 periods)", len(rs), pending)
+	}
+}

@@ -18,9 +18,10 @@ CREATE TABLE pgclaim_schedules (
     catch_up_window   interval    NOT NULL CHECK (catch_up_window >= interval '0'),
     catch_up_cap      integer     NOT NULL CHECK (catch_up_cap >= 1),
     -- An instant due while the previous run still runs: skip (recorded
-    -- skipped), buffer_one (runs when the current one ends) or replace (the
+    -- skipped), buffer_one (runs when the current one ends), buffer_all (every one
+    -- runs, oldest first) or replace (the
     -- previous run is cancelled and recorded skipped; the new one runs).
-    overlap           text        NOT NULL CHECK (overlap IN ('skip', 'buffer_one', 'replace')),
+    overlap           text        NOT NULL CHECK (overlap IN ('skip', 'buffer_one', 'buffer_all', 'replace')),
     max_attempts      integer     NOT NULL CHECK (max_attempts >= 1),
     backoff           interval    NOT NULL CHECK (backoff >= interval '0'),
     max_backoff       interval    NOT NULL CHECK (max_backoff >= interval '0'),
