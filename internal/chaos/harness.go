@@ -185,7 +185,7 @@ func (c Config) worker() workerConfig {
 		Period:         c.Period,
 		Window:         c.Window,
 		Schedules:      c.Schedules,
-		SchedWork:      200 * time.Millisecond,
+		SchedWork:      100 * time.Millisecond,
 		SchedLease:     2 * time.Second,
 		SchedPoll:      time.Second,
 		SchedAttempts:  10,

@@ -199,6 +199,12 @@ func (w *worker) schedJob(ctx context.Context, run schedule.Run) error {
 // recorded as a "refused" event: that attempt was a zombie, and nothing of
 // it counts.
 //
+// The lease is compared with clock_timestamp(), not now(): a write sent
+// just before its process was SIGSTOPped can wait at the server for the
+// run row's lock (held by a renewal whose commit the stop delayed); the
+// row is re-checked when the lock is released, and by then the lease has
+// expired. now() would be the statement's start, before the stop.
+//
 // So the checker can count the effect whose fence is the succeeded
 // attempt's, and see that no attempt wrote anything after the next one
 // started. (Recording everything and letting the checker pick the
@@ -214,7 +220,7 @@ func (w *worker) fencedWrite(ctx context.Context, table string, run schedule.Run
 		WHERE EXISTS (
 			SELECT 1 FROM pgclaim_schedule_runs
 			WHERE schedule = $1::text AND instant = $2::timestamptz AND fence = $4::bigint
-			  AND state = 'running' AND lease_until > now()
+			  AND state = 'running' AND lease_until > clock_timestamp()
 			FOR SHARE)`, run.Schedule, run.Instant, run.Attempt, run.Fence, w.holder)
 	if err != nil {
 		return fmt.Errorf("%s: %w", table, err)

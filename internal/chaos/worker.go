@@ -194,7 +194,11 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = 8
+	// The claims, sweeps and elector need a few connections; the
+	// schedules fire together and renew their leases every third of one,
+	// so they get one per two schedules of a group (a session lock takes
+	// its connection out of the pool besides).
+	pcfg.MaxConns = int32(8 + len(cfg.SchedGroups)*cfg.Schedules/2)
 	pcfg.HealthCheckPeriod = time.Second
 	w.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
