@@ -493,6 +493,10 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		}
 		unexpected = append(unexpected, in.unexpectedExits()...)
 	}
+	if h.bnc != nil && h.bnc.exited() {
+		// Not a modelled fault: the instances behind it were cut off.
+		unexpected = append(unexpected, "pgbouncer exited during the run: "+h.bnc.logTail())
+	}
 	h.faults.mu.Lock()
 	faulted := false
 	for k, n := range h.faults.n {

@@ -211,7 +211,7 @@ func (w *worker) schedJob(ctx context.Context, run schedule.Run) error {
 // finished row's fence would hide a zombie's late write behind the count.)
 func (w *worker) fencedWrite(ctx context.Context, table string, run schedule.Run) error {
 	if w.cfg.Broken == BrokenNoSchedFence {
-		_, err := w.pool.Exec(ctx, `INSERT INTO `+table+` (schedule, instant, attempt, fence, instance) VALUES ($1, $2, $3, $4, $5)`,
+		_, err := w.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO `+table+` (schedule, instant, attempt, fence, instance) VALUES ($1, $2, $3, $4, $5)`,
 			run.Schedule, run.Instant, run.Attempt, run.Fence, w.holder)
 		return err
 	}
