@@ -54,19 +54,19 @@ const (
 
 // checkParams is what the checker needs to know about the run.
 type checkParams struct {
-	period, window, maxOffset time.Duration
-	tStart, tStop             time.Time // the window of instants that must have run
-	maxAttempts               int
-	schedules                 []string
-	schedLease, schedPoll     time.Duration
-	faulted                   bool // some fault (other than the bouncer topology) was injected
-	kills                     []hit
-	stops                     []stop
-	restarts                  []time.Time
-	killed                    []string // holders of SIGKILLed incarnations
-	elections                 []string
-	unexpected                []string
-	processes                 int // instance processes started
+	period                time.Duration
+	tStart, tStop         time.Time // the window of instants that must have run
+	maxAttempts           int
+	schedules             []string
+	schedLease, schedPoll time.Duration
+	faulted               bool // some fault (other than the bouncer topology) was injected
+	kills                 []hit
+	stops                 []stop
+	restarts              []time.Time
+	groupInstances        map[string][]string // schedule group → the instances running it
+	elections             []string
+	unexpected            []string
+	processes             int // instance processes started
 }
 
 type checker struct {

@@ -481,16 +481,10 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	h.stopAll()
 
-	var killed []string
 	var unexpected []string
 	incarnations := 0
 	for _, in := range h.insts {
-		for _, inc := range in.incarnations() {
-			incarnations++
-			if inc.end == "killed" {
-				killed = append(killed, inc.holder)
-			}
-		}
+		incarnations += len(in.incarnations())
 		unexpected = append(unexpected, in.unexpectedExits()...)
 	}
 	if h.bnc != nil && h.bnc.exited() {
@@ -508,23 +502,21 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	checks, stats, err := check(cctx, h.pool, checkParams{
-		schedules:   cfg.scheduleNames(),
-		schedLease:  w.SchedLease,
-		schedPoll:   w.SchedPoll,
-		faulted:     faulted,
-		kills:       kills,
-		stops:       stops,
-		restarts:    restarts,
-		period:      cfg.Period,
-		window:      cfg.Window,
-		maxOffset:   cfg.MaxOffset,
-		maxAttempts: cfg.worker().MaxAttempts,
-		tStart:      tStart,
-		tStop:       tStop,
-		killed:      killed,
-		elections:   h.elections(),
-		unexpected:  unexpected,
-		processes:   incarnations,
+		schedules:      cfg.scheduleNames(),
+		schedLease:     w.SchedLease,
+		schedPoll:      w.SchedPoll,
+		faulted:        faulted,
+		kills:          kills,
+		stops:          stops,
+		restarts:       restarts,
+		groupInstances: h.groupInstances(),
+		period:         cfg.Period,
+		maxAttempts:    cfg.worker().MaxAttempts,
+		tStart:         tStart,
+		tStop:          tStop,
+		elections:      h.elections(),
+		unexpected:     unexpected,
+		processes:      incarnations,
 	})
 	if err != nil {
 		return nil, err
@@ -563,6 +555,17 @@ func (c Config) schedGroups(bouncer bool) []string {
 		gs = append(gs, schedGroupLease)
 	}
 	return gs
+}
+
+// groupInstances maps each schedule group to the instances running it.
+func (h *harness) groupInstances() map[string][]string {
+	m := map[string][]string{}
+	for _, in := range h.insts {
+		for _, g := range in.cfg.SchedGroups {
+			m[g] = append(m[g], in.name)
+		}
+	}
+	return m
 }
 
 // scheduleNames lists every schedule of the run.
