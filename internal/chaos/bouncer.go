@@ -173,6 +173,19 @@ func (b *bouncer) logTail() string {
 	return strings.TrimSpace(string(data))
 }
 
+// exited reports whether PgBouncer has exited (before kill or stop).
+func (b *bouncer) exited() bool {
+	if b.done == nil {
+		return false
+	}
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (b *bouncer) kill() {
 	if b.cmd == nil || b.cmd.Process == nil {
 		return

@@ -87,7 +87,7 @@ func containsFault(fs []Fault, f Fault) bool {
 // TestHealthyRun runs every fault kind for a short while against the real
 // worker: no invariant may break, and the run must have covered something.
 func TestHealthyRun(t *testing.T) {
-	res := runHarness(t, Config{Duration: 25 * time.Second, FaultEvery: time.Second})
+	res := runHarness(t, Config{Duration: 25 * time.Second, FaultEvery: time.Second, Schedules: 10})
 	if v := res.Violations(); v != 0 {
 		t.Fatalf("%d violations with the real worker (seed %d)", v, res.Seed)
 	}
@@ -100,7 +100,7 @@ func TestHealthyRun(t *testing.T) {
 	if faults == 0 {
 		t.Errorf("no fault was injected: %+v", res.Faults)
 	}
-	for _, name := range []string{checkRowsOnce, checkTicksWindow, checkTerms, checkFence, checkPooler} {
+	for _, name := range []string{checkRowsOnce, checkSchedWindow, checkSchedEffects, checkSchedExclusive, checkSchedZombies, checkTerms, checkFence, checkPooler} {
 		c := res.Check(name)
 		if c == nil || c.Checked == 0 {
 			t.Errorf("check %q covered nothing: %+v", name, c)
@@ -133,10 +133,19 @@ func TestCheckerCatchesBrokenWorkers(t *testing.T) {
 			want:   []string{checkFence, checkRowsOnce},
 		},
 		{
-			// Without the ledger every instance runs every instant.
+			// Without the scheduler and its ledger every instance runs
+			// every instant.
 			broken: BrokenNoLedger,
-			cfg:    Config{Duration: 5 * time.Second, NoFaults: true},
-			want:   []string{checkTicksOnce},
+			cfg:    Config{Duration: 5 * time.Second, NoFaults: true, Schedules: 5},
+			want:   []string{checkSchedEffects, checkSchedExclusive},
+		},
+		{
+			// The job writing without the run's fence, ignoring its
+			// context: a runner stopped past its lease writes after its
+			// run was taken over (leases), or completes it (advisory).
+			broken: BrokenNoSchedFence,
+			cfg:    Config{Duration: 15 * time.Second, Faults: []Fault{FaultPause, FaultBouncer}, FaultEvery: time.Second, Schedules: 20},
+			want:   []string{checkSchedStopped, checkSchedExclusive},
 		},
 	}
 	for _, tc := range cases {

@@ -34,29 +34,39 @@ type Stat struct {
 
 // Names of the checks.
 const (
-	checkRowsOnce    = "rows: every DONE row took effect exactly once"
-	checkRowsFailed  = "rows: every FAILED row has a reason and no effect"
-	checkRowsLost    = "rows: none lost (left PAUSED)"
-	checkRowsStuck   = "rows: none stuck PROCESSING"
-	checkFence       = "fencing: no write with a superseded token took effect"
-	checkTicksOnce   = "ticks: every instant ran at most once"
-	checkTicksWindow = "ticks: every instant in the window claimed exactly once"
-	checkTicksEnd    = "ticks: outcomes consistent (succeeded = 1 effect, running = holder killed)"
-	checkTerms       = "leaders: terms never overlap (database time)"
-	checkLeaderLog   = "leaders: writes only inside the writer's own term"
-	checkPooler      = "pooler: advisory variants refuse behind PgBouncer, lease variants work"
-	checkInstances   = "instances: no unexpected exit"
+	checkRowsOnce       = "rows: every DONE row took effect exactly once"
+	checkRowsFailed     = "rows: every FAILED row has a reason and no effect"
+	checkRowsLost       = "rows: none lost (left PAUSED)"
+	checkRowsStuck      = "rows: none stuck PROCESSING"
+	checkFence          = "fencing: no write with a superseded token took effect"
+	checkSchedWindow    = "schedules: every due instant in the window ended succeeded (a skip only by overlap, naming an open run)"
+	checkSchedEffects   = "schedules: every succeeded instant has exactly one effect, with the succeeded fence"
+	checkSchedExclusive = "schedules: no two attempts of one instant ran at once"
+	checkSchedZombies   = "schedules: zombie completions refused (the succeeded attempt is the newest)"
+	checkSchedKilled    = "schedules: a SIGKILLed runner's instant completed by a later attempt within the bound"
+	checkSchedStopped   = "schedules: a runner SIGSTOPped past its lease did not complete"
+	checkSchedPaused    = "schedules: nothing recorded or started while paused; paused instants run at resume"
+	checkTerms          = "leaders: terms never overlap (database time)"
+	checkLeaderLog      = "leaders: writes only inside the writer's own term"
+	checkPooler         = "pooler: advisory variants refuse behind PgBouncer, lease variants work"
+	checkInstances      = "instances: no unexpected exit"
 )
 
 // checkParams is what the checker needs to know about the run.
 type checkParams struct {
-	period, window, maxOffset time.Duration
-	tStart, tStop             time.Time // the window of instants that must have run
-	maxAttempts               int
-	killed                    []string // holders of SIGKILLed incarnations
-	elections                 []string
-	unexpected                []string
-	processes                 int // instance processes started
+	period                time.Duration
+	tStart, tStop         time.Time // the window of instants that must have run
+	maxAttempts           int
+	schedules             []string
+	schedLease, schedPoll time.Duration
+	faulted               bool // some fault (other than the bouncer topology) was injected
+	kills                 []hit
+	stops                 []stop
+	restarts              []time.Time
+	groupInstances        map[string][]string // schedule group → the instances running it
+	elections             []string
+	unexpected            []string
+	processes             int // instance processes started
 }
 
 type checker struct {
@@ -69,7 +79,7 @@ type checker struct {
 // check runs every invariant check on the final state of the database.
 func check(ctx context.Context, pool *pgxpool.Pool, p checkParams) ([]Check, []Stat, error) {
 	c := &checker{pool: pool, p: p}
-	for _, f := range []func(context.Context) error{c.rows, c.fencing, c.ticks, c.leaders} {
+	for _, f := range []func(context.Context) error{c.rows, c.fencing, c.schedules, c.leaders} {
 		if err := f(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -223,109 +233,6 @@ func (c *checker) fencing(ctx context.Context) error {
 	}
 	c.stat("finishes attempted", "%d: %d done, %d retry, %d failed, %d refused by the fence (zombie or swept claims), %d not committed (error)",
 		auditN, doneN, retryN, failedN, refused, errN)
-	return nil
-}
-
-// ticks: at most one run per instant anywhere, exactly one claim per
-// instant of the window, outcomes consistent with what happened.
-func (c *checker) ticks(ctx context.Context) error {
-	once := Check{Name: checkTicksOnce}
-	if err := c.pool.QueryRow(ctx, `SELECT count(DISTINCT fire_at) FROM chaos_tick_effects WHERE job = $1`, tickJob).Scan(&once.Checked); err != nil {
-		return fmt.Errorf("chaos: check ticks: %w", err)
-	}
-	periodUS := c.p.period.Microseconds()
-	run := func(ck *Check, sql string, args []any, describe func(vals []any) string) error {
-		rows, err := c.pool.Query(ctx, sql, args...)
-		if err != nil {
-			return fmt.Errorf("chaos: check ticks: %w", err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				return err
-			}
-			ck.fail("%s", describe(vals))
-		}
-		return rows.Err()
-	}
-	if err := run(&once, `SELECT fire_at, count(*), array_agg(instance) FROM chaos_tick_effects
-		WHERE job = $1 GROUP BY fire_at HAVING count(*) > 1 ORDER BY fire_at`, []any{tickJob},
-		func(v []any) string { return fmt.Sprintf("instant %v ran %v times (by %v)", v[0], v[1], v[2]) }); err != nil {
-		return err
-	}
-	if err := run(&once, `SELECT te.fire_at, te.fence, te.instance, t.fence, t.holder FROM chaos_tick_effects te
-		LEFT JOIN pgclaim_ticks t ON t.job = te.job AND t.fire_at = te.fire_at
-		WHERE te.job = $1 AND (t.job IS NULL OR t.fence <> te.fence OR t.holder <> te.instance)
-		ORDER BY te.fire_at`, []any{tickJob},
-		func(v []any) string {
-			return fmt.Sprintf("instant %v ran by %v with token %v; ledger says %v/%v", v[0], v[2], v[1], v[4], v[3])
-		}); err != nil {
-		return err
-	}
-	if err := run(&once, `SELECT fire_at FROM pgclaim_ticks
-		WHERE job = $1 AND mod((extract(epoch FROM fire_at) * 1000000)::bigint, $2::bigint) <> 0`, []any{tickJob, periodUS},
-		func(v []any) string { return fmt.Sprintf("instant %v is not on the schedule", v[0]) }); err != nil {
-		return err
-	}
-
-	win := Check{Name: checkTicksWindow}
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM generate_series($1::timestamptz, $2::timestamptz, $3::bigint * interval '1 microsecond')`,
-		c.p.tStart, c.p.tStop, periodUS).Scan(&win.Checked); err != nil {
-		return err
-	}
-	if err := run(&win, `SELECT g FROM generate_series($2::timestamptz, $3::timestamptz, $4::bigint * interval '1 microsecond') g
-		WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks t WHERE t.job = $1 AND t.fire_at = g) ORDER BY g`,
-		[]any{tickJob, c.p.tStart, c.p.tStop, periodUS},
-		func(v []any) string { return fmt.Sprintf("instant %v never claimed", v[0]) }); err != nil {
-		return err
-	}
-
-	end := Check{Name: checkTicksEnd}
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM pgclaim_ticks WHERE job = $1`, tickJob).Scan(&end.Checked); err != nil {
-		return err
-	}
-	if err := run(&end, `SELECT t.fire_at, count(te.job) FROM pgclaim_ticks t
-		LEFT JOIN chaos_tick_effects te ON te.job = t.job AND te.fire_at = t.fire_at
-		WHERE t.job = $1 AND t.outcome = 'succeeded' GROUP BY t.fire_at HAVING count(te.job) <> 1 ORDER BY t.fire_at`,
-		[]any{tickJob},
-		func(v []any) string { return fmt.Sprintf("instant %v succeeded with %v effects", v[0], v[1]) }); err != nil {
-		return err
-	}
-	killed := c.p.killed
-	if killed == nil {
-		killed = []string{}
-	}
-	if err := run(&end, `SELECT fire_at, holder FROM pgclaim_ticks
-		WHERE job = $1 AND outcome = 'running' AND holder <> ALL($2::text[]) ORDER BY fire_at`,
-		[]any{tickJob, killed},
-		func(v []any) string {
-			return fmt.Sprintf("instant %v still running, but its holder %v was not killed", v[0], v[1])
-		}); err != nil {
-		return err
-	}
-	c.checks = append(c.checks, once, win, end)
-
-	rows, err := c.pool.Query(ctx, `SELECT outcome, count(*) FROM pgclaim_ticks WHERE job = $1 GROUP BY outcome ORDER BY outcome`, tickJob)
-	if err != nil {
-		return err
-	}
-	outcomes := ""
-	for rows.Next() {
-		var o string
-		var n int
-		if err := rows.Scan(&o, &n); err != nil {
-			rows.Close()
-			return err
-		}
-		if outcomes != "" {
-			outcomes += ", "
-		}
-		outcomes += fmt.Sprintf("%d %s", n, o)
-	}
-	rows.Close()
-	c.stat("ticks", "%d instants claimed (%s); window %d instants, %s to %s",
-		end.Checked, outcomes, win.Checked, c.p.tStart.Format(time.TimeOnly), c.p.tStop.Format(time.TimeOnly))
 	return nil
 }
 

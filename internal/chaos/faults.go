@@ -14,6 +14,7 @@ var faultWeights = map[Fault]int{
 	FaultKill:      3,
 	FaultTerminate: 3,
 	FaultPause:     2,
+	FaultSchedule:  2,
 	FaultClock:     2,
 	FaultRestart:   1,
 }
@@ -65,6 +66,8 @@ func (h *harness) inject(ctx context.Context, rng *rand.Rand) {
 			h.killFault(ctx, target, r1)
 		case FaultPause:
 			h.pauseFault(ctx, target, r1)
+		case FaultSchedule:
+			h.schedulePauseFault(ctx, r1)
 		case FaultTerminate:
 			h.terminateFault(ctx, nTerm, rng)
 		case FaultClock:
@@ -87,6 +90,9 @@ func (h *harness) inject(ctx context.Context, rng *rand.Rand) {
 				continue
 			}
 			h.faults.add(FaultRestart, false)
+			h.faults.mu.Lock()
+			h.faults.restarts = append(h.faults.restarts, lastRestart)
+			h.faults.mu.Unlock()
 		}
 	}
 }
@@ -141,11 +147,14 @@ func (h *harness) killFault(ctx context.Context, target int, r float64) {
 	if in == nil {
 		return
 	}
-	mid, ok := in.kill()
+	hit, ok := in.kill()
 	if !ok {
 		return
 	}
-	h.faults.add(FaultKill, mid)
+	h.faults.add(FaultKill, hit.midBatch)
+	h.faults.mu.Lock()
+	h.faults.kills = append(h.faults.kills, hit)
+	h.faults.mu.Unlock()
 	delay := 300*time.Millisecond + time.Duration(r*float64(2700*time.Millisecond))
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -173,11 +182,14 @@ func (h *harness) pauseFault(ctx context.Context, target int, r float64) {
 	if in == nil {
 		return
 	}
-	mid, ok := in.pause()
+	hit, ok := in.pause()
 	if !ok {
 		return
 	}
-	h.faults.add(FaultPause, mid)
+	h.faults.add(FaultPause, hit.midBatch)
+	h.faults.mu.Lock()
+	h.faults.stops = append(h.faults.stops, stop{hit: hit})
+	h.faults.mu.Unlock()
 	lo, hi := h.cfg.pauseRange()
 	d := lo + time.Duration(r*float64(hi-lo))
 	h.restarts.Add(1)
@@ -189,8 +201,88 @@ func (h *harness) pauseFault(ctx context.Context, target int, r float64) {
 		case <-t.C:
 		case <-ctx.Done():
 		}
-		in.resume()
+		h.faults.resumed(hit.holder, in.resume())
 	}()
+}
+
+// schedulePauseFault pauses a schedule that is running a job (any one when
+// none is), through Scheduler.Pause, and resumes it 2-4 s later. The pause
+// is recorded in chaos_sched_pauses with the database times at which it
+// was committed and the resume began.
+func (h *harness) schedulePauseFault(ctx context.Context, r float64) {
+	names := h.cfg.scheduleNames()
+	if len(names) == 0 || h.sched == nil {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	name := names[int(r*float64(len(names)))%len(names)]
+	var running string
+	if err := h.pool.QueryRow(qctx, `SELECT schedule FROM pgclaim_schedule_runs
+		WHERE schedule LIKE $1 AND state = 'running' ORDER BY random() LIMIT 1`, schedPrefix+"%").Scan(&running); err == nil {
+		name = running
+	}
+	h.faults.mu.Lock()
+	if h.faults.paused[name] {
+		h.faults.mu.Unlock()
+		return
+	}
+	h.faults.paused[name] = true
+	h.faults.mu.Unlock()
+	if err := h.sched.Pause(qctx, name, "chaos: paused mid-run", harnessAppName); err != nil {
+		h.logf("pause schedule %s: %v", name, err)
+		h.faults.mu.Lock()
+		delete(h.faults.paused, name)
+		h.faults.mu.Unlock()
+		return
+	}
+	midRun := running != ""
+	h.faults.add(FaultSchedule, midRun)
+	h.restarts.Add(1)
+	go func() {
+		defer h.restarts.Done()
+		// Whatever happens meanwhile (a restart), the schedule ends up
+		// resumed and its pause recorded.
+		bg := context.WithoutCancel(ctx)
+		var pausedAt time.Time
+		retry(bg, func(ctx context.Context) error { return h.pool.QueryRow(ctx, "SELECT now()").Scan(&pausedAt) })
+		d := 2*time.Second + time.Duration(r*float64(2*time.Second))
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		var resumedAt time.Time
+		retry(bg, func(ctx context.Context) error {
+			if err := h.pool.QueryRow(ctx, "SELECT now()").Scan(&resumedAt); err != nil {
+				return err
+			}
+			return h.sched.Resume(ctx, name)
+		})
+		retry(bg, func(ctx context.Context) error {
+			_, err := h.pool.Exec(ctx, `INSERT INTO chaos_sched_pauses (schedule, paused_at, resumed_at) VALUES ($1, $2, $3)`,
+				name, pausedAt, resumedAt)
+			return err
+		})
+		h.faults.mu.Lock()
+		delete(h.faults.paused, name)
+		h.faults.mu.Unlock()
+	}()
+}
+
+// retry runs fn until it succeeds (each try bounded to 5 s), for up to a
+// minute: long enough to outlast a Postgres restart.
+func retry(ctx context.Context, fn func(ctx context.Context) error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := fn(tctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) || !sleepCtx(ctx, 200*time.Millisecond) {
+			return
+		}
+	}
 }
 
 // terminateFault ends n random backends of the instances (found by
@@ -244,14 +336,20 @@ func (h *harness) faultCounts() []FaultCount {
 		fc := FaultCount{Kind: k, Count: f.n[k]}
 		switch k {
 		case FaultKill:
-			fc.Detail = fmt.Sprintf("%d mid-batch; restarted after 0.3-3s, start-up sweep", f.midBatch[k])
+			fc.Detail = fmt.Sprintf("%d mid-batch, %d mid-run; restarted after 0.3-3s, start-up sweep", f.midBatch[k], f.midRun(f.kills))
 		case FaultPause:
 			lo, hi := h.cfg.pauseRange()
-			fc.Detail = fmt.Sprintf("%d mid-batch; stopped %.1f-%.1fs (leases 2s)", f.midBatch[k], lo.Seconds(), hi.Seconds())
+			var hits []hit
+			for _, s := range f.stops {
+				hits = append(hits, s.hit)
+			}
+			fc.Detail = fmt.Sprintf("%d mid-batch, %d mid-run; stopped %.1f-%.1fs (leases 2s)", f.midBatch[k], f.midRun(hits), lo.Seconds(), hi.Seconds())
 		case FaultTerminate:
 			fc.Detail = fmt.Sprintf("%d backends ended", f.terminated)
 		case FaultRestart:
 			fc.Detail = "immediate stop + start"
+		case FaultSchedule:
+			fc.Detail = fmt.Sprintf("%d mid-run; Scheduler.Pause, Resume 2-4s later", f.midBatch[k])
 		case FaultClock:
 			fc.Detail = fmt.Sprintf("offsets within ±%s (plus one per instance at start)", h.cfg.MaxOffset)
 		case FaultBouncer:

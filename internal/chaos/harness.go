@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 // Fault is a kind of fault the harness injects.
@@ -24,16 +26,17 @@ type Fault string
 // The fault kinds. FaultBouncer is a topology rather than an event: some
 // instances reach Postgres through PgBouncer in transaction pooling mode.
 const (
-	FaultKill      Fault = "kill"      // SIGKILL an instance (mid-batch when it can), restart it later
-	FaultTerminate Fault = "terminate" // pg_terminate_backend on instances' backends
-	FaultRestart   Fault = "restart"   // immediate restart of the Postgres server
-	FaultClock     Fault = "clock"     // change an instance's clock offset (up to ±MaxOffset)
-	FaultPause     Fault = "pause"     // SIGSTOP an instance for longer than every lease, then SIGCONT
-	FaultBouncer   Fault = "bouncer"   // put some instances behind PgBouncer (transaction pooling)
+	FaultKill      Fault = "kill"       // SIGKILL an instance (mid-batch when it can), restart it later
+	FaultTerminate Fault = "terminate"  // pg_terminate_backend on instances' backends
+	FaultRestart   Fault = "restart"    // immediate restart of the Postgres server
+	FaultClock     Fault = "clock"      // change an instance's clock offset (up to ±MaxOffset)
+	FaultPause     Fault = "pause"      // SIGSTOP an instance for longer than every lease, then SIGCONT
+	FaultSchedule  Fault = "schedpause" // pause a schedule mid-run (Scheduler.Pause), resume it 2-4 s later
+	FaultBouncer   Fault = "bouncer"    // put some instances behind PgBouncer (transaction pooling)
 )
 
 // AllFaults lists every fault kind, in report order.
-var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultBouncer}
+var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultSchedule, FaultBouncer}
 
 // ParseFaults parses a comma-separated list of fault kinds; "all" and ""
 // mean AllFaults, "none" means none.
@@ -82,9 +85,15 @@ type Config struct {
 	// Broken selects a deliberately broken worker (BrokenNoFence,
 	// BrokenNoGuard, BrokenNoLedger); "" is the real one.
 	Broken string
-	// Period is the tick job's schedule period (default 1s).
+	// Schedules is the number of one-period schedules per group (default
+	// 50): every instance runs the advisory group's (direct instances) or
+	// the lease group's (every instance, when some are behind PgBouncer).
+	Schedules int
+	// Period is the schedules' period, whole seconds dividing a minute
+	// (default 1s).
 	Period time.Duration
-	// Window is the catch-up window (default 30s; see docs/RELIABILITY.md).
+	// Window is the schedules' catch-up window (default 30s; see
+	// docs/RELIABILITY.md).
 	Window time.Duration
 	// MaxOffset bounds the injected clock offsets (default 5s).
 	MaxOffset time.Duration
@@ -135,11 +144,17 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Broken != "" && !slices.Contains(brokenModes, c.Broken) {
 		return c, fmt.Errorf("chaos: Config.Broken: unknown mode %q (known: %v)", c.Broken, brokenModes)
 	}
+	if c.Schedules == 0 {
+		c.Schedules = 50
+	}
+	if c.Schedules < 0 {
+		return c, errors.New("chaos: Config.Schedules: must not be negative")
+	}
 	if c.Period == 0 {
 		c.Period = time.Second
 	}
-	if c.Period < 100*time.Millisecond || c.Period%time.Millisecond != 0 {
-		return c, errors.New("chaos: Config.Period: must be a whole number of milliseconds, at least 100ms")
+	if c.Period < time.Second || c.Period%time.Second != 0 || time.Minute%c.Period != 0 {
+		return c, errors.New("chaos: Config.Period: must be whole seconds dividing a minute")
 	}
 	if c.Window == 0 {
 		c.Window = 30 * time.Second
@@ -169,15 +184,17 @@ func (c Config) worker() workerConfig {
 		Broken:         c.Broken,
 		Period:         c.Period,
 		Window:         c.Window,
-		SkewTolerance:  c.Window + c.MaxOffset + 2*time.Second,
-		TickWork:       400 * time.Millisecond,
+		Schedules:      c.Schedules,
+		SchedWork:      100 * time.Millisecond,
+		SchedLease:     2 * time.Second,
+		SchedPoll:      time.Second,
+		SchedAttempts:  10,
 		PollEvery:      200 * time.Millisecond,
 		BatchSize:      20,
 		WorkPerRow:     10 * time.Millisecond,
 		RowLease:       2 * time.Second,
 		SweepEvery:     time.Second,
 		MaxAttempts:    3,
-		LeaseAtMost:    2 * time.Second,
 		ElectorTTL:     2 * time.Second,
 		HeartbeatEvery: 250 * time.Millisecond,
 		FailPermille:   5,
@@ -187,11 +204,11 @@ func (c Config) worker() workerConfig {
 }
 
 // pauseRange is how long a SIGSTOP lasts: always longer than the row lease,
-// the drain lease and the elector's TTL, so the paused instance wakes up as
-// a zombie whose claims and locks were taken over.
+// the schedules' lease and the elector's TTL, so the paused instance wakes
+// up as a zombie whose claims, runs and locks were taken over.
 func (c Config) pauseRange() (lo, hi time.Duration) {
 	w := c.worker()
-	longest := max(w.RowLease, w.LeaseAtMost, w.ElectorTTL)
+	longest := max(w.RowLease, w.SchedLease, w.ElectorTTL)
 	return longest + w.SweepEvery + 500*time.Millisecond, longest + 4*time.Second
 }
 
@@ -236,9 +253,43 @@ func (r *Result) Check(name string) *Check {
 type faultLog struct {
 	mu         sync.Mutex
 	n          map[Fault]int
-	midBatch   map[Fault]int
+	midBatch   map[Fault]int // FaultSchedule: mid-run
 	terminated int
 	offsets    []int64
+	kills      []hit
+	stops      []stop
+	restarts   []time.Time
+	paused     map[string]bool // schedules paused now
+}
+
+// stop is a SIGSTOP and when its SIGCONT came (zero: never).
+type stop struct {
+	hit
+	to time.Time
+}
+
+// resumed records the SIGCONT of holder's open stop.
+func (f *faultLog) resumed(holder string, at time.Time) {
+	if at.IsZero() {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.stops {
+		if f.stops[i].holder == holder && f.stops[i].to.IsZero() {
+			f.stops[i].to = at
+		}
+	}
+}
+
+func (f *faultLog) midRun(hits []hit) int {
+	n := 0
+	for _, h := range hits {
+		if h.midRun {
+			n++
+		}
+	}
+	return n
 }
 
 func (f *faultLog) add(k Fault, mid bool) {
@@ -258,7 +309,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &harness{cfg: cfg, faults: &faultLog{n: map[Fault]int{}, midBatch: map[Fault]int{}}}
+	h := &harness{cfg: cfg, faults: &faultLog{n: map[Fault]int{}, midBatch: map[Fault]int{}, paused: map[string]bool{}}}
 	return h.run(ctx)
 }
 
@@ -269,6 +320,7 @@ type harness struct {
 	pool   *pgxpool.Pool
 	bnc    *bouncer
 	insts  []*instance
+	sched  *schedule.Scheduler // pauses and resumes schedules
 	faults *faultLog
 	probe  Check
 
@@ -324,6 +376,9 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		return nil, err
 	}
 	defer h.pool.Close()
+	if h.sched, err = schedule.New(h.pool, schedule.Config{Holder: harnessAppName, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		return nil, err
+	}
 
 	if cfg.Bouncer > 0 {
 		if h.bnc, err = startBouncer(ctx, h.srv.URL(), h.db.Name); err != nil {
@@ -344,6 +399,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		in.cfg = cfg.worker()
 		in.cfg.Name = in.name
 		in.cfg.Bouncer = in.bouncer
+		in.cfg.SchedGroups = cfg.schedGroups(in.bouncer)
 		app := appNamePrefix + fmt.Sprint(i)
 		if in.bouncer {
 			in.cfg.URL = h.bnc.URL(h.db.Name, app)
@@ -401,7 +457,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	for _, in := range h.insts {
 		switch in.getState() {
 		case statePaused:
-			in.resume()
+			h.faults.resumed(in.incarnations()[len(in.incarnations())-1].holder, in.resume())
 		case stateKilled:
 			if err := in.start(); err != nil {
 				return nil, err
@@ -425,31 +481,42 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	h.stopAll()
 
-	var killed []string
 	var unexpected []string
 	incarnations := 0
 	for _, in := range h.insts {
-		for _, inc := range in.incarnations() {
-			incarnations++
-			if inc.end == "killed" {
-				killed = append(killed, inc.holder)
-			}
-		}
+		incarnations += len(in.incarnations())
 		unexpected = append(unexpected, in.unexpectedExits()...)
 	}
+	if h.bnc != nil && h.bnc.exited() {
+		// Not a modelled fault: the instances behind it were cut off.
+		unexpected = append(unexpected, "pgbouncer exited during the run: "+h.bnc.logTail())
+	}
+	h.faults.mu.Lock()
+	faulted := false
+	for k, n := range h.faults.n {
+		faulted = faulted || (k != FaultBouncer && n > 0)
+	}
+	kills, stops, restarts := slices.Clone(h.faults.kills), slices.Clone(h.faults.stops), slices.Clone(h.faults.restarts)
+	h.faults.mu.Unlock()
+	w := cfg.worker()
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	checks, stats, err := check(cctx, h.pool, checkParams{
-		period:      cfg.Period,
-		window:      cfg.Window,
-		maxOffset:   cfg.MaxOffset,
-		maxAttempts: cfg.worker().MaxAttempts,
-		tStart:      tStart,
-		tStop:       tStop,
-		killed:      killed,
-		elections:   h.elections(),
-		unexpected:  unexpected,
-		processes:   incarnations,
+		schedules:      cfg.scheduleNames(),
+		schedLease:     w.SchedLease,
+		schedPoll:      w.SchedPoll,
+		faulted:        faulted,
+		kills:          kills,
+		stops:          stops,
+		restarts:       restarts,
+		groupInstances: h.groupInstances(),
+		period:         cfg.Period,
+		maxAttempts:    cfg.worker().MaxAttempts,
+		tStart:         tStart,
+		tStop:          tStop,
+		elections:      h.elections(),
+		unexpected:     unexpected,
+		processes:      incarnations,
 	})
 	if err != nil {
 		return nil, err
@@ -474,6 +541,45 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		res.Dir = ""
 	}
 	return res, nil
+}
+
+// schedGroups are the schedule groups an instance runs: the advisory group
+// when it is direct, the lease group when some instance is behind
+// PgBouncer.
+func (c Config) schedGroups(bouncer bool) []string {
+	var gs []string
+	if !bouncer {
+		gs = append(gs, schedGroupAdv)
+	}
+	if c.Bouncer > 0 {
+		gs = append(gs, schedGroupLease)
+	}
+	return gs
+}
+
+// groupInstances maps each schedule group to the instances running it.
+func (h *harness) groupInstances() map[string][]string {
+	m := map[string][]string{}
+	for _, in := range h.insts {
+		for _, g := range in.cfg.SchedGroups {
+			m[g] = append(m[g], in.name)
+		}
+	}
+	return m
+}
+
+// scheduleNames lists every schedule of the run.
+func (c Config) scheduleNames() []string {
+	var names []string
+	for _, g := range c.schedGroups(false) {
+		if g == schedGroupAdv && c.Bouncer == c.Instances {
+			continue
+		}
+		for i := 0; i < c.Schedules; i++ {
+			names = append(names, schedName(g, i))
+		}
+	}
+	return names
 }
 
 func brokenNote(b string) string {
@@ -589,22 +695,36 @@ func (h *harness) produce(ctx context.Context) {
 	}
 }
 
-// settle waits until every row is finished and the tick loops have looked
-// at every instant up to tStop (by every clock), or gives up after a
-// generous bound: what is left then is reported by the checker.
+// settle waits until every row is finished and every schedule's instants
+// up to tStop are recorded and finished, or gives up after a generous
+// bound: what is left then is reported by the checker.
 func (h *harness) settle(ctx context.Context, tStop time.Time) error {
 	w := h.cfg.worker()
-	minWait := h.cfg.MaxOffset + 4*h.cfg.Period + time.Second
+	minWait := 4*h.cfg.Period + time.Second
 	deadline := time.Now().Add(2*time.Minute + minWait)
 	began := time.Now()
+	names := h.cfg.scheduleNames()
 	for {
-		var open int
-		err := h.pool.QueryRow(ctx, "SELECT count(*) FROM chaos_rows WHERE state IN ('PAUSED', 'PROCESSING')").Scan(&open)
-		if err == nil && open == 0 && time.Since(began) >= minWait {
+		var open, openRuns, recorded int
+		err := h.pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM chaos_rows WHERE state IN ('PAUSED', 'PROCESSING')),
+			(SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule = ANY($1) AND instant <= $2
+			   AND state NOT IN ('succeeded', 'failed', 'skipped')),
+			(SELECT count(*) FROM pgclaim_schedules s WHERE s.name = ANY($1) AND EXISTS (
+			   SELECT 1 FROM pgclaim_schedule_runs r WHERE r.schedule = s.name AND r.instant >= $2))`,
+			names, tStop).Scan(&open, &openRuns, &recorded)
+		if h.cfg.Broken == BrokenNoLedger {
+			openRuns, recorded = 0, len(names)
+		}
+		if err == nil && open == 0 && openRuns == 0 && recorded == len(names) && time.Since(began) >= minWait {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("chaos: %d rows still PAUSED or PROCESSING %s after faults stopped", open, time.Since(began).Round(time.Second))
+			if err != nil {
+				return fmt.Errorf("chaos: settle: %w", err)
+			}
+			return fmt.Errorf("chaos: %d rows still PAUSED or PROCESSING, %d schedule runs open, %d of %d schedules recorded up to the end, %s after faults stopped",
+				open, openRuns, recorded, len(names), time.Since(began).Round(time.Second))
 		}
 		if !sleepCtx(ctx, w.SweepEvery/2) {
 			return ctx.Err()

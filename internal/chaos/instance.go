@@ -48,7 +48,8 @@ type instance struct {
 	exited   chan struct{} // closed when the current process has exited
 	inBatch  atomic.Bool
 	batches  atomic.Int64
-	unexpect []string // unexpected exits
+	inRuns   atomic.Int64 // schedule jobs running, from the process's messages
+	unexpect []string     // unexpected exits
 }
 
 // start launches a new incarnation with the instance's config.
@@ -65,6 +66,7 @@ func (in *instance) start() error {
 		return err
 	}
 	in.inBatch.Store(false) // before the new process's lines arrive
+	in.inRuns.Store(0)
 	inc := &incarnation{}
 	ready, exited := make(chan struct{}), make(chan struct{})
 	once := sync.Once{}
@@ -85,6 +87,10 @@ func (in *instance) start() error {
 				in.batches.Add(1)
 			case msgBatchEnd:
 				in.inBatch.Store(false)
+			case msgRunStart:
+				in.inRuns.Add(1)
+			case msgRunEnd:
+				in.inRuns.Add(-1)
 			}
 		},
 	})
@@ -130,47 +136,59 @@ func (in *instance) getState() instanceState {
 	return in.state
 }
 
-// kill SIGKILLs the current incarnation; it reports whether it was mid-batch.
-func (in *instance) kill() (midBatch bool, ok bool) {
+// hit is what a kill or a SIGSTOP hit.
+type hit struct {
+	holder   string
+	midBatch bool // holding claims
+	midRun   bool // running a schedule's job
+	at       time.Time
+}
+
+// kill SIGKILLs the current incarnation; it reports what it hit.
+func (in *instance) kill() (h hit, ok bool) {
 	in.mu.Lock()
 	if in.state != stateRunning || in.proc == nil {
 		in.mu.Unlock()
-		return false, false
+		return h, false
 	}
-	midBatch = in.inBatch.Load()
+	h = hit{holder: in.cur.holder, midBatch: in.inBatch.Load(), midRun: in.inRuns.Load() > 0}
 	in.cur.end = "killed"
 	in.state = stateKilled
 	proc, exited := in.proc, in.exited
 	in.mu.Unlock()
+	h.at = time.Now()
 	_ = proc.Signal(syscall.SIGKILL)
 	<-exited
-	return midBatch, true
+	return h, true
 }
 
 // pause SIGSTOPs the current incarnation.
-func (in *instance) pause() (midBatch bool, ok bool) {
+func (in *instance) pause() (h hit, ok bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.state != stateRunning || in.proc == nil {
-		return false, false
+		return h, false
 	}
-	midBatch = in.inBatch.Load()
+	h = hit{holder: in.cur.holder, midBatch: in.inBatch.Load(), midRun: in.inRuns.Load() > 0, at: time.Now()}
 	if err := in.proc.Signal(syscall.SIGSTOP); err != nil {
-		return false, false
+		return h, false
 	}
 	in.state = statePaused
-	return midBatch, true
+	return h, true
 }
 
-// resume SIGCONTs a paused incarnation.
-func (in *instance) resume() {
+// resume SIGCONTs a paused incarnation; it returns when (zero if it was
+// not paused).
+func (in *instance) resume() time.Time {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.state != statePaused {
-		return
+		return time.Time{}
 	}
+	at := time.Now()
 	_ = in.proc.Signal(syscall.SIGCONT)
 	in.state = stateRunning
+	return at
 }
 
 // setOffset changes the instance's clock offset, now and for later starts.

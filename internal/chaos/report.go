@@ -81,6 +81,9 @@ func (r *Result) ReplayCommand() string {
 	if cfg.FaultEvery != 1500*time.Millisecond {
 		args = append(args, "--fault-every "+cfg.FaultEvery.String())
 	}
+	if cfg.Schedules != 50 {
+		args = append(args, fmt.Sprintf("--schedules %d", cfg.Schedules))
+	}
 	if cfg.RowsPerSecond != 40 {
 		args = append(args, fmt.Sprintf("--rate %d", cfg.RowsPerSecond))
 	}

@@ -8,7 +8,7 @@ import (
 
 // schema is the workload's own schema, applied on top of pgclaim's
 // migrations. Nothing here hides a duplicate: effect tables have no unique
-// constraint, so a row or tick that took effect twice shows up as two rows.
+// constraint, so a row or instant that took effect twice shows up as two rows.
 const schema = `
 -- The claimed rows: the field's "paused pushes".
 CREATE TABLE chaos_rows (
@@ -59,13 +59,42 @@ CREATE TABLE chaos_sweeps (
     at       timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
--- One row per tick run, written by the tick's job: at most one per instant.
-CREATE TABLE chaos_tick_effects (
-    job      text        NOT NULL,
-    fire_at  timestamptz NOT NULL,
+-- The schedules' job (chaos-s/<group>/<n>, one-second specs): one row per
+-- attempt that started (written first thing, through the run's fence), and
+-- one row per effect (written at the end, through the fence): an attempt
+-- whose run was taken over, or whose lease expired, writes nothing.
+CREATE TABLE chaos_sched_attempts (
+    schedule text        NOT NULL,
+    instant  timestamptz NOT NULL,
+    attempt  int         NOT NULL,
     fence    bigint      NOT NULL,
     instance text        NOT NULL,
     at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_sched_attempts_idx ON chaos_sched_attempts (schedule, instant);
+CREATE TABLE chaos_sched_effects (LIKE chaos_sched_attempts INCLUDING DEFAULTS);
+CREATE INDEX chaos_sched_effects_idx ON chaos_sched_effects (schedule, instant);
+
+-- Writes of the job the fence refused, and the scheduler's events (lost,
+-- taken over, missed) as the instances saw them (best effort: a killed
+-- process loses what it had not written yet).
+CREATE TABLE chaos_sched_events (
+    kind     text        NOT NULL,
+    schedule text        NOT NULL,
+    instant  timestamptz,
+    attempt  int         NOT NULL,
+    fence    bigint      NOT NULL,
+    instance text        NOT NULL,
+    detail   text        NOT NULL DEFAULT '',
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Schedule pauses the harness injected (database time: pause committed,
+-- resume begun).
+CREATE TABLE chaos_sched_pauses (
+    schedule   text        NOT NULL,
+    paused_at  timestamptz NOT NULL,
+    resumed_at timestamptz
 );
 
 -- Leader heartbeats, written only while the writer's term is open.

@@ -23,12 +23,11 @@ import (
 
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 // Names shared by the worker and the checker.
 const (
-	tickJob         = "chaos-resume"       // the scheduled job
-	tickLeaseName   = "chaos-resume"       // lease keeping its runs apart behind PgBouncer
 	electionDirect  = "chaos-leader/adv"   // advisory elector, direct instances
 	electionBouncer = "chaos-leader/lease" // lease elector, instances behind PgBouncer
 	appNamePrefix   = "chaos-i"            // application_name of instance connections
@@ -49,32 +48,41 @@ const (
 	// BrokenNoGuard sweeps without the state guard, as a rescuer that
 	// overwrites rows finished meanwhile: finished rows are run again.
 	BrokenNoGuard = "noguard"
-	// BrokenNoLedger runs every scheduled instant without the tick ledger.
+	// BrokenNoLedger runs every schedule's every instant in every
+	// instance, without the scheduler and its ledger.
 	BrokenNoLedger = "noledger"
+	// BrokenNoSchedFence writes the schedules' attempts and effects
+	// without checking the run's fence, and its job ignores its context: a
+	// runner stopped past its lease writes after its run was taken over,
+	// or completes it.
+	BrokenNoSchedFence = "noschedfence"
 )
 
-var brokenModes = []string{BrokenNoFence, BrokenNoGuard, BrokenNoLedger}
+var brokenModes = []string{BrokenNoFence, BrokenNoGuard, BrokenNoLedger, BrokenNoSchedFence}
 
 // workerConfig is one instance's configuration, passed by the harness.
 type workerConfig struct {
 	Name        string // instance name, e.g. "i2"
 	Incarnation int    // how many times this instance was started before
 	URL         string // connection string (direct, or through PgBouncer)
-	Bouncer     bool   // behind PgBouncer: ledger-only gate, lease lock, lease elector
+	Bouncer     bool   // behind PgBouncer: lease schedules, lease elector
 	OffsetMS    int64  // initial clock offset
 	Broken      string
 
-	Period         time.Duration // schedule period of the tick job
-	Window         time.Duration // catch-up window: instants this far back are still run
-	SkewTolerance  time.Duration // gate.Config.SkewTolerance
-	TickWork       time.Duration // longest a tick's job works
+	Period         time.Duration // the schedules' period
+	Window         time.Duration // the schedules' catch-up window
+	Schedules      int           // schedules per group
+	SchedGroups    []string      // groups this instance runs (schedGroupAdv, schedGroupLease)
+	SchedWork      time.Duration // longest a schedule's job works
+	SchedLease     time.Duration // the schedules' Definition.Lease
+	SchedPoll      time.Duration // schedule.Config.PollInterval
+	SchedAttempts  int           // the schedules' RetryPolicy.MaxAttempts
 	PollEvery      time.Duration // drain loop's wait when nothing is claimable
 	BatchSize      int
 	WorkPerRow     time.Duration
 	RowLease       time.Duration // claim lease; the sweeper takes rows back after it
 	SweepEvery     time.Duration
 	MaxAttempts    int
-	LeaseAtMost    time.Duration // tick lease behind PgBouncer
 	ElectorTTL     time.Duration
 	HeartbeatEvery time.Duration // leader's fenced writes
 	FailPermille   int           // rows whose work fails for good
@@ -93,6 +101,8 @@ const (
 	msgReady      = "READY"
 	msgBatchStart = "B"
 	msgBatchEnd   = "E"
+	msgRunStart   = "S" // a schedule's job started
+	msgRunEnd     = "s" // and ended
 )
 
 // MaybeWorker runs this process as a chaos instance and exits, when the
@@ -126,9 +136,9 @@ type worker struct {
 	log     *slog.Logger
 	pool    *pgxpool.Pool
 	claimer *claim.Claimer[int64]
-	gate    *gate.Gate
-	tickL   *gate.Lease // behind PgBouncer only
 	offset  atomic.Int64
+	events  chan schedEvent
+	dropped atomic.Int64
 
 	outMu sync.Mutex
 	out   io.Writer
@@ -162,7 +172,7 @@ func (w *worker) now() time.Time {
 func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Writer, logger *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &worker{cfg: cfg, holder: cfg.holder(), log: logger.With("instance", cfg.Name), out: out}
+	w := &worker{cfg: cfg, holder: cfg.holder(), log: logger.With("instance", cfg.Name), out: out, events: make(chan schedEvent, 4096)}
 	w.offset.Store(cfg.OffsetMS)
 
 	// Commands from the harness; its end (the harness died) ends the
@@ -184,7 +194,11 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
-	pcfg.MaxConns = 8
+	// The claims, sweeps and elector need a few connections; the
+	// schedules fire together and renew their leases every third of one,
+	// so they get one per two schedules of a group (a session lock takes
+	// its connection out of the pool besides).
+	pcfg.MaxConns = int32(8 + len(cfg.SchedGroups)*cfg.Schedules/2)
 	pcfg.HealthCheckPeriod = time.Second
 	w.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -205,18 +219,9 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
-	w.gate, err = gate.New(w.pool, gate.Config{Holder: w.holder, Logger: w.log, SkewTolerance: cfg.SkewTolerance, LedgerOnly: cfg.Bouncer})
-	if err != nil {
-		return err
-	}
-	defer w.gate.Close()
 	election := electionDirect
 	if cfg.Bouncer {
 		election = electionBouncer
-		w.tickL, err = gate.NewLease(w.pool, tickLeaseName, gate.LeaseConfig{Holder: w.holder, Logger: w.log, AtMost: cfg.LeaseAtMost})
-		if err != nil {
-			return err
-		}
 	}
 	mech := gate.Advisory
 	if cfg.Bouncer {
@@ -239,6 +244,12 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 			return ctx.Err()
 		}
 	}
+	var scheds []*schedule.Scheduler
+	if cfg.Broken != BrokenNoLedger {
+		if scheds, err = w.startSchedules(ctx); err != nil {
+			return err
+		}
+	}
 	w.say(msgReady)
 
 	var wg sync.WaitGroup
@@ -246,7 +257,15 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	go func() { defer wg.Done(); w.sweepLoop(ctx, sweeper) }()
 	go func() { defer wg.Done(); w.drainLoop(ctx) }()
 	go func() { defer wg.Done(); w.leadLoop(ctx, elector) }()
-	go func() { defer wg.Done(); w.tickLoop(ctx) }()
+	go func() { defer wg.Done(); w.writeEvents(ctx) }()
+	if cfg.Broken == BrokenNoLedger {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.noLedgerLoop(ctx) }()
+	}
+	for _, s := range scheds {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.runScheduler(ctx, s) }()
+	}
 	wg.Wait()
 	return ctx.Err()
 }
@@ -350,127 +369,6 @@ func (w *worker) leadLoop(ctx context.Context, e *gate.Elector) {
 			sleepCtx(ctx, 500*time.Millisecond)
 		}
 	}
-}
-
-// periodic is the tick job's schedule: every period, aligned to the Unix
-// epoch, so every instance computes the same instants.
-type periodic struct{ ms int64 }
-
-// Next returns the first instant strictly after t.
-func (p periodic) Next(t time.Time) time.Time {
-	ms := t.UnixMilli()
-	return time.UnixMilli(ms - mod(ms, p.ms) + p.ms)
-}
-
-func mod(a, b int64) int64 { return ((a % b) + b) % b }
-
-// tickLoop fires the tick job: every quarter period it looks at the
-// instants of the catch-up window (by the instance's own, skewed clock) and
-// runs each one the ledger does not have yet. At start-up it first runs
-// gate.CatchUp, the product's own catch-up of the latest missed instant.
-func (w *worker) tickLoop(ctx context.Context) {
-	p := periodic{ms: w.cfg.Period.Milliseconds()}
-	if w.cfg.Broken != BrokenNoLedger {
-		err := w.gate.CatchUp(ctx, tickJob, p, w.cfg.Window, w.tickFn)
-		if err != nil && !errors.Is(err, gate.ErrSkipped) && ctx.Err() == nil {
-			w.log.Warn("start-up catch-up", "error", err)
-		}
-	}
-	ran := map[int64]bool{} // instants this incarnation knows are taken (noledger: ran)
-	for sleepCtx(ctx, w.cfg.Period/4) {
-		now := w.now().UnixMilli()
-		last := now - mod(now, p.ms)
-		first := last - w.cfg.Window.Milliseconds() + p.ms
-		for k := range ran {
-			if k < first {
-				delete(ran, k)
-			}
-		}
-		if w.cfg.Broken != BrokenNoLedger {
-			if err := w.known(ctx, first, last, ran); err != nil {
-				continue
-			}
-		}
-		for at := first; at <= last && ctx.Err() == nil; at += p.ms {
-			if ran[at] {
-				continue
-			}
-			if n := w.now().UnixMilli(); at <= n-w.cfg.Window.Milliseconds() {
-				// Runs of earlier instants took so long that this one
-				// left the window meanwhile.
-				continue
-			}
-			fireAt := time.UnixMilli(at)
-			if w.cfg.Broken == BrokenNoLedger {
-				ran[at] = true
-				_ = w.tickFn(ctx, gate.Run{Name: tickJob, FireAt: fireAt, Holder: w.holder})
-				continue
-			}
-			err := w.once(ctx, fireAt)
-			switch {
-			case errors.Is(err, gate.ErrHeld):
-				// Another run of the job holds the lock: this instant is
-				// not recorded; try again at the next look.
-			case err == nil, errors.Is(err, gate.ErrSkipped), errors.Is(err, gate.ErrLockLost):
-				ran[at] = true
-			case errors.Is(err, gate.ErrClockSkew):
-				w.log.Warn("tick refused", "error", err)
-			default:
-				if ctx.Err() == nil {
-					w.log.Warn("tick", "fire_at", fireAt, "error", err)
-				}
-			}
-			if errors.Is(err, gate.ErrHeld) {
-				break
-			}
-		}
-	}
-}
-
-// known marks the instants in [first, last] (Unix ms) the ledger has.
-func (w *worker) known(ctx context.Context, first, last int64, ran map[int64]bool) error {
-	rows, err := w.pool.Query(ctx, `SELECT fire_at FROM pgclaim_ticks WHERE job = $1 AND fire_at BETWEEN $2 AND $3`,
-		tickJob, time.UnixMilli(first), time.UnixMilli(last))
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var at time.Time
-		if err := rows.Scan(&at); err != nil {
-			return err
-		}
-		ran[at.UnixMilli()] = true
-	}
-	return rows.Err()
-}
-
-// once runs the tick for fireAt through the gate. Behind PgBouncer the
-// gate records ticks in the ledger only, and a lease keeps runs of the job
-// apart, as the advisory lock does for direct instances: when the lease is
-// held elsewhere the instant is not recorded and is tried again later.
-func (w *worker) once(ctx context.Context, fireAt time.Time) error {
-	if w.tickL == nil {
-		return w.gate.Once(ctx, tickJob, fireAt, w.tickFn)
-	}
-	return w.tickL.Do(ctx, func(ctx context.Context, _ gate.Run) error {
-		return w.gate.Once(ctx, tickJob, fireAt, w.tickFn)
-	})
-}
-
-// tickFn is the scheduled job: record the run, then work for a while
-// (so that kills and pauses land inside runs too).
-func (w *worker) tickFn(ctx context.Context, run gate.Run) error {
-	if _, err := w.pool.Exec(ctx, `INSERT INTO chaos_tick_effects (job, fire_at, fence, instance) VALUES ($1, $2, $3, $4)`,
-		run.Name, run.FireAt, run.Fence, w.holder); err != nil {
-		return fmt.Errorf("record tick: %w", err)
-	}
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d", w.cfg.Seed, run.FireAt.UnixMilli())
-	if !sleepCtx(ctx, time.Duration(h.Sum64()%uint64(w.cfg.TickWork+1))) {
-		return ctx.Err()
-	}
-	return nil
 }
 
 // drainLoop claims batches of PAUSED rows and works them, polling when

@@ -1,8 +1,8 @@
 // Command chaos runs pgclaim's fault-injection suite: a Postgres server it
 // controls, several instance processes of a worker built on pgclaim, and
 // faults on a seeded random schedule (SIGKILL, pg_terminate_backend,
-// Postgres restarts, clock offsets, SIGSTOP pauses, PgBouncer in
-// transaction pooling mode). After the faults stop it checks that nothing
+// Postgres restarts, clock offsets, SIGSTOP pauses, schedule pauses,
+// PgBouncer in transaction pooling mode). After the faults stop it checks that nothing
 // took effect twice, nothing was lost and no two leaders overlapped, prints
 // a table, and exits 1 on any violation (printing the seed to replay).
 //
@@ -37,10 +37,11 @@ func main() {
 	flag.DurationVar(&cfg.Duration, "duration", 2*time.Minute, "how long faults are injected")
 	flag.IntVar(&cfg.Instances, "instances", 4, "instance processes")
 	flag.IntVar(&cfg.Bouncer, "bouncer", 0, "instances behind PgBouncer (default: half)")
-	flag.StringVar(&faults, "faults", "all", "comma-separated faults: kill,terminate,restart,clock,pause,bouncer; all; none")
+	flag.StringVar(&faults, "faults", "all", "comma-separated faults: kill,terminate,restart,clock,pause,schedpause,bouncer; all; none")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 1500*time.Millisecond, "mean time between faults")
 	flag.IntVar(&cfg.RowsPerSecond, "rate", 40, "new rows per second")
-	flag.StringVar(&cfg.Broken, "broken", "", "run a deliberately broken worker: nofence, noguard or noledger")
+	flag.IntVar(&cfg.Schedules, "schedules", 50, "one-second schedules per group (advisory locks: direct instances; leases: every instance, when some are behind PgBouncer)")
+	flag.StringVar(&cfg.Broken, "broken", "", "run a deliberately broken worker: nofence, noguard, noledger or noschedfence")
 	flag.StringVar(&cfg.Dir, "logs", "", "directory for instance logs (default: temporary, kept on violations)")
 	flag.Parse()
 	if flag.NArg() > 0 {

@@ -1,0 +1,554 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// The schedules' checks, on the final state of pgclaim_schedule_runs and
+// of the job's own tables.
+
+type runKey struct {
+	schedule string
+	instant  int64 // Unix µs
+}
+
+type schedRun struct {
+	instant                         time.Time
+	kind, state, holder, reason     string
+	attempt                         int
+	fence                           int64
+	created, started, finished      time.Time
+	hasStarted, hasFinished, hasFen bool
+}
+
+type schedWrite struct {
+	attempt  int
+	fence    int64
+	instance string
+	at       time.Time
+}
+
+type schedData struct {
+	runs     map[runKey]*schedRun
+	attempts map[runKey][]schedWrite // sorted by fence, then time
+	effects  map[runKey][]schedWrite
+}
+
+func (d *schedData) effect(k runKey, fence int64) (schedWrite, bool) {
+	for _, e := range d.effects[k] {
+		if e.fence == fence {
+			return e, true
+		}
+	}
+	return schedWrite{}, false
+}
+
+// next is the first attempt of k with a fence above fence.
+func (d *schedData) next(k runKey, fence int64) (schedWrite, bool) {
+	for _, a := range d.attempts[k] {
+		if a.fence > fence {
+			return a, true
+		}
+	}
+	return schedWrite{}, false
+}
+
+func (c *checker) loadSched(ctx context.Context) (*schedData, error) {
+	d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{}}
+	rows, err := c.pool.Query(ctx, `SELECT schedule, instant, kind, state, attempt, coalesce(fence, 0), fence IS NOT NULL,
+			coalesce(holder, ''), coalesce(reason, ''), created_at,
+			coalesce(started_at, 'epoch'), started_at IS NOT NULL, coalesce(finished_at, 'epoch'), finished_at IS NOT NULL
+		FROM pgclaim_schedule_runs WHERE schedule LIKE $1`, schedPrefix+"%")
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var name string
+		r := &schedRun{}
+		if err := rows.Scan(&name, &r.instant, &r.kind, &r.state, &r.attempt, &r.fence, &r.hasFen, &r.holder, &r.reason,
+			&r.created, &r.started, &r.hasStarted, &r.finished, &r.hasFinished); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		d.runs[runKey{name, r.instant.UnixMicro()}] = r
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for table, into := range map[string]map[runKey][]schedWrite{"chaos_sched_attempts": d.attempts, "chaos_sched_effects": d.effects} {
+		rows, err := c.pool.Query(ctx, `SELECT schedule, instant, attempt, fence, instance, at FROM `+table+` ORDER BY fence, at`)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var name string
+			var instant time.Time
+			var w schedWrite
+			if err := rows.Scan(&name, &instant, &w.attempt, &w.fence, &w.instance, &w.at); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			k := runKey{name, instant.UnixMicro()}
+			into[k] = append(into[k], w)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func fmtKey(k runKey) string {
+	return fmt.Sprintf("%s %s", k.schedule, time.UnixMicro(k.instant).UTC().Format("15:04:05.000"))
+}
+
+// overlapOpen parses an overlap skip's reason and reports whether the run
+// it names was still open when the skipped instant came due: the runner
+// saw it open at a time after that. finished_at is the finishing
+// transaction's start, not its commit, which lags under load: the run
+// counts as open until overlapSlack after it, or until its finisher's
+// SIGSTOP ended when that process was stopped meanwhile.
+func overlapOpen(d *schedData, stops []stop, name string, r *schedRun) (bool, string) {
+	rest, ok := strings.CutPrefix(r.reason, "overlap: the run of ")
+	if !ok {
+		return false, "not an overlap skip"
+	}
+	at, _, ok := strings.Cut(rest, " is still ")
+	if !ok {
+		return false, "unparsed overlap reason"
+	}
+	t, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return false, "unparsed overlap reason"
+	}
+	busy := d.runs[runKey{name, t.UnixMicro()}]
+	switch {
+	case busy == nil:
+		return false, "names a run that does not exist"
+	case !t.Before(r.instant):
+		return false, "names a run that is not earlier"
+	case busy.hasFinished && busy.finished.Add(overlapSlack).Before(r.instant) && !stoppedWithin(stops, busy.holder, busy.finished.Add(-time.Second), r.created):
+		return false, fmt.Sprintf("names a run finished at %s, %s before the instant came due",
+			busy.finished.Format("15:04:05.000000"), r.instant.Sub(busy.finished).Round(time.Millisecond))
+	}
+	return true, ""
+}
+
+// overlapSlack bounds how long a finishing transaction may take to commit
+// under load, for overlapOpen.
+const overlapSlack = 5 * time.Second
+
+func (c *checker) schedules(ctx context.Context) error {
+	d, err := c.loadSched(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: check schedules: %w", err)
+	}
+	p := c.p
+
+	// Every due instant of the window (its first instants after set-up
+	// excluded, as a grace) ended succeeded.
+	win := Check{Name: checkSchedWindow}
+	from := p.tStart.Add(2 * p.period).Truncate(p.period)
+	upto := p.tStop.Add(-p.period)
+	overlapSkips, perWindow := 0, 0
+	for t := from; !t.After(upto); t = t.Add(p.period) {
+		perWindow++
+	}
+	for _, name := range p.schedules {
+		for t := from; !t.After(upto); t = t.Add(p.period) {
+			k := runKey{name, t.UnixMicro()}
+			win.Checked++
+			r := d.runs[k]
+			switch {
+			case r == nil:
+				win.fail("%s: never recorded", fmtKey(k))
+			case r.state == "succeeded":
+			case r.state == "skipped" && strings.HasPrefix(r.reason, "overlap: "):
+				overlapSkips++
+				if !p.faulted {
+					win.fail("%s: skipped (%s) in a run without faults", fmtKey(k), r.reason)
+				} else if ok, why := overlapOpen(d, p.stops, name, r); !ok {
+					win.fail("%s: skipped (%s): %s", fmtKey(k), r.reason, why)
+				}
+			default:
+				win.fail("%s: ended %s at attempt %d (%s)", fmtKey(k), r.state, r.attempt, r.reason)
+			}
+		}
+	}
+
+	// Exactly one effect per succeeded instant, with its fence; no effect
+	// of an instant the ledger lacks, or above its fence.
+	eff := Check{Name: checkSchedEffects}
+	zomb := Check{Name: checkSchedZombies}
+	partial, retried := 0, 0
+	states := map[string]int{}
+	for k, r := range d.runs {
+		states[r.state]++
+		if r.attempt > 1 {
+			retried++
+		}
+		if r.state != "succeeded" {
+			continue
+		}
+		eff.Checked++
+		zomb.Checked++
+		n := 0
+		for _, e := range d.effects[k] {
+			if e.fence == r.fence {
+				n++
+			}
+		}
+		if n != 1 {
+			eff.fail("%s: succeeded with fence %d, %d effects with that fence", fmtKey(k), r.fence, n)
+		}
+		if as := d.attempts[k]; len(as) > 0 && as[len(as)-1].fence != r.fence {
+			last := as[len(as)-1]
+			zomb.fail("%s: succeeded with fence %d (%s) but attempt %d with fence %d (%s) started after it",
+				fmtKey(k), r.fence, r.holder, last.attempt, last.fence, last.instance)
+		}
+	}
+	for k, es := range d.effects {
+		r := d.runs[k]
+		for _, e := range es {
+			switch {
+			case r == nil:
+				eff.fail("%s: effect (fence %d, %s) of an instant the ledger lacks", fmtKey(k), e.fence, e.instance)
+			case e.fence > r.fence:
+				eff.fail("%s: effect with fence %d (%s) above the run's fence %d", fmtKey(k), e.fence, e.instance, r.fence)
+			case e.fence != r.fence || r.state != "succeeded":
+				partial++
+			}
+		}
+	}
+
+	// Attempts of one instant one after the other: each attempt's last
+	// write lies before the next attempt's first.
+	excl := Check{Name: checkSchedExclusive}
+	for k, as := range d.attempts {
+		excl.Checked++
+		for i := 1; i < len(as); i++ {
+			a, b := as[i-1], as[i]
+			if a.fence == b.fence || a.attempt >= b.attempt {
+				excl.fail("%s: attempts %d (fence %d, %s) and %d (fence %d, %s) not in order", fmtKey(k), a.attempt, a.fence, a.instance, b.attempt, b.fence, b.instance)
+				continue
+			}
+			last := a.at
+			if e, ok := d.effect(k, a.fence); ok {
+				last = e.at
+			}
+			if !last.Before(b.at) {
+				excl.fail("%s: attempt %d (fence %d, %s) wrote at %s, after attempt %d (fence %d, %s) started at %s",
+					fmtKey(k), a.attempt, a.fence, a.instance, last.Format("15:04:05.000000"), b.attempt, b.fence, b.instance, b.at.Format("15:04:05.000000"))
+			}
+		}
+	}
+
+	killed, latencies, err := c.schedKilled(d)
+	if err != nil {
+		return err
+	}
+	stopped, stoppedN := c.schedStopped(d)
+	paused, pauseStat, err := c.schedPaused(ctx, d)
+	if err != nil {
+		return err
+	}
+	c.checks = append(c.checks, win, eff, excl, zomb, killed, stopped, paused)
+
+	groups := map[string]bool{}
+	for _, n := range p.schedules {
+		groups[schedGroup(n)] = true
+	}
+	var gs []string
+	for g := range groups {
+		gs = append(gs, g)
+	}
+	sort.Strings(gs)
+	c.stat("schedules", "%d one-%s schedules (groups %s), window %d instants each (%s to %s)",
+		len(p.schedules), p.period, strings.Join(gs, ", "), perWindow, from.Format(time.TimeOnly), upto.Format(time.TimeOnly))
+	var st []string
+	for _, s := range []string{"succeeded", "skipped", "failed", "retrying", "running", "pending"} {
+		if states[s] > 0 {
+			st = append(st, fmt.Sprintf("%d %s", states[s], s))
+		}
+	}
+	c.stat("schedule runs", "%d recorded (%s); %d skipped by overlap in the window; %d completed at attempt 2 or later; %d effects of superseded attempts (partial work)",
+		len(d.runs), strings.Join(st, ", "), overlapSkips, retried, partial)
+	if err := c.schedEventStats(ctx); err != nil {
+		return err
+	}
+	c.stat("schedule takeovers", "%d runs of SIGKILLed runners, next attempt started %s after the kill; %d runs of SIGSTOPped runners; %s",
+		killed.Checked, latencies, stoppedN, pauseStat)
+	return nil
+}
+
+// inFlight reports whether attempt a of k was running at t: started
+// before, not yet superseded, and its run not completed by it before t.
+func (d *schedData) inFlight(k runKey, a schedWrite, t time.Time) bool {
+	if !a.at.Before(t) {
+		return false
+	}
+	if n, ok := d.next(k, a.fence); ok && n.at.Before(t) {
+		return false
+	}
+	if e, ok := d.effect(k, a.fence); ok && e.at.Before(t) {
+		return false
+	}
+	r := d.runs[k]
+	return !(r != nil && r.fence == a.fence && r.hasFinished && r.finished.Before(t))
+}
+
+// schedKilled: every attempt in flight when its process was SIGKILLed is
+// followed by a later attempt within the bound (a restart of Postgres
+// in between excuses the bound), and its instant ends succeeded.
+func (c *checker) schedKilled(d *schedData) (Check, string, error) {
+	ck := Check{Name: checkSchedKilled}
+	p := c.p
+	var lat []time.Duration
+	excused, unknown := 0, 0
+	for _, kill := range p.kills {
+		for k, as := range d.attempts {
+			for _, a := range as {
+				if a.instance != kill.holder || !d.inFlight(k, a, kill.at) {
+					continue
+				}
+				ck.Checked++
+				r := d.runs[k]
+				n, ok := d.next(k, a.fence)
+				if !ok {
+					ck.fail("%s: attempt %d (fence %d) of SIGKILLed %s never followed (run %s)", fmtKey(k), a.attempt, a.fence, kill.holder, r.stateOr())
+					continue
+				}
+				if r == nil || r.state != "succeeded" {
+					ck.fail("%s: attempt %d of SIGKILLed %s followed, but the run ended %s", fmtKey(k), a.attempt, kill.holder, r.stateOr())
+				}
+				l := n.at.Sub(kill.at)
+				bound := p.schedPoll + p.period + 2*time.Second
+				if schedGroup(k.schedule) == schedGroupLease {
+					bound += p.schedLease
+				}
+				if n.attempt != a.attempt+1 {
+					// The next attempt started but left no row (it
+					// failed, or died, before its first write): when
+					// it started is not known.
+					unknown++
+					continue
+				}
+				if l > bound {
+					if restartedWithin(p.restarts, kill.at.Add(-5*time.Second), n.at) || !c.otherUp(k.schedule, kill.holder, kill.at, kill.at.Add(bound)) {
+						excused++
+					} else {
+						ck.fail("%s: attempt %d of SIGKILLed %s followed by attempt %d (%s) %s after the kill, bound %s",
+							fmtKey(k), a.attempt, kill.holder, n.attempt, n.instance, l.Round(time.Millisecond), bound)
+					}
+				}
+				lat = append(lat, l)
+			}
+		}
+	}
+	slices.Sort(lat)
+	s := "none"
+	if len(lat) > 0 {
+		s = fmt.Sprintf("p50 %s, max %s (%d past the bound excused by a Postgres restart, or no other instance of the group up)",
+			lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond), excused)
+	}
+	if unknown > 0 {
+		s += fmt.Sprintf("; %d followed by an attempt after one that left no row (its start unknown, bound not checked)", unknown)
+	}
+	return ck, s, nil
+}
+
+func (r *schedRun) stateOr() string {
+	if r == nil {
+		return "unrecorded"
+	}
+	return r.state
+}
+
+// killedDown is how long a SIGKILLed instance is taken to be down: its
+// restart comes after up to 3 s, and its start-up takes a few more.
+const killedDown = 8 * time.Second
+
+// otherUp reports whether some instance running schedule's group, other
+// than the one of holder, was neither SIGKILLed nor SIGSTOPped during
+// [from, to]: one that could take the run over.
+func (c *checker) otherUp(schedule, holder string, from, to time.Time) bool {
+	self, _, _ := strings.Cut(holder, "#")
+	for _, in := range c.p.groupInstances[schedGroup(schedule)] {
+		if in == self {
+			continue
+		}
+		down := false
+		for _, k := range c.p.kills {
+			if strings.HasPrefix(k.holder, in+"#") && !k.at.After(to) && !k.at.Add(killedDown).Before(from) {
+				down = true
+			}
+		}
+		for _, s := range c.p.stops {
+			end := s.to
+			if end.IsZero() {
+				end = to
+			}
+			if strings.HasPrefix(s.holder, in+"#") && !s.at.After(to) && !end.Before(from) {
+				down = true
+			}
+		}
+		if !down {
+			return true
+		}
+	}
+	return false
+}
+
+// stoppedWithin reports whether holder was SIGSTOPped at some time in
+// [from, to].
+func stoppedWithin(stops []stop, holder string, from, to time.Time) bool {
+	for _, s := range stops {
+		end := s.to
+		if end.IsZero() {
+			end = to
+		}
+		if s.holder == holder && !s.at.After(to) && !end.Before(from) {
+			return true
+		}
+	}
+	return false
+}
+
+func restartedWithin(rs []time.Time, from, to time.Time) bool {
+	for _, r := range rs {
+		if !r.Before(from) && !r.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// schedStopped: an attempt in flight when its process was SIGSTOPped for
+// longer than the run's lease wrote nothing after the stop and did not
+// complete its run.
+func (c *checker) schedStopped(d *schedData) (Check, int) {
+	ck := Check{Name: checkSchedStopped}
+	const slack = 100 * time.Millisecond
+	for _, s := range c.p.stops {
+		if s.to.IsZero() || s.to.Sub(s.at) <= c.p.schedLease+slack {
+			continue
+		}
+		for k, as := range d.attempts {
+			for _, a := range as {
+				if a.instance != s.holder || !d.inFlight(k, a, s.at.Add(slack)) {
+					continue
+				}
+				ck.Checked++
+				if e, ok := d.effect(k, a.fence); ok && e.at.After(s.at) {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, wrote its effect at %s after the stop",
+						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), e.at.Format("15:04:05.000"))
+				}
+				if r := d.runs[k]; r != nil && r.fence == a.fence && r.state == "succeeded" {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, completed the run", fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond))
+				}
+			}
+		}
+	}
+	return ck, ck.Checked
+}
+
+// schedPaused: while a schedule was paused (from the pause's commit to the
+// resume's start) nothing of it was recorded or started; the instants due
+// meanwhile were decided at resume (the window check says how they ended).
+func (c *checker) schedPaused(ctx context.Context, d *schedData) (Check, string, error) {
+	ck := Check{Name: checkSchedPaused}
+	rows, err := c.pool.Query(ctx, `SELECT schedule, paused_at, resumed_at FROM chaos_sched_pauses ORDER BY paused_at`)
+	if err != nil {
+		return ck, "", err
+	}
+	type pause struct {
+		name   string
+		p, r   time.Time
+		hasEnd bool
+	}
+	var ps []pause
+	for rows.Next() {
+		var x pause
+		var r *time.Time
+		if err := rows.Scan(&x.name, &x.p, &r); err != nil {
+			rows.Close()
+			return ck, "", err
+		}
+		if r != nil {
+			x.r, x.hasEnd = *r, true
+		}
+		ps = append(ps, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return ck, "", err
+	}
+	due, ran := 0, 0
+	for _, x := range ps {
+		ck.Checked++
+		if !x.hasEnd {
+			ck.fail("%s: paused at %s, never resumed", x.name, x.p.Format(time.TimeOnly))
+			continue
+		}
+		for k, r := range d.runs {
+			if k.schedule != x.name {
+				continue
+			}
+			if r.created.After(x.p) && r.created.Before(x.r) {
+				ck.fail("%s: recorded at %s while paused (%s to %s)", fmtKey(k), r.created.Format("15:04:05.000000"), x.p.Format("15:04:05.000000"), x.r.Format("15:04:05.000000"))
+			}
+			if r.hasStarted && r.started.After(x.p) && r.started.Before(x.r) {
+				ck.fail("%s: attempt %d started at %s while paused (%s to %s)", fmtKey(k), r.attempt, r.started.Format("15:04:05.000000"), x.p.Format("15:04:05.000000"), x.r.Format("15:04:05.000000"))
+			}
+			if !r.instant.Before(x.p) && !r.instant.After(x.r) {
+				due++
+				if r.state == "succeeded" {
+					ran++
+				}
+			}
+		}
+	}
+	return ck, fmt.Sprintf("%d schedule pauses, %d instants due while paused (%d succeeded after the resume)", len(ps), due, ran), nil
+}
+
+// schedEventStats reports what the instances observed: runs taken over,
+// instants missed, completions refused (EventLost), and the job's writes
+// the fence refused, per instance.
+func (c *checker) schedEventStats(ctx context.Context) error {
+	rows, err := c.pool.Query(ctx, `SELECT kind, split_part(instance, '#', 1), count(*) FROM chaos_sched_events GROUP BY 1, 2 ORDER BY 1, 2`)
+	if err != nil {
+		return err
+	}
+	per := map[string][]string{}
+	total := map[string]int{}
+	for rows.Next() {
+		var kind, inst string
+		var n int
+		if err := rows.Scan(&kind, &inst, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		per[kind] = append(per[kind], fmt.Sprintf("%s %d", inst, n))
+		total[kind] += n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	f := func(kind string) string {
+		if total[kind] == 0 {
+			return "0"
+		}
+		return fmt.Sprintf("%d (%s)", total[kind], strings.Join(per[kind], ", "))
+	}
+	c.stat("schedule events", "lost (ErrLost: completion refused or exclusivity lost) %s; writes refused by the fence %s; taken over %s; missed %s",
+		f("lost"), f("refused"), f("taken over"), f("missed"))
+	return nil
+}
