@@ -39,7 +39,7 @@ const (
 	checkRowsLost       = "rows: none lost (left PAUSED)"
 	checkRowsStuck      = "rows: none stuck PROCESSING"
 	checkFence          = "fencing: no write with a superseded token took effect"
-	checkSchedWindow    = "schedules: every due instant in the window ended succeeded (a skip only by overlap, naming an open run)"
+	checkSchedWindow    = "schedules: every due instant in the window ended succeeded"
 	checkSchedEffects   = "schedules: every succeeded instant has exactly one effect, with the succeeded fence"
 	checkSchedExclusive = "schedules: no two attempts of one instant ran at once"
 	checkSchedZombies   = "schedules: zombie completions refused (the succeeded attempt is the newest)"

@@ -49,16 +49,16 @@ const schedCap = 10000
 
 // definition is the schedules' definition. Catch-up all inside the window
 // with a cap no fault reaches: every instant missed during a fault or
-// paused runs later. Overlap buffer one: an instant due while a run of its
-// schedule is still running waits for it (a second such one is skipped,
-// which the checker accepts only when the run it names was open then).
+// paused runs later. Overlap buffer all: an instant due while a run of its
+// schedule is still running (or waits to be taken over) waits for it, so no
+// instant is skipped.
 // Failed attempts (a write cut by a restart or a terminated backend) are
 // retried soon.
 func (c workerConfig) definition(name string) schedule.Definition {
 	return schedule.Definition{
 		Name: name, Spec: schedSpec(c.Period), Version: 1,
 		CatchUp: schedule.CatchUpAll, CatchUpWindow: c.Window, CatchUpCap: schedCap,
-		Overlap: schedule.OverlapBufferOne,
+		Overlap: schedule.OverlapBufferAll,
 		Retry:   schedule.RetryPolicy{MaxAttempts: c.SchedAttempts, Backoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond},
 		Lease:   c.SchedLease,
 	}
