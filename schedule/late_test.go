@@ -147,6 +147,19 @@ func TestLateAndOverdue(t *testing.T) {
 	if len(overdue) != 2 || overdue[0] != 1 || overdue[1] != 2 {
 		t.Errorf("overdue events for attempts %v, want [1 2]", overdue)
 	}
+	// Status counts them.
+	for _, c := range []struct {
+		name          string
+		late, overdue int
+	}{{late.Name, 1, 0}, {slowDef.Name, 0, 1}} {
+		st, err := in.s.Status(ctx, c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Late != c.late || st.Overdue != c.overdue {
+			t.Errorf("Status(%s): late %d overdue %d, want %d and %d", c.name, st.Late, st.Overdue, c.late, c.overdue)
+		}
+	}
 	out := logs.String()
 	for _, want := range []string{"level=WARN msg=\"schedule: late\"", "level=WARN msg=\"schedule: overdue\""} {
 		if !strings.Contains(out, want) {

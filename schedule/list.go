@@ -39,6 +39,11 @@ type Status struct {
 	// count stopped there and more follow.
 	MissedUnrecorded int
 	MissedMore       bool
+	// Late counts the runs whose first attempt started more than the
+	// definition's LateAfter after their instant; Overdue those with an
+	// attempt that ran past its ExpectedDuration (rows kept in the ledger).
+	Late    int
+	Overdue int
 	// Paused says the schedule is paused; PausedNote, PausedBy and
 	// PausedAt are what Pause stored (empty while not paused).
 	Paused     bool
@@ -120,7 +125,7 @@ func (s *Scheduler) status(ctx context.Context, r store.ScheduleStatusesRow) (St
 	d := st.def
 	out := Status{
 		Name: d.Name, Spec: d.Spec, TimeZone: d.TimeZone, Version: d.Version,
-		OpenRuns: int(r.OpenRuns), Paused: st.paused, DBNow: st.dbNow,
+		OpenRuns: int(r.OpenRuns), Late: int(r.LateRuns), Overdue: int(r.OverdueRuns), Paused: st.paused, DBNow: st.dbNow,
 	}
 	if st.paused {
 		out.PausedNote, out.PausedBy, out.PausedAt = st.pausedNote, st.pausedBy, st.pausedAt

@@ -103,7 +103,11 @@ SELECT s.name,
        (SELECT count(*) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying'))::bigint AS open_runs,
        (SELECT count(*) FROM pgclaim_schedule_runs r
-        WHERE r.schedule = s.name AND r.missed)::bigint AS missed_recorded
+        WHERE r.schedule = s.name AND r.missed)::bigint AS missed_recorded,
+       (SELECT count(*) FROM pgclaim_schedule_runs r
+        WHERE r.schedule = s.name AND r.late)::bigint AS late_runs,
+       (SELECT count(*) FROM pgclaim_schedule_runs r
+        WHERE r.schedule = s.name AND r.overdue)::bigint AS overdue_runs
 FROM pgclaim_schedules s
 LEFT JOIN LATERAL (
     SELECT r.instant, r.kind, r.state, r.attempt, r.reason, r.started_at, r.finished_at
@@ -127,11 +131,14 @@ type ScheduleStatusesRow struct {
 	LastFinishedAt pgtype.Timestamptz
 	OpenRuns       int64
 	MissedRecorded int64
+	LateRuns       int64
+	OverdueRuns    int64
 }
 
 // Per schedule (all, or the one named): its latest outcome — the newest
 // run by instant that is no longer pending — the number of its open runs
-// (pending, running, retrying) and of its rows recorded missed. No run
+// (pending, running, retrying), of its rows recorded missed, late and
+// overdue. No run
 // yet: last_kind and last_state are ” and last_instant is NULL.
 func (q *Queries) ScheduleStatuses(ctx context.Context, name *string) ([]ScheduleStatusesRow, error) {
 	rows, err := q.db.Query(ctx, scheduleStatuses, name)
@@ -153,6 +160,8 @@ func (q *Queries) ScheduleStatuses(ctx context.Context, name *string) ([]Schedul
 			&i.LastFinishedAt,
 			&i.OpenRuns,
 			&i.MissedRecorded,
+			&i.LateRuns,
+			&i.OverdueRuns,
 		); err != nil {
 			return nil, err
 		}

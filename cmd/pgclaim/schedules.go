@@ -23,7 +23,7 @@ const schedulesAbout = `
 Operates the schedules of package schedule (tables pgclaim_schedules and
 pgclaim_schedule_runs). Every subcommand takes --database-url and --json.
 
-  list                                  each schedule: spec, zone, version, next due, latest outcome, missed, paused
+  list                                  each schedule: spec, zone, version, next due, latest outcome, missed, late, overdue, paused
   pause NAME --note TEXT [--by WHO]     stop new runs of NAME on every instance
   resume NAME                           resume NAME on every instance
   trigger NAME                          record a manual run of NAME now (once, however many operators trigger)
@@ -75,6 +75,8 @@ type scheduleJSON struct {
 	Missed           int          `json:"missed"`            // recorded missed + unrecorded
 	MissedUnrecorded int          `json:"missed_unrecorded"` // due, past the grace, no row
 	MissedMore       bool         `json:"missed_more"`       // the unrecorded count stopped at its bound
+	Late             int          `json:"late"`              // runs started later than the definition's LateAfter
+	Overdue          int          `json:"overdue"`           // runs with an attempt past its ExpectedDuration
 	Paused           bool         `json:"paused"`
 	PausedNote       *string      `json:"paused_note"`
 	PausedBy         *string      `json:"paused_by"`
@@ -229,6 +231,7 @@ func toScheduleJSON(st schedule.Status) scheduleJSON {
 	out := scheduleJSON{
 		Name: st.Name, Spec: st.Spec, TimeZone: st.TimeZone, Version: st.Version, NextDue: timePtr(st.NextDue),
 		OpenRuns: st.OpenRuns, Missed: st.Missed, MissedUnrecorded: st.MissedUnrecorded, MissedMore: st.MissedMore,
+		Late: st.Late, Overdue: st.Overdue,
 		Paused: st.Paused, PausedNote: strPtr(st.PausedNote), PausedBy: strPtr(st.PausedBy), PausedAt: timePtr(st.PausedAt),
 		DBNow: st.DBNow.UTC(),
 	}
@@ -293,7 +296,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "no schedules stored")
 		return nil
 	}
-	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "OPEN", "PAUSED")
+	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "PAUSED")
 	for _, st := range out {
 		last, state, attempt := "-", "-", "-"
 		if l := st.Last; l != nil {
@@ -306,7 +309,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		if st.MissedMore {
 			missed += "+"
 		}
-		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.OpenRuns, pausedCell(st))
+		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.Late, st.Overdue, st.OpenRuns, pausedCell(st))
 	}
 	return tb.flush()
 }

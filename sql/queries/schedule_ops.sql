@@ -1,7 +1,8 @@
 -- name: ScheduleStatuses :many
 -- Per schedule (all, or the one named): its latest outcome — the newest
 -- run by instant that is no longer pending — the number of its open runs
--- (pending, running, retrying) and of its rows recorded missed. No run
+-- (pending, running, retrying), of its rows recorded missed, late and
+-- overdue. No run
 -- yet: last_kind and last_state are '' and last_instant is NULL.
 SELECT s.name,
        l.instant AS last_instant, COALESCE(l.kind, '')::text AS last_kind, COALESCE(l.state, '')::text AS last_state,
@@ -10,7 +11,11 @@ SELECT s.name,
        (SELECT count(*) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying'))::bigint AS open_runs,
        (SELECT count(*) FROM pgclaim_schedule_runs r
-        WHERE r.schedule = s.name AND r.missed)::bigint AS missed_recorded
+        WHERE r.schedule = s.name AND r.missed)::bigint AS missed_recorded,
+       (SELECT count(*) FROM pgclaim_schedule_runs r
+        WHERE r.schedule = s.name AND r.late)::bigint AS late_runs,
+       (SELECT count(*) FROM pgclaim_schedule_runs r
+        WHERE r.schedule = s.name AND r.overdue)::bigint AS overdue_runs
 FROM pgclaim_schedules s
 LEFT JOIN LATERAL (
     SELECT r.instant, r.kind, r.state, r.attempt, r.reason, r.started_at, r.finished_at
