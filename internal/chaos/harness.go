@@ -701,7 +701,7 @@ func (h *harness) produce(ctx context.Context) {
 func (h *harness) settle(ctx context.Context, tStop time.Time) error {
 	w := h.cfg.worker()
 	minWait := 4*h.cfg.Period + time.Second
-	deadline := time.Now().Add(2*time.Minute + minWait)
+	deadline := time.Now().Add(4*time.Minute + minWait)
 	began := time.Now()
 	names := h.cfg.scheduleNames()
 	for {
