@@ -104,7 +104,8 @@
 // over within Config.PollInterval (or by the next instant, whichever comes
 // first) of the server ending the session, which the server notices at once
 // for a killed process; with LeaseLocks, within Definition.Lease plus
-// Config.PollInterval of the last renewal. In the chaos short run (1 s
+// twice Config.PollInterval of the last renewal (the lock's lease and the
+// run's lease expire apart, and each is found by a poll). In the chaos short run (1 s
 // poll, 2 s lease, faults every few seconds on a loaded 2-core machine) the
 // next attempt of a SIGKILLed runner's instant started p50 2.0 s, max 5.3 s
 // after the kill. A holder that is only stopped (SIGSTOP, a GC or VM pause)
