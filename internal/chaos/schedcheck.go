@@ -380,13 +380,21 @@ func restartedWithin(rs []time.Time, from, to time.Time) bool {
 }
 
 // schedStopped: an attempt in flight when its process was SIGSTOPped for
-// longer than the run's lease wrote nothing after the stop and did not
-// complete its run.
+// longer than the run's lease wrote nothing once its lease had expired and
+// did not complete its run after that.
+//
+// The lease cannot outlive the stop by more than its length: the last
+// renewal the stopped process sent began at the server (its now()) no
+// later than the stop plus that statement's way to the server. So a write
+// the server took within the lease after the stop is legitimate, partial
+// work (it was sent before the stop and ran while the process was
+// stopped); one taken later is a zombie's, and so is a success.
 func (c *checker) schedStopped(d *schedData) (Check, int) {
 	ck := Check{Name: checkSchedStopped}
 	const slack = 100 * time.Millisecond
 	for _, s := range c.p.stops {
-		if s.to.IsZero() || s.to.Sub(s.at) <= c.p.schedLease+slack {
+		expired := s.at.Add(c.p.schedLease + stopTransit)
+		if s.to.IsZero() || !s.to.After(expired) {
 			continue
 		}
 		for k, as := range d.attempts {
@@ -395,18 +403,23 @@ func (c *checker) schedStopped(d *schedData) (Check, int) {
 					continue
 				}
 				ck.Checked++
-				if e, ok := d.effect(k, a.fence); ok && e.at.After(s.at) {
-					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, wrote its effect at %s after the stop",
+				if e, ok := d.effect(k, a.fence); ok && e.at.After(expired) {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, wrote its effect at %s, past its lease",
 						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), e.at.Format("15:04:05.000"))
 				}
-				if r := d.runs[k]; r != nil && r.fence == a.fence && r.state == "succeeded" {
-					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, completed the run", fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond))
+				if r := d.runs[k]; r != nil && r.fence == a.fence && r.state == "succeeded" && r.finished.After(expired) {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, completed the run at %s, past its lease",
+						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), r.finished.Format("15:04:05.000"))
 				}
 			}
 		}
 	}
 	return ck, ck.Checked
 }
+
+// stopTransit bounds how long a statement sent just before a SIGSTOP takes
+// to begin at the server on a loaded machine.
+const stopTransit = time.Second
 
 // schedPaused: while a schedule was paused (from the pause's commit to the
 // resume's start) nothing of it was recorded or started; the instants due
