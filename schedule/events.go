@@ -26,7 +26,9 @@ const (
 	EventMissed
 	// EventLost: an attempt lost its exclusivity, or its completion was
 	// refused because another instance had taken the run over (a stale
-	// fence). Err wraps ErrLost.
+	// fence), or its outcome could not be recorded at all (the run, left
+	// running, is then taken over as a dead holder's). Err wraps ErrLost
+	// (and the database's error, for an outcome not recorded).
 	EventLost
 	// EventTakenOver: a run whose holder had died (session or lease gone)
 	// was taken over by this instance as the next attempt, or recorded

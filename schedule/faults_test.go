@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -56,9 +57,8 @@ func TestEveryInstantOnceUnderKills(t *testing.T) {
 		// one holds it (most often mid-run), then pause half a second.
 		class, key := lockKey(names[rand.IntN(len(names))])
 		var n int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'
-			AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&n); err != nil {
+		n, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key))
+		if err != nil {
 			t.Fatal(err)
 		}
 		kills += n

@@ -2,7 +2,9 @@ package schedule
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,5 +75,56 @@ func TestOutcomeRecordedWhileLockHeld(t *testing.T) {
 	}
 	if n != 1 || calls.Load() != 1 {
 		t.Fatalf("job ran %d times, %d effects; want once", calls.Load(), n)
+	}
+}
+
+// TestOutcomeNotRecordedIsReported: an attempt whose outcome cannot be
+// recorded at all (a permanent error: here a trigger refuses the update) is
+// not silent: the instance reports EventLost saying the outcome was not
+// recorded, and the run, left running, is taken over as attempt 2 once the
+// lock is released.
+func TestOutcomeNotRecordedIsReported(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	if _, err := db.Pool.Exec(ctx, `
+		CREATE FUNCTION refuse_first_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF OLD.state = 'running' AND NEW.state <> 'running' AND NEW.attempt = 1 THEN
+				RAISE EXCEPTION 'refused by the test';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_first_finish BEFORE UPDATE ON pgclaim_schedule_runs
+			FOR EACH ROW EXECUTE FUNCTION refuse_first_finish();`); err != nil {
+		t.Fatal(err)
+	}
+	def := Definition{Name: "unrecorded", Spec: "0 0 1 1 *", Version: 1, Lease: 2 * time.Second}
+	ev := &events{}
+	in := newInstance(t, db, "inst", Config{PollInterval: 200 * time.Millisecond}, ev)
+	if err := in.s.Register(ctx, def, func(context.Context, Run) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	in.start(t)
+	instant, _, err := in.s.Trigger(ctx, def.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(instant) && r.State == stateSucceeded {
+				return r.Attempt == 2
+			}
+		}
+		return false
+	})
+	var found bool
+	for _, e := range ev.of(EventLost) {
+		if e.Attempt == 1 && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "refused by the test") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no EventLost for attempt 1's unrecorded outcome; lost events: %+v", ev.of(EventLost))
 	}
 }

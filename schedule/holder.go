@@ -751,8 +751,10 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was %s; its %s completion changed nothing",
 			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, how, p.State)
 	case err != nil:
-		s.log.ErrorContext(ctx, "schedule: record outcome", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "error", err)
-		return
+		// Left running: once the lock is released the next holder takes
+		// the run over as a dead one, attempt n+1.
+		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): its %s outcome could not be recorded (%w); the run will be taken over as a dead holder's",
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.State, err)
 	default:
 		ev.State, ev.Reason = p.State, p.Reason
 		a.handBack = p.State == stateRetrying && ctx.Err() != nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -77,9 +78,7 @@ func TestStaleRunnerRefused(t *testing.T) {
 	}
 	defer hc.release()
 	class, key := lockKey("x")
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key); err != nil {
+	if _, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil {
 		t.Fatal(err)
 	}
 	select {

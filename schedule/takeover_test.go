@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -58,15 +59,9 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 		t.Fatal("no run started")
 	}
 	class, key := lockKey(def.Name)
-	var pid int
-	if err := db.Pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid
-		AND objid = $2::int4::oid AND objsubid = 2 AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&pid); err != nil {
-		t.Fatalf("the lock's session: %v", err)
-	}
 	killed := time.Now()
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
-		t.Fatal(err)
+	if n, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil || n != 1 {
+		t.Fatalf("the lock's session: ended %d: %v", n, err)
 	}
 	var done runRow
 	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
@@ -183,9 +178,7 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 		t.Fatal("no run started")
 	}
 	class, key := lockKey(def.Name)
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
-		AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key); err != nil {
+	if _, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil {
 		t.Fatal(err)
 	}
 	var failed runRow

@@ -77,3 +77,13 @@ func AdvisoryHolder(ctx context.Context, q Querier, k Key) (uint32, error) {
 	err := q.QueryRow(ctx, "SELECT pid FROM pg_locks WHERE "+cond, args...).Scan(&pid)
 	return pid, err
 }
+
+// TerminateHolder ends the backend holding the advisory lock k in the
+// current database (pg_terminate_backend), as a crashed holder or a
+// network failure would; it returns how many it ended (0: none held it).
+func TerminateHolder(ctx context.Context, q Querier, k Key) (int, error) {
+	cond, args := where(Granted, []Key{k})
+	var n int
+	err := q.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE "+cond, args...).Scan(&n)
+	return n, err
+}
