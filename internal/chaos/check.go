@@ -44,7 +44,7 @@ const (
 	checkSchedExclusive = "schedules: no two attempts of one instant ran at once"
 	checkSchedZombies   = "schedules: zombie completions refused (the succeeded attempt is the newest)"
 	checkSchedKilled    = "schedules: a SIGKILLed runner's instant completed by a later attempt within the bound"
-	checkSchedStopped   = "schedules: a runner SIGSTOPped past its lease did not complete"
+	checkSchedStopped   = "schedules: a runner SIGSTOPped past its lease wrote nothing after it expired, nor completed a run taken over"
 	checkSchedPaused    = "schedules: nothing recorded or started while paused; paused instants run at resume"
 	checkTerms          = "leaders: terms never overlap (database time)"
 	checkLeaderLog      = "leaders: writes only inside the writer's own term"

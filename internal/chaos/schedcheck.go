@@ -37,6 +37,7 @@ type schedData struct {
 	runs     map[runKey]*schedRun
 	attempts map[runKey][]schedWrite // sorted by fence, then time
 	effects  map[runKey][]schedWrite
+	leases   map[runKey]map[int64]time.Time // the latest lease_until the database granted each fence
 }
 
 func (d *schedData) effect(k runKey, fence int64) (schedWrite, bool) {
@@ -59,7 +60,7 @@ func (d *schedData) next(k runKey, fence int64) (schedWrite, bool) {
 }
 
 func (c *checker) loadSched(ctx context.Context) (*schedData, error) {
-	d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{}}
+	d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{}, leases: map[runKey]map[int64]time.Time{}}
 	rows, err := c.pool.Query(ctx, `SELECT schedule, instant, kind, state, attempt, coalesce(fence, 0), fence IS NOT NULL,
 			coalesce(holder, ''), coalesce(reason, ''), created_at,
 			coalesce(started_at, 'epoch'), started_at IS NOT NULL, coalesce(finished_at, 'epoch'), finished_at IS NOT NULL
@@ -101,6 +102,28 @@ func (c *checker) loadSched(ctx context.Context) (*schedData, error) {
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
+	}
+	rows, err = c.pool.Query(ctx, `SELECT schedule, instant, fence, max(lease_until) FROM chaos_sched_leases GROUP BY 1, 2, 3`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var name string
+		var instant, until time.Time
+		var fence int64
+		if err := rows.Scan(&name, &instant, &fence, &until); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		k := runKey{name, instant.UnixMicro()}
+		if d.leases[k] == nil {
+			d.leases[k] = map[int64]time.Time{}
+		}
+		d.leases[k][fence] = until
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -380,21 +403,19 @@ func restartedWithin(rs []time.Time, from, to time.Time) bool {
 }
 
 // schedStopped: an attempt in flight when its process was SIGSTOPped for
-// longer than the run's lease wrote nothing once its lease had expired and
-// did not complete its run after that.
-//
-// The lease cannot outlive the stop by more than its length: the last
-// renewal the stopped process sent began at the server (its now()) no
-// later than the stop plus that statement's way to the server. So a write
-// the server took within the lease after the stop is legitimate, partial
-// work (it was sent before the stop and ran while the process was
-// stopped); one taken later is a zombie's, and so is a success.
+// longer than the run's lease took no effect once the lease the database
+// had granted it expired (the latest lease_until of its fence, from
+// chaos_sched_leases), and, if another attempt of its instant started
+// meanwhile, did not complete the run. A write the server took within the
+// lease while the process was stopped was sent before the stop: partial
+// work, which the other checks count as such.
 func (c *checker) schedStopped(d *schedData) (Check, int) {
 	ck := Check{Name: checkSchedStopped}
+	// slack: the effect's stamp is read just after the statement compared
+	// the lease with the clock.
 	const slack = 100 * time.Millisecond
 	for _, s := range c.p.stops {
-		expired := s.at.Add(c.p.schedLease + stopTransit)
-		if s.to.IsZero() || !s.to.After(expired) {
+		if s.to.IsZero() || s.to.Sub(s.at) <= c.p.schedLease+slack {
 			continue
 		}
 		for k, as := range d.attempts {
@@ -403,23 +424,26 @@ func (c *checker) schedStopped(d *schedData) (Check, int) {
 					continue
 				}
 				ck.Checked++
-				if e, ok := d.effect(k, a.fence); ok && e.at.After(expired) {
-					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, wrote its effect at %s, past its lease",
-						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), e.at.Format("15:04:05.000"))
+				until, ok := d.leases[k][a.fence]
+				if !ok {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s: no lease of it was recorded", fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond))
+					continue
 				}
-				if r := d.runs[k]; r != nil && r.fence == a.fence && r.state == "succeeded" && r.finished.After(expired) {
-					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, completed the run at %s, past its lease",
-						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), r.finished.Format("15:04:05.000"))
+				if e, ok := d.effect(k, a.fence); ok && e.at.After(until.Add(slack)) {
+					ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, wrote its effect at %s, after its lease expired at %s",
+						fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond), e.at.Format("15:04:05.000"), until.Format("15:04:05.000"))
+				}
+				if _, superseded := d.next(k, a.fence); superseded {
+					if r := d.runs[k]; r != nil && r.fence == a.fence && r.state == "succeeded" {
+						ck.fail("%s: attempt %d (fence %d) of %s, SIGSTOPped %s, completed the run after a later attempt started",
+							fmtKey(k), a.attempt, a.fence, s.holder, s.to.Sub(s.at).Round(time.Millisecond))
+					}
 				}
 			}
 		}
 	}
 	return ck, ck.Checked
 }
-
-// stopTransit bounds how long a statement sent just before a SIGSTOP takes
-// to begin at the server on a loaded machine.
-const stopTransit = time.Second
 
 // schedPaused: while a schedule was paused (from the pause's commit to the
 // resume's start) nothing of it was recorded or started; the instants due

@@ -5,38 +5,38 @@ import (
 	"time"
 )
 
-// TestSchedStoppedAllowsWritesInFlight: a SIGSTOPped runner's write that
-// the server took within its lease (sent just before the stop) is partial
-// work, not a violation; a write or a success the server took once the
-// lease had expired is.
-func TestSchedStoppedAllowsWritesInFlight(t *testing.T) {
+// TestSchedStopped: a SIGSTOPped runner's write that the server took
+// within the lease the database had granted (sent just before the stop, or
+// after a renewal the starved server ran late) is partial work, not a
+// violation; a write the server took after that lease expired is, and so is
+// a success with a fence a later attempt superseded.
+func TestSchedStopped(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 15, 6, 36, 0, time.UTC)
 	k := runKey{schedule: "chaos-s/lease/20", instant: t0.Add(-2 * time.Second).UnixMicro()}
 	s := stop{hit: hit{holder: "i3#0", midRun: true, at: t0.Add(430 * time.Millisecond)}, to: t0.Add(5419 * time.Millisecond)}
+	const fence, next = 19999, 20100
 	for _, tc := range []struct {
 		name       string
+		lease      time.Time // the latest lease_until granted to fence
 		effect     time.Time
-		finished   time.Time // zero: the attempt was taken over
+		finished   time.Time // zero: taken over by the next attempt, which succeeded
 		violations int
 	}{
-		{name: "effect in flight at the stop", effect: t0.Add(614 * time.Millisecond)},
-		{name: "effect in flight, success in flight", effect: t0.Add(614 * time.Millisecond), finished: t0.Add(650 * time.Millisecond)},
-		{name: "effect after the resume", effect: s.to.Add(20 * time.Millisecond), violations: 1},
-		{name: "effect in flight, success after the resume", effect: t0.Add(614 * time.Millisecond), finished: s.to.Add(30 * time.Millisecond), violations: 1},
+		{name: "effect in flight at the stop", lease: s.at.Add(1500 * time.Millisecond), effect: t0.Add(614 * time.Millisecond)},
+		{name: "effect after the lease expired", lease: s.at.Add(1500 * time.Millisecond), effect: s.to.Add(20 * time.Millisecond), violations: 1},
+		{name: "effect within a lease a late renewal extended", lease: s.to.Add(150 * time.Millisecond), effect: s.to.Add(40 * time.Millisecond)},
+		{name: "in-flight effect, then completed, not taken over", lease: s.at.Add(1500 * time.Millisecond), effect: t0.Add(614 * time.Millisecond), finished: s.to.Add(30 * time.Millisecond)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{}}
-			d.attempts[k] = []schedWrite{{attempt: 1, fence: 19999, instance: "i3#0", at: t0.Add(-1500 * time.Millisecond)}}
-			d.effects[k] = []schedWrite{{attempt: 1, fence: 19999, instance: "i3#0", at: tc.effect}}
-			r := &schedRun{instant: time.UnixMicro(k.instant), state: "succeeded", attempt: 1, fence: 19999, hasFen: true}
+			d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{},
+				leases: map[runKey]map[int64]time.Time{k: {fence: tc.lease}}}
+			d.attempts[k] = []schedWrite{{attempt: 1, fence: fence, instance: "i3#0", at: t0.Add(-1500 * time.Millisecond)}}
+			d.effects[k] = []schedWrite{{attempt: 1, fence: fence, instance: "i3#0", at: tc.effect}}
+			r := &schedRun{instant: time.UnixMicro(k.instant), state: "succeeded", attempt: 1, fence: fence, hasFen: true, hasFinished: true, finished: tc.finished}
 			if tc.finished.IsZero() {
-				// Taken over: attempt 2 started after the lease expired and succeeded.
-				d.attempts[k] = append(d.attempts[k], schedWrite{attempt: 2, fence: 20100, instance: "i1#0", at: s.at.Add(2500 * time.Millisecond)})
-				r.attempt, r.fence, r.finished = 2, 20100, s.at.Add(3*time.Second)
-			} else {
-				r.finished = tc.finished
+				d.attempts[k] = append(d.attempts[k], schedWrite{attempt: 2, fence: next, instance: "i1#0", at: s.to.Add(time.Second)})
+				r.attempt, r.fence, r.finished = 2, next, s.to.Add(1500*time.Millisecond)
 			}
-			r.hasFinished = true
 			d.runs[k] = r
 			c := &checker{p: checkParams{schedLease: 2 * time.Second, stops: []stop{s}}}
 			ck, n := c.schedStopped(d)
@@ -45,4 +45,15 @@ func TestSchedStoppedAllowsWritesInFlight(t *testing.T) {
 			}
 		})
 	}
+	t.Run("taken over, then completed with the old fence", func(t *testing.T) {
+		d := &schedData{runs: map[runKey]*schedRun{}, attempts: map[runKey][]schedWrite{}, effects: map[runKey][]schedWrite{},
+			leases: map[runKey]map[int64]time.Time{k: {fence: s.at.Add(time.Second), next: s.to.Add(3 * time.Second)}}}
+		d.attempts[k] = []schedWrite{{attempt: 1, fence: fence, instance: "i3#0", at: t0.Add(-1500 * time.Millisecond)},
+			{attempt: 2, fence: next, instance: "i1#0", at: s.at.Add(2500 * time.Millisecond)}}
+		d.runs[k] = &schedRun{instant: time.UnixMicro(k.instant), state: "succeeded", attempt: 1, fence: fence, hasFen: true, hasFinished: true, finished: s.to.Add(50 * time.Millisecond)}
+		c := &checker{p: checkParams{schedLease: 2 * time.Second, stops: []stop{s}}}
+		if ck, _ := c.schedStopped(d); ck.Violations != 1 {
+			t.Fatalf("violations %d, want 1: %v", ck.Violations, ck.Examples)
+		}
+	})
 }

@@ -75,6 +75,29 @@ CREATE INDEX chaos_sched_attempts_idx ON chaos_sched_attempts (schedule, instant
 CREATE TABLE chaos_sched_effects (LIKE chaos_sched_attempts INCLUDING DEFAULTS);
 CREATE INDEX chaos_sched_effects_idx ON chaos_sched_effects (schedule, instant);
 
+-- Every lease the database granted a run's attempt (its start and each
+-- renewal), logged by a trigger in the granting transaction: the checks
+-- compare the job's writes with the lease the database actually held, not
+-- with one guessed from the host's clock (a renewal sent just before a
+-- SIGSTOP can run at a starved server seconds later, and extend the lease
+-- from then).
+CREATE TABLE chaos_sched_leases (
+    schedule    text        NOT NULL,
+    instant     timestamptz NOT NULL,
+    fence       bigint      NOT NULL,
+    lease_until timestamptz NOT NULL
+);
+CREATE FUNCTION chaos_log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.lease_until IS NOT NULL AND NEW.fence IS NOT NULL
+       AND (TG_OP = 'INSERT' OR NEW.lease_until IS DISTINCT FROM OLD.lease_until) THEN
+        INSERT INTO chaos_sched_leases VALUES (NEW.schedule, NEW.instant, NEW.fence, NEW.lease_until);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_log_lease AFTER INSERT OR UPDATE OF lease_until ON pgclaim_schedule_runs
+    FOR EACH ROW EXECUTE FUNCTION chaos_log_lease();
+
 -- Writes of the job the fence refused, and the scheduler's events (lost,
 -- taken over, missed) as the instances saw them (best effort: a killed
 -- process loses what it had not written yet).
