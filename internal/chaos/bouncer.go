@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,11 +26,27 @@ var ErrNoBouncer = errors.New("chaos: pgbouncer not found (apt-get install pgbou
 // bouncer is a PgBouncer in transaction pooling mode started on loopback in
 // front of one database.
 type bouncer struct {
-	dir  string
-	port int
-	cmd  *exec.Cmd
-	done chan struct{}
+	dir     string
+	port    int
+	bin     string
+	iniPath string
+	cred    *syscall.Credential
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{}
+	stopping bool     // kill or stop was called: an exit is expected
+	crashed  bool     // exited unexpectedly, and was not restarted
+	known    []string // exits on PgBouncer's known bug, each restarted (log lines)
+	logFrom  int64    // the log's size when the current process started
 }
+
+// knownCrash is the log line of a PgBouncer bug fixed upstream in 1.21
+// (pgbouncer/pgbouncer#822, pull request #927): a server connection that
+// receives a packet while its cancel request is in flight makes PgBouncer
+// up to 1.20 exit. The chaos faults (a Postgres restart while a client's
+// cancel is on its way) reach it; Debian 12 ships 1.18.
+const knownCrash = "server_proto: server in bad state: 11"
 
 // findBouncer returns the pgbouncer binary: $PGBOUNCER, PATH, or the
 // Debian location.
@@ -76,7 +94,7 @@ func startBouncer(ctx context.Context, serverURL, dbName string) (*bouncer, erro
 	if err != nil {
 		return nil, err
 	}
-	b := &bouncer{dir: dir}
+	b := &bouncer{dir: dir, bin: bin, cred: cred}
 	fail := func(err error) (*bouncer, error) {
 		b.stop()
 		return nil, err
@@ -112,24 +130,108 @@ logfile = %s
 pidfile = %s
 `, dbName, host, port, dbName, userName, b.port, dir, filepath.Join(dir, "users.txt"),
 			filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
-		iniPath := filepath.Join(dir, "pgbouncer.ini")
-		if err := os.WriteFile(iniPath, []byte(ini), 0o644); err != nil {
+		b.iniPath = filepath.Join(dir, "pgbouncer.ini")
+		if err := os.WriteFile(b.iniPath, []byte(ini), 0o644); err != nil {
 			return fail(err)
 		}
-		b.cmd = exec.Command(bin, iniPath)
-		b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-		b.cmd.Stdout, b.cmd.Stderr = nil, nil
-		if err = b.cmd.Start(); err != nil {
-			return fail(fmt.Errorf("chaos: start pgbouncer: %w", err))
+		if err := b.start(); err != nil {
+			return fail(err)
 		}
-		b.done = make(chan struct{})
-		go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(b.cmd, b.done)
 		if err = b.waitReady(ctx, dbName); err == nil {
 			return b, nil
 		}
 		b.kill()
+		b.mu.Lock()
+		b.stopping = false
+		b.mu.Unlock()
 	}
 	return fail(fmt.Errorf("chaos: pgbouncer did not start: %w; log: %s", err, b.logTail()))
+}
+
+// start starts the PgBouncer process on b's configuration.
+func (b *bouncer) start() error {
+	cmd := exec.Command(b.bin, b.iniPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: b.cred}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("chaos: start pgbouncer: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	var from int64
+	if fi, err := os.Stat(filepath.Join(b.dir, "pgbouncer.log")); err == nil {
+		from = fi.Size()
+	}
+	b.mu.Lock()
+	b.cmd, b.done, b.logFrom = cmd, done, from
+	b.mu.Unlock()
+	return nil
+}
+
+// ownLog is what the current process wrote to the log (b.mu held).
+func (b *bouncer) ownLog() string {
+	data, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
+	if int64(len(data)) >= b.logFrom {
+		data = data[b.logFrom:]
+	}
+	return string(data)
+}
+
+// supervise watches PgBouncer until ctx ends: an exit on PgBouncer's known
+// bug (knownCrash) is recorded and PgBouncer started again on the same
+// port, as a service manager would; any other unexpected exit is left
+// for the run's report (exited).
+func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
+	for {
+		b.mu.Lock()
+		done := b.done
+		b.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-done:
+		}
+		b.mu.Lock()
+		if b.stopping {
+			b.mu.Unlock()
+			return
+		}
+		line := lastLineWith(b.ownLog(), knownCrash)
+		if line == "" {
+			b.crashed = true
+			b.mu.Unlock()
+			return
+		}
+		b.known = append(b.known, line)
+		b.mu.Unlock()
+		logf("pgbouncer exited on its known bug (%s); starting it again", knownCrash)
+		for {
+			err := b.start()
+			if err == nil {
+				break
+			}
+			logf("%v; trying again", err)
+			if !sleepCtx(ctx, 500*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// knownCrashes returns the log lines of the exits on PgBouncer's known bug.
+func (b *bouncer) knownCrashes() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.known)
+}
+
+func lastLineWith(log, s string) string {
+	lines := strings.Split(log, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], s) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
 }
 
 // URL returns a connection string to dbName through the bouncer, with the
@@ -142,9 +244,12 @@ func (b *bouncer) URL(dbName, appName string) string {
 func (b *bouncer) waitReady(ctx context.Context, dbName string) error {
 	deadline := time.Now().Add(15 * time.Second)
 	var last error
+	b.mu.Lock()
+	done := b.done
+	b.mu.Unlock()
 	for time.Now().Before(deadline) {
 		select {
-		case <-b.done:
+		case <-done:
 			return errors.New("pgbouncer exited")
 		default:
 		}
@@ -173,31 +278,42 @@ func (b *bouncer) logTail() string {
 	return strings.TrimSpace(string(data))
 }
 
-// exited reports whether PgBouncer has exited (before kill or stop).
+// exited reports whether PgBouncer exited unexpectedly (before kill or
+// stop) and was not started again (see supervise).
 func (b *bouncer) exited() bool {
-	if b.done == nil {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.crashed {
+		return true
+	}
+	if b.done == nil || b.stopping {
 		return false
 	}
 	select {
 	case <-b.done:
-		return true
+		// Exited; supervise (if it runs) has not decided yet, or never will.
+		return lastLineWith(b.ownLog(), knownCrash) == ""
 	default:
 		return false
 	}
 }
 
 func (b *bouncer) kill() {
-	if b.cmd == nil || b.cmd.Process == nil {
+	b.mu.Lock()
+	b.stopping = true
+	cmd, done := b.cmd, b.done
+	b.cmd = nil
+	b.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
 		return
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-b.done:
+	case <-done:
 	case <-time.After(5 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.done
+		_ = cmd.Process.Kill()
+		<-done
 	}
-	b.cmd = nil
 }
 
 // stop stops PgBouncer and removes its files.

@@ -386,6 +386,9 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		}
 		defer h.bnc.stop()
 		h.probe = probePooler(ctx, h.bnc.URL(h.db.Name, harnessAppName))
+		sctx, stopSupervise := context.WithCancel(ctx)
+		defer stopSupervise()
+		go h.bnc.supervise(sctx, h.logf)
 	}
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6368616f73))
@@ -532,6 +535,14 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		batches += fmt.Sprintf("%s %d", in.name, in.batches.Load())
 	}
 	stats = append(stats, Stat{Name: "batches seen", Value: batches})
+	if h.bnc != nil {
+		if n := len(h.bnc.knownCrashes()); n > 0 {
+			// Not ours: an upstream bug of the packaged PgBouncer, which a
+			// service manager restarts. The instances behind it were cut off
+			// meanwhile, as with a terminated backend.
+			stats = append(stats, Stat{Name: "pgbouncer", Value: fmt.Sprintf("exited %d time(s) on its known bug %q (pgbouncer/pgbouncer#822, fixed in 1.21) and was started again on the same port", n, knownCrash)})
+		}
+	}
 	res = &Result{
 		Seed: cfg.Seed, Config: cfg, Checks: checks, Stats: stats,
 		Faults: h.faultCounts(), Dir: dir, Duration: time.Since(began),

@@ -1,0 +1,58 @@
+package chaos
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestBouncerSupervise: PgBouncer exiting on its known upstream bug is
+// started again and recorded; any other exit is reported as unexpected.
+// A script stands in for the pgbouncer binary.
+func TestBouncerSupervise(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		line   string
+		exited bool
+		known  int
+	}{
+		{name: "known bug", line: "FATAL @src/server.c:583 in function server_proto(): " + knownCrash, known: 1},
+		{name: "other exit", line: "FATAL something else", exited: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			script := filepath.Join(dir, "fake-pgbouncer")
+			// First start: log the line and exit. Later starts: run on.
+			body := "#!/bin/sh\nd=$(dirname \"$1\")\nif [ ! -f \"$d/once\" ]; then touch \"$d/once\"; echo '" + tc.line + "' >> \"$d/pgbouncer.log\"; exit 1; fi\nexec sleep 30\n"
+			if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			b := &bouncer{dir: dir, bin: script, iniPath: filepath.Join(dir, "pgbouncer.ini")}
+			if err := b.start(); err != nil {
+				t.Fatal(err)
+			}
+			defer b.kill()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			supervised := make(chan struct{})
+			go func() { defer close(supervised); b.supervise(ctx, t.Logf) }()
+			deadline := time.Now().Add(10 * time.Second)
+			for time.Now().Before(deadline) && len(b.knownCrashes()) < tc.known {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !tc.exited {
+				time.Sleep(200 * time.Millisecond) // the restarted process runs on
+			} else {
+				<-supervised
+			}
+			if got := len(b.knownCrashes()); got != tc.known {
+				t.Fatalf("known crashes %d, want %d", got, tc.known)
+			}
+			if got := b.exited(); got != tc.exited {
+				t.Fatalf("exited() = %v, want %v", got, tc.exited)
+			}
+		})
+	}
+}
