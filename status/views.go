@@ -315,6 +315,9 @@ func since(now time.Time, t *time.Time) string {
 		return ""
 	}
 	d := now.Sub(*t).Round(time.Second)
+	if d == 0 {
+		return "now"
+	}
 	if d < 0 {
 		return "in " + (-d).String()
 	}
