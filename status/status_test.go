@@ -154,7 +154,10 @@ func TestViews(t *testing.T) {
 			Fence        int64
 			Expired      bool
 		}
-		Advisory []struct{ Name, Kind string }
+		Advisory []struct {
+			Name, Kind string
+			Holder     *string
+		}
 	}
 	locks := getJSON[lockList](t, c, base+"locks.json")
 	if len(locks.Leases) != 1 || locks.Leases[0].Name != scenario.Lease || locks.Leases[0].Expired {
@@ -162,10 +165,11 @@ func TestViews(t *testing.T) {
 	}
 	var guarded []string
 	for _, a := range locks.Advisory {
-		guarded = append(guarded, a.Name+" ("+a.Kind+")")
+		guarded = append(guarded, a.Name+" ("+a.Kind+", "+deref(a.Holder)+")")
 	}
-	if g := strings.Join(guarded, ", "); !strings.Contains(g, scenario.Election+" (election)") {
-		t.Errorf("advisory locks: want the election's lock, got %s", g)
+	if g := strings.Join(guarded, ", "); !strings.Contains(g, scenario.Election+" (election, instance-a)") ||
+		!strings.Contains(g, scenario.Running+" (schedule, instance-a)") {
+		t.Errorf("advisory locks: want the election's lock and the running schedule's, with their holder; got %s", g)
 	}
 
 	ld := getJSON[status.Leaders](t, c, base+"leaders.json")

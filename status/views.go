@@ -73,7 +73,7 @@ func (h *Handler) views() map[string]func(*http.Request) (any, error) {
 		"schedules": func(r *http.Request) (any, error) { return h.schedules(r.Context()) },
 		"leaders":   func(r *http.Request) (any, error) { return h.leaders(r.Context()) },
 		"locks": func(r *http.Request) (any, error) {
-			l, err := inspect.ReadLocks(r.Context(), h.cfg.Pool, h.cfg.Names)
+			l, err := inspect.ReadAllLocks(r.Context(), h.cfg.Pool, h.cfg.Names)
 			return l, err
 		},
 		"claims": func(r *http.Request) (any, error) { return h.claims(r.Context()), nil },

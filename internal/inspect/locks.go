@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/schedule"
 )
 
 // Lease is a lease lock: a row of pgclaim_locks. Expired and
@@ -28,7 +29,7 @@ type Lease struct {
 type Advisory struct {
 	// Name and Kind are empty when the key could not be resolved.
 	Name  string `json:"name"`
-	Kind  string `json:"kind"`  // job, lease, election, given, migrations
+	Kind  string `json:"kind"`  // job, lease, election, schedule, given, migrations
 	Owner string `json:"owner"` // pgclaim, or other for locks pgclaim does not take
 	// Class and Key are set for two-int4 locks, BigintKey for bigint ones.
 	Class           *int32     `json:"class,omitempty"`
@@ -75,6 +76,17 @@ type knownName struct {
 // election terms and names) and the open election terms. The caller has
 // checked that pgclaim's tables exist.
 func ReadLocks(ctx context.Context, db DB, names []string) (Locks, error) {
+	return readLocks(ctx, db, names, false)
+}
+
+// ReadAllLocks is ReadLocks that also resolves the advisory locks of the
+// stored schedules (pgclaim_schedules), with the holder and start of a
+// schedule's running run.
+func ReadAllLocks(ctx context.Context, db DB, names []string) (Locks, error) {
+	return readLocks(ctx, db, names, true)
+}
+
+func readLocks(ctx context.Context, db DB, names []string, schedules bool) (Locks, error) {
 	out := Locks{Leases: []Lease{}, Advisory: []Advisory{}, Elections: []Term{}}
 
 	// Lease rows.
@@ -126,7 +138,11 @@ FROM pgclaim_terms WHERE ended_at IS NULL ORDER BY election`)
 	seen := map[string]bool{}
 	add := func(k knownName) {
 		var keys [][2]int32
-		if k.kind != "election" {
+		if k.kind == "schedule" {
+			c, key := schedule.LockKey(k.name)
+			keys = append(keys, [2]int32{c, key})
+		}
+		if k.kind != "election" && k.kind != "schedule" {
 			c, key := gate.AdvisoryKey(k.name)
 			keys = append(keys, [2]int32{c, key})
 		}
@@ -179,6 +195,32 @@ LEFT JOIN LATERAL (
 	}
 	for _, n := range names {
 		add(knownName{name: n, kind: "given"})
+	}
+	if schedules {
+		rows, err = db.Query(ctx, `
+SELECT s.name, r.holder, r.started_at
+FROM pgclaim_schedules s
+LEFT JOIN LATERAL (
+    SELECT holder, started_at FROM pgclaim_schedule_runs r
+    WHERE r.schedule = s.name AND r.state = 'running'
+    ORDER BY started_at DESC LIMIT 1
+) r ON true`)
+		if err != nil {
+			return Locks{}, fail("reading pgclaim_schedules", err)
+		}
+		for rows.Next() {
+			var k knownName
+			if err := rows.Scan(&k.name, &k.holder, &k.since); err != nil {
+				rows.Close()
+				return Locks{}, fail("reading pgclaim_schedules", err)
+			}
+			k.kind = "schedule"
+			add(k)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return Locks{}, fail("reading pgclaim_schedules", err)
+		}
 	}
 
 	// Advisory locks in this database, held or awaited. waitstart exists
