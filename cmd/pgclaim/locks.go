@@ -28,9 +28,7 @@ held by a hung process, end that session (SELECT pg_terminate_backend(PID)).`
 
 // The JSON shapes of 'pgclaim locks' are package inspect's.
 type (
-	leaseJSON    = inspect.Lease
 	advisoryJSON = inspect.Advisory
-	termJSON     = inspect.Term
 	locksJSON    = inspect.Locks
 )
 

@@ -197,13 +197,6 @@ func timePtr(t time.Time) *time.Time {
 	return &u
 }
 
-func strPtr(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 func toScheduleJSON(st schedule.Status) scheduleJSON { return inspect.ScheduleOf(st) }
 
 // graceFlag adds --grace, the grace the service's schedulers use.
