@@ -151,3 +151,63 @@ func (s *Scheduler) status(ctx context.Context, r store.ScheduleStatusesRow) (St
 	out.Missed = int(r.MissedRecorded) + len(missed)
 	return out, nil
 }
+
+// RunRecord is one run of a schedule as Scheduler.Runs reports it: a row of its
+// ledger.
+type RunRecord struct {
+	// Instant is the run's instant (the trigger's time for a triggered
+	// run); Kind is "scheduled", "triggered" or "backfill".
+	Instant time.Time
+	Kind    string
+	// State is "pending", "running", "retrying", "succeeded", "failed" or
+	// "skipped".
+	State string
+	// Attempt counts the attempts so far (0 before the first); Fence and
+	// Holder are the latest attempt's fencing token and holder (0 and ""
+	// before the first).
+	Attempt int
+	Fence   int64
+	Holder  string
+	// Reason is why it failed, is retrying or was skipped ("" if none).
+	Reason string
+	// Missed: the instant was recorded after its grace (no instance
+	// recorded it in time) and catch-up decided it. Late: its first
+	// attempt started more than the definition's LateAfter after it.
+	// Overdue: an attempt ran past the definition's ExpectedDuration.
+	Missed, Late, Overdue bool
+	// StartedAt is when the latest attempt started (zero if never);
+	// FinishedAt when the run finished (zero while open).
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// Runs returns the newest limit (at least 1) runs of the schedule name by
+// instant, newest first, of every kind and state, as its ledger holds
+// them (Prune deletes old finished ones). Unknown name: ErrNotFound.
+func (s *Scheduler) Runs(ctx context.Context, name string, limit int) ([]RunRecord, error) {
+	if name == "" {
+		return nil, invalid("name", "must not be empty")
+	}
+	rows, err := s.q.RecentRuns(ctx, store.RecentRunsParams{Schedule: name, MaxRuns: int32(min(max(limit, 1), 1<<30))})
+	if err != nil {
+		return nil, fmt.Errorf("schedule: %q: runs: %w", name, err)
+	}
+	if len(rows) == 0 {
+		if _, err := s.Status(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]RunRecord, 0, len(rows))
+	for _, r := range rows {
+		run := RunRecord{
+			Instant: tm(r.Instant), Kind: r.Kind, State: r.State, Attempt: int(r.Attempt), Holder: deref(r.Holder),
+			Reason: deref(r.Reason), Missed: r.Missed, Late: r.Late, Overdue: r.Overdue,
+			StartedAt: tm(r.StartedAt), FinishedAt: tm(r.FinishedAt),
+		}
+		if r.Fence != nil {
+			run.Fence = *r.Fence
+		}
+		out = append(out, run)
+	}
+	return out, nil
+}

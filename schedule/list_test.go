@@ -88,3 +88,46 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 		t.Errorf("after Resume: %+v, %v", d, err)
 	}
 }
+
+// Runs lists a schedule's newest runs by instant, of every kind and state,
+// with their attempts, fences and flags; an unknown name is ErrNotFound.
+func TestRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	op := newInstance(t, db, "operator", Config{}, nil)
+	if err := op.s.Register(ctx, Definition{Name: "daily", Spec: "0 9 * * *", Version: 1}, nop); err != nil {
+		t.Fatal(err)
+	}
+	if runs, err := op.s.Runs(ctx, "daily", 10); err != nil || len(runs) != 0 {
+		t.Fatalf("Runs before any run = %+v, %v", runs, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fence, holder, missed, late, created_at, started_at, finished_at, reason) VALUES
+ ('daily', '2026-03-01 09:00Z', 'scheduled', 'succeeded', 1, 11, 'a', false, true, now(), '2026-03-01 09:00:20Z', '2026-03-01 09:00:22Z', NULL),
+ ('daily', '2026-03-02 09:00Z', 'scheduled', 'failed', 3, 14, 'b', true, false, now(), '2026-03-02 09:10:00Z', '2026-03-02 09:10:05Z', 'attempt 3 of 3: boom'),
+ ('daily', '2026-03-03 09:00Z', 'backfill', 'pending', 0, NULL, NULL, false, false, now(), NULL, NULL, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := op.s.Runs(ctx, "daily", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 {
+		t.Fatalf("Runs(limit 2) = %d runs, want 2", len(runs))
+	}
+	p, f := runs[0], runs[1]
+	if p.Kind != "backfill" || p.State != "pending" || p.Attempt != 0 || p.Fence != 0 || p.Holder != "" || !p.StartedAt.IsZero() {
+		t.Errorf("newest = %+v", p)
+	}
+	if !f.Instant.Equal(time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)) || f.State != "failed" || f.Attempt != 3 || f.Fence != 14 ||
+		f.Holder != "b" || !f.Missed || f.Late || f.Reason != "attempt 3 of 3: boom" || f.FinishedAt.IsZero() {
+		t.Errorf("second = %+v", f)
+	}
+	if all, _ := op.s.Runs(ctx, "daily", 0); len(all) != 1 {
+		t.Errorf("Runs(limit 0) = %d runs, want 1 (at least 1)", len(all))
+	}
+	if _, err := op.s.Runs(ctx, "nope", 5); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Runs(unknown) = %v, want ErrNotFound", err)
+	}
+}

@@ -69,6 +69,12 @@ type guard struct {
 // under a name no gate job uses.
 func lockKey(name string) (class, key int32) { return gate.AdvisoryKey("pgclaim.schedule:" + name) }
 
+// LockKey returns the two-int4 session advisory key (pg_locks classid and
+// objid) an instance holds while it runs or records the schedule name,
+// for tools that show who holds which lock. With Config.LeaseLocks the
+// lock is instead the lease row "pgclaim.schedule:NAME" of pgclaim_locks.
+func LockKey(name string) (class, key int32) { return lockKey(name) }
+
 // lockName is a schedule's lease row name in pgclaim_locks.
 func lockName(name string) string { return "pgclaim.schedule:" + name }
 

@@ -95,6 +95,69 @@ func (q *Queries) LedgerInstants(ctx context.Context, arg LedgerInstantsParams) 
 	return items, nil
 }
 
+const recentRuns = `-- name: RecentRuns :many
+SELECT r.instant, r.kind, r.state, r.attempt, r.fence, r.holder, r.reason,
+       r.missed, r.late, r.overdue, r.started_at, r.finished_at
+FROM pgclaim_schedule_runs r
+WHERE r.schedule = $1::text
+ORDER BY r.instant DESC
+LIMIT $2::int4
+`
+
+type RecentRunsParams struct {
+	Schedule string
+	MaxRuns  int32
+}
+
+type RecentRunsRow struct {
+	Instant    pgtype.Timestamptz
+	Kind       string
+	State      string
+	Attempt    int32
+	Fence      *int64
+	Holder     *string
+	Reason     *string
+	Missed     bool
+	Late       bool
+	Overdue    bool
+	StartedAt  pgtype.Timestamptz
+	FinishedAt pgtype.Timestamptz
+}
+
+// A schedule's newest runs by instant, of every kind and state.
+func (q *Queries) RecentRuns(ctx context.Context, arg RecentRunsParams) ([]RecentRunsRow, error) {
+	rows, err := q.db.Query(ctx, recentRuns, arg.Schedule, arg.MaxRuns)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RecentRunsRow{}
+	for rows.Next() {
+		var i RecentRunsRow
+		if err := rows.Scan(
+			&i.Instant,
+			&i.Kind,
+			&i.State,
+			&i.Attempt,
+			&i.Fence,
+			&i.Holder,
+			&i.Reason,
+			&i.Missed,
+			&i.Late,
+			&i.Overdue,
+			&i.StartedAt,
+			&i.FinishedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const scheduleStatuses = `-- name: ScheduleStatuses :many
 SELECT s.name,
        l.instant AS last_instant, COALESCE(l.kind, '')::text AS last_kind, COALESCE(l.state, '')::text AS last_state,

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pgclaim/pgclaim/internal/inspect"
 )
 
 const claimsAbout = `
@@ -18,31 +21,12 @@ so that rows failed for the same cause count together.
 
 Counting reads the whole table; on a very large table it takes a while.`
 
-type stateCountJSON struct {
-	State string `json:"state"`
-	Rows  int64  `json:"rows"`
-}
-
-type claimsJSON struct {
-	Table             string           `json:"table"`
-	States            []stateCountJSON `json:"states"`
-	Processing        string           `json:"processing"`
-	ProcessingRows    int64            `json:"processing_rows"`
-	OldestClaimedAt   *time.Time       `json:"oldest_claimed_at"`
-	OldestAgeSeconds  *float64         `json:"oldest_age_seconds"`
-	StaleAfterSeconds float64          `json:"stale_after_seconds"`
-	Stale             int64            `json:"stale"`
-	Reasons           []reasonJSON     `json:"reasons,omitempty"`
-}
-
-type reasonJSON struct {
-	State  string `json:"state"`
-	Reason string `json:"reason"`
-	Rows   int64  `json:"rows"`
-}
-
-// maxReasons is how many reasons claims lists.
-const maxReasons = 10
+// The JSON shapes of 'pgclaim claims' are package inspect's.
+type (
+	stateCountJSON = inspect.StateCount
+	claimsJSON     = inspect.Claims
+	reasonJSON     = inspect.Reason
+)
 
 func runClaims(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "claims",
@@ -82,42 +66,13 @@ func runClaims(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	out := claimsJSON{
-		Table: ct.qname, States: []stateCountJSON{}, Processing: tf.processing,
-		StaleAfterSeconds: seconds(*staleAfter),
-	}
-	rows, err := pool.Query(ctx, fmt.Sprintf(
-		`SELECT coalesce(%[1]s::text, 'NULL'), count(*) FROM %[2]s GROUP BY 1 ORDER BY 1`, ct.state, ct.qname))
+	out, err := inspect.ReadClaims(ctx, pool, ct.inspected(), tf.processing, *staleAfter)
 	if err != nil {
-		return dbFail("counting rows per state", err)
-	}
-	for rows.Next() {
-		var s stateCountJSON
-		if err := rows.Scan(&s.State, &s.Rows); err != nil {
-			rows.Close()
-			return dbFail("counting rows per state", err)
+		var ie *inspect.Error
+		if errors.As(err, &ie) {
+			return dbFail(ie.What, ie.Err)
 		}
-		out.States = append(out.States, s)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return dbFail("counting rows per state", err)
-	}
-
-	err = pool.QueryRow(ctx, fmt.Sprintf(`
-SELECT count(*), min(%[1]s),
-       extract(epoch FROM statement_timestamp() - min(%[1]s))::float8,
-       count(*) FILTER (WHERE %[4]s)
-FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
-		tf.processing, micros(*staleAfter)).Scan(&out.ProcessingRows, &out.OldestClaimedAt, &out.OldestAgeSeconds, &out.Stale)
-	if err != nil {
-		return dbFail("reading rows in "+tf.processing, err)
-	}
-
-	if ct.reason != "" {
-		if out.Reasons, err = commonReasons(ctx, pool, ct); err != nil {
-			return err
-		}
+		return err
 	}
 
 	if f.json {
@@ -164,33 +119,4 @@ FROM %[2]s WHERE %[3]s = $1`, ct.claimedAt, ct.qname, ct.state, ct.stale("$2")),
 		fmt.Fprintf(e.stdout, "see what a sweep would move: %s\n", tf.sweepCommand(*staleAfter, "FAILED"))
 	}
 	return nil
-}
-
-// commonReasons returns the commonest reasons of the table's rows, per
-// state, with timestamps and fencing tokens replaced so that rows failed
-// for the same cause group together.
-func commonReasons(ctx context.Context, db dbtx, ct *claimedTable) ([]reasonJSON, error) {
-	rows, err := db.Query(ctx, fmt.Sprintf(`
-SELECT coalesce(%[1]s::text, 'NULL'),
-       regexp_replace(regexp_replace(%[2]s, ', fence [0-9]+', '', 'g'),
-                      '[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.]+(Z|[+-][0-9:]+)?', '<time>', 'g') AS reason,
-       count(*)
-FROM %[3]s WHERE %[2]s IS NOT NULL
-GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT %[4]d`, ct.state, ct.reason, ct.qname, maxReasons))
-	if err != nil {
-		return nil, dbFail("reading reasons", err)
-	}
-	defer rows.Close()
-	out := []reasonJSON{}
-	for rows.Next() {
-		var r reasonJSON
-		if err := rows.Scan(&r.State, &r.Reason, &r.Rows); err != nil {
-			return nil, dbFail("reading reasons", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, dbFail("reading reasons", err)
-	}
-	return out, nil
 }

@@ -60,7 +60,7 @@ $`)
 	r = cli(t, "", "claims", "--table", "push_requests", "--json", "--stale-after", "26h", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	out := decodeJSON[claimsJSON](t, r.stdout)
-	want := []stateCountJSON{{"FAILED", 1}, {"PAUSED", 5}, {"PROCESSING", 3}, {"SENT", 3}}
+	want := []stateCountJSON{{State: "FAILED", Rows: 1}, {State: "PAUSED", Rows: 5}, {State: "PROCESSING", Rows: 3}, {State: "SENT", Rows: 3}}
 	if fmt.Sprint(out.States) != fmt.Sprint(want) {
 		t.Errorf("states = %v, want %v", out.States, want)
 	}
@@ -183,10 +183,10 @@ func TestClaimsReasons(t *testing.T) {
 	wantCode(t, r, exitOK)
 	out := decodeJSON[claimsJSON](t, r.stdout)
 	want := []reasonJSON{
-		{"FAILED", "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 1)", 3},
-		{"FAILED", "claim: swept: lease expired at <time> (claim by host-b:202, attempt 3)", 2},
-		{"FAILED", "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 3)", 1},
-		{"FAILED", "upstream 503", 1},
+		{State: "FAILED", Reason: "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 1)", Rows: 3},
+		{State: "FAILED", Reason: "claim: swept: lease expired at <time> (claim by host-b:202, attempt 3)", Rows: 2},
+		{State: "FAILED", Reason: "claim: swept: claimed at <time>, more than 24h0m0s ago (claim by host-a:101, attempt 3)", Rows: 1},
+		{State: "FAILED", Reason: "upstream 503", Rows: 1},
 	}
 	if fmt.Sprint(out.Reasons) != fmt.Sprint(want) {
 		t.Errorf("reasons:\n%v\nwant\n%v", out.Reasons, want)

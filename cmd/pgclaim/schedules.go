@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/schedule"
 )
 
@@ -63,36 +64,12 @@ func runSchedules(ctx context.Context, e *env, args []string) error {
 	return sub(ctx, e, args[1:])
 }
 
-// scheduleJSON is a schedule's status (list, pause, resume).
-type scheduleJSON struct {
-	Name             string       `json:"name"`
-	Spec             string       `json:"spec"`
-	TimeZone         string       `json:"time_zone"`
-	Version          int          `json:"version"`
-	NextDue          *time.Time   `json:"next_due"`
-	Last             *lastRunJSON `json:"last"`
-	OpenRuns         int          `json:"open_runs"`
-	Missed           int          `json:"missed"`            // recorded missed + unrecorded
-	MissedUnrecorded int          `json:"missed_unrecorded"` // due, past the grace, no row
-	MissedMore       bool         `json:"missed_more"`       // the unrecorded count stopped at its bound
-	Late             int          `json:"late"`              // runs started later than the definition's LateAfter
-	Overdue          int          `json:"overdue"`           // runs with an attempt past its ExpectedDuration
-	Paused           bool         `json:"paused"`
-	PausedNote       *string      `json:"paused_note"`
-	PausedBy         *string      `json:"paused_by"`
-	PausedAt         *time.Time   `json:"paused_at"`
-	DBNow            time.Time    `json:"db_now"`
-}
-
-type lastRunJSON struct {
-	Instant    time.Time  `json:"instant"`
-	Kind       string     `json:"kind"`
-	State      string     `json:"state"`
-	Attempt    int        `json:"attempt"`
-	Reason     *string    `json:"reason"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
-}
+// The JSON shape of a schedule's status (list, pause, resume) is package
+// inspect's.
+type (
+	scheduleJSON = inspect.Schedule
+	lastRunJSON  = inspect.LastRun
+)
 
 type triggerJSON struct {
 	Schedule string    `json:"schedule"`
@@ -220,27 +197,7 @@ func timePtr(t time.Time) *time.Time {
 	return &u
 }
 
-func strPtr(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func toScheduleJSON(st schedule.Status) scheduleJSON {
-	out := scheduleJSON{
-		Name: st.Name, Spec: st.Spec, TimeZone: st.TimeZone, Version: st.Version, NextDue: timePtr(st.NextDue),
-		OpenRuns: st.OpenRuns, Missed: st.Missed, MissedUnrecorded: st.MissedUnrecorded, MissedMore: st.MissedMore,
-		Late: st.Late, Overdue: st.Overdue,
-		Paused: st.Paused, PausedNote: strPtr(st.PausedNote), PausedBy: strPtr(st.PausedBy), PausedAt: timePtr(st.PausedAt),
-		DBNow: st.DBNow.UTC(),
-	}
-	if l := st.Last; l != nil {
-		out.Last = &lastRunJSON{Instant: l.Instant.UTC(), Kind: l.Kind, State: l.State, Attempt: l.Attempt,
-			Reason: strPtr(l.Reason), StartedAt: timePtr(l.StartedAt), FinishedAt: timePtr(l.FinishedAt)}
-	}
-	return out
-}
+func toScheduleJSON(st schedule.Status) scheduleJSON { return inspect.ScheduleOf(st) }
 
 // graceFlag adds --grace, the grace the service's schedulers use.
 func graceFlag(f *flags) *time.Duration {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
+	"github.com/pgclaim/pgclaim/internal/inspect"
 )
 
 // tableFlags are the flags naming a claimed table and its columns, shared by
@@ -249,19 +250,15 @@ WHERE attrelid = to_regclass($1) AND attname = $2 AND atttypid = 'timestamptz'::
 		"table %s has a lease column %q (timestamptz) that the sweep would ignore: it would move rows under a live lease", ct.qname, leaseColumn)
 }
 
+// inspected is the table as package inspect reads it.
+func (ct *claimedTable) inspected() inspect.Table {
+	return inspect.Table{QName: ct.qname, State: ct.state, ClaimedAt: ct.claimedAt, LeaseUntil: ct.leaseUntil, Reason: ct.reason}
+}
+
 // stale returns the condition a stale claimed row meets, the same the
-// claim package's sweeper applies: its lease has passed, or (without a
-// lease) it was claimed more than staleAfterParam microseconds ago.
-// staleAfterParam is "" to test leases only.
+// claim package's sweeper applies (see inspect.Table.Stale).
 func (ct *claimedTable) stale(staleAfterParam string) string {
-	old := fmt.Sprintf("%s < statement_timestamp() - (%s::bigint * interval '1 microsecond')", ct.claimedAt, staleAfterParam)
-	switch {
-	case ct.leaseUntil == "":
-		return old
-	case staleAfterParam == "":
-		return ct.leaseUntil + " < statement_timestamp()"
-	}
-	return fmt.Sprintf("(%[1]s < statement_timestamp() OR (%[1]s IS NULL AND %[2]s))", ct.leaseUntil, old)
+	return ct.inspected().Stale(staleAfterParam)
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/status"
 )
 
 // demoConfig configures the demo run.
@@ -28,6 +32,9 @@ type demoConfig struct {
 	NoRestart   bool   // do not bring the killed Active back
 	Instance    instanceConfig
 	Timeout     time.Duration // for the whole run after provisioning
+	// Serve is an address to serve pgclaim's status page on (read-only)
+	// while the scenario runs, and after it until interrupted; "": none.
+	Serve string
 
 	// Exe and Env start an instance: Exe with "instance" and its flags,
 	// Env added to the environment. Default: this program's executable.
@@ -126,11 +133,45 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 	}
 	defer cleanup()
 	o.url = url
+	if cfg.Serve != "" {
+		stop, err := o.servePage(cfg.Serve)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
 
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	defer o.shutdown()
-	return o.run(ctx)
+	res, err := o.run(rctx)
+	if cfg.Serve != "" && err == nil {
+		o.shutdown()
+		o.say("demo", "the status page stays up at http://%s/ until interrupted (Ctrl-C)", cfg.Serve)
+		<-ctx.Done()
+	}
+	return res, err
+}
+
+// servePage serves pgclaim's status page, read-only, on addr, showing the
+// schedule, the instances' locks and push_requests.
+func (o *orchestrator) servePage(addr string) (stop func(), err error) {
+	page, err := status.New(status.Config{
+		Pool: o.pool, Refresh: time.Second,
+		Tables: []status.Table{{Table: pushTable, Processing: "PROCESSING", StaleAfter: o.cfg.Instance.StaleAfter}},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--serve: %w", err)
+	}
+	srv := &http.Server{Handler: page, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	o.say("demo", "status page (read-only): http://%s/", ln.Addr())
+	return func() { _ = srv.Close() }, nil
 }
 
 // say prints one line of the live view.

@@ -99,6 +99,7 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.NoKill, "no-kill", false, "let the 09:00 run finish: no failover")
 	fs.BoolVar(&cfg.NoRestart, "no-restart", false, "do not bring the killed server back at the end")
 	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
+	fs.StringVar(&cfg.Serve, "serve", "", "serve pgclaim's status page (read-only) on `HOST:PORT`, e.g. 127.0.0.1:8080, while the scenario runs and after it until interrupted")
 	ic := &cfg.Instance
 	fs.DurationVar(&ic.SendDelay, "send-delay", 20*time.Millisecond, "time one push takes to send")
 	fs.IntVar(&ic.Batch, "batch", 10, "pushes claimed per statement")

@@ -57,3 +57,12 @@ WITH s AS (
 SELECT (SELECT count(*) FROM s)::bigint AS matched,
        COALESCE((SELECT array_agg(instant ORDER BY instant) FROM ins), '{}')::timestamptz[] AS recorded,
        (SELECT count(*) FROM n)::bigint AS notified;
+
+-- name: RecentRuns :many
+-- A schedule's newest runs by instant, of every kind and state.
+SELECT r.instant, r.kind, r.state, r.attempt, r.fence, r.holder, r.reason,
+       r.missed, r.late, r.overdue, r.started_at, r.finished_at
+FROM pgclaim_schedule_runs r
+WHERE r.schedule = sqlc.arg(schedule)::text
+ORDER BY r.instant DESC
+LIMIT sqlc.arg(max_runs)::int4;

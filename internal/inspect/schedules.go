@@ -1,0 +1,71 @@
+package inspect
+
+import (
+	"time"
+
+	"github.com/pgclaim/pgclaim/schedule"
+)
+
+// Schedule is a schedule's status (schedule.Status) as JSON: the shape of
+// "pgclaim schedules list --json". Times are UTC.
+type Schedule struct {
+	Name             string     `json:"name"`
+	Spec             string     `json:"spec"`
+	TimeZone         string     `json:"time_zone"`
+	Version          int        `json:"version"`
+	NextDue          *time.Time `json:"next_due"`
+	Last             *LastRun   `json:"last"`
+	OpenRuns         int        `json:"open_runs"`
+	Missed           int        `json:"missed"`            // recorded missed + unrecorded
+	MissedUnrecorded int        `json:"missed_unrecorded"` // due, past the grace, no row
+	MissedMore       bool       `json:"missed_more"`       // the unrecorded count stopped at its bound
+	Late             int        `json:"late"`              // runs started later than the definition's LateAfter
+	Overdue          int        `json:"overdue"`           // runs with an attempt past its ExpectedDuration
+	Paused           bool       `json:"paused"`
+	PausedNote       *string    `json:"paused_note"`
+	PausedBy         *string    `json:"paused_by"`
+	PausedAt         *time.Time `json:"paused_at"`
+	DBNow            time.Time  `json:"db_now"`
+}
+
+// LastRun is a schedule's latest outcome (schedule.LastRun) as JSON.
+type LastRun struct {
+	Instant    time.Time  `json:"instant"`
+	Kind       string     `json:"kind"`
+	State      string     `json:"state"`
+	Attempt    int        `json:"attempt"`
+	Reason     *string    `json:"reason"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+}
+
+// ScheduleOf converts a schedule.Status.
+func ScheduleOf(st schedule.Status) Schedule {
+	out := Schedule{
+		Name: st.Name, Spec: st.Spec, TimeZone: st.TimeZone, Version: st.Version, NextDue: timePtr(st.NextDue),
+		OpenRuns: st.OpenRuns, Missed: st.Missed, MissedUnrecorded: st.MissedUnrecorded, MissedMore: st.MissedMore,
+		Late: st.Late, Overdue: st.Overdue,
+		Paused: st.Paused, PausedNote: strPtr(st.PausedNote), PausedBy: strPtr(st.PausedBy), PausedAt: timePtr(st.PausedAt),
+		DBNow: st.DBNow.UTC(),
+	}
+	if l := st.Last; l != nil {
+		out.Last = &LastRun{Instant: l.Instant.UTC(), Kind: l.Kind, State: l.State, Attempt: l.Attempt,
+			Reason: strPtr(l.Reason), StartedAt: timePtr(l.StartedAt), FinishedAt: timePtr(l.FinishedAt)}
+	}
+	return out
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

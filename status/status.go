@@ -1,0 +1,341 @@
+// Package status serves a status page of what pgclaim coordinates in one
+// database: the stored schedules (next due in the database's time, their
+// latest runs as a timeline with outcomes and attempts, missed, late and
+// overdue instants, pauses with their note), the leaders of elections and
+// their terms, lease and advisory locks with their holders, and claimed
+// tables (rows per state, the oldest row in progress, stuck rows, the
+// commonest failure reasons).
+//
+// The page is server-rendered by html/template from templates embedded in
+// the binary: no JavaScript, no build step. It refreshes itself (a meta
+// refresh; ?refresh=off stops it, for example while filling in a form),
+// and every view is also served as JSON: append ".json" to its
+// path or pass ?format=json. Everything read from the database — job
+// names, holders, notes, failure reasons — is escaped by html/template.
+//
+// # Mounting
+//
+// New returns an http.Handler that serves paths relative to where it is
+// mounted; mount it under a prefix with a trailing slash and
+// http.StripPrefix:
+//
+//	mux.Handle("/pgclaim/", http.StripPrefix("/pgclaim", h))
+//
+// Its views are "/" (the schedules), "/schedules", "/leaders", "/locks"
+// and "/claims"; links between them are relative.
+//
+// # Actions
+//
+// The handler is read-only unless Config.Actions is true. Then the page
+// offers pause, resume, trigger and backfill for each schedule and release
+// for each held lease lock. Actions are POSTs to "/actions/NAME"
+// carrying a CSRF token (a double-submit token: a random value in a
+// SameSite=Strict, HttpOnly cookie that the form must repeat), and are
+// refused when the browser marks them cross-origin
+// (http.CrossOriginProtection). They run the same code as the pgclaim CLI:
+// schedule.Scheduler's Pause, Resume, Trigger and Backfill, and the fenced
+// release of a lease (only while it still carries the fencing token the
+// page showed). Anyone who can reach the handler can act: in an
+// application, wrap it in the application's own authentication and
+// authorisation middleware before enabling actions, for example
+//
+//	mux.Handle("/pgclaim/", requireAdmin(http.StripPrefix("/pgclaim", h)))
+//
+// The command "pgclaim serve" serves this handler on a loopback address
+// and enables actions only when given an action token.
+package status
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/claim"
+	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/schedule"
+)
+
+// ErrInvalid is wrapped by the errors of New for a bad Config.
+var ErrInvalid = errors.New("status: invalid config")
+
+// Config configures the status page. Only Pool is required.
+type Config struct {
+	// Pool is the database pgclaim's tables are in (migrated). The page
+	// holds none of its connections between requests.
+	Pool *pgxpool.Pool
+	// Tables are the claimed tables the claims view shows, as
+	// "pgclaim claims --table" reads them. Empty: the view lists none.
+	Tables []Table
+	// Grace is the grace the service's schedulers use (their
+	// schedule.Config.Grace): an instant due longer ago without a run is
+	// missed. Zero: 30s, schedule's default.
+	Grace time.Duration
+	// Refresh is how often the page reloads itself. Zero: 5s; negative:
+	// never.
+	Refresh time.Duration
+	// Runs is how many of each schedule's newest runs the timeline shows.
+	// Zero: 20.
+	Runs int
+	// Names are further job or election names whose advisory locks the
+	// locks view resolves (as "pgclaim locks --name").
+	Names []string
+	// Actions enables pause, resume, trigger, backfill and lease release
+	// from the page (see the package doc: put the handler behind your
+	// authentication first). False: the handler is read-only and refuses
+	// every POST with 403.
+	Actions bool
+	// Operator names who acted, stored with a pause when the form names
+	// nobody. Nil: "status page".
+	Operator func(r *http.Request) string
+	// Logger receives the errors of failed reads and actions. Nil:
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Table is a claimed table the claims view shows.
+type Table struct {
+	// Table names the table and its columns (claim's rules; Key, ClaimedBy
+	// and Attempts are not read). State and ClaimedAt default to "status"
+	// and "claimed_at", as in "pgclaim claims".
+	claim.Table
+	// Processing is the state rows are in while claimed. Empty:
+	// "PROCESSING".
+	Processing string
+	// StaleAfter: a row in Processing claimed longer ago (or, with a
+	// LeaseUntil column, past its lease) is stuck. Zero: 24h.
+	StaleAfter time.Duration
+}
+
+// Handler serves the status page; New builds one.
+type Handler struct {
+	cfg    Config
+	sched  *schedule.Scheduler
+	tables []table
+	log    *slog.Logger
+	cop    *http.CrossOriginProtection
+}
+
+type table struct {
+	Table
+	in inspect.Table
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+var pages = template.Must(template.New("").Funcs(template.FuncMap{
+	"time":    fmtTime,
+	"timep":   fmtTimePtr,
+	"since":   since,
+	"seconds": fmtSeconds,
+	"dur":     func(s float64) string { return fmtSeconds(&s) },
+}).ParseFS(templateFS, "templates/*.html"))
+
+// New returns the status page's handler. It validates cfg (the table
+// specs by claim's rules) and touches no database.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Pool == nil {
+		return nil, fmt.Errorf("%w: Config.Pool is nil", ErrInvalid)
+	}
+	if cfg.Grace < 0 || cfg.Runs < 0 {
+		return nil, fmt.Errorf("%w: Config.Grace and Config.Runs must not be negative", ErrInvalid)
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 30 * time.Second
+	}
+	if cfg.Refresh == 0 {
+		cfg.Refresh = 5 * time.Second
+	}
+	if cfg.Runs == 0 {
+		cfg.Runs = 20
+	}
+	if cfg.Operator == nil {
+		cfg.Operator = func(*http.Request) string { return "status page" }
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	sched, err := schedule.New(cfg.Pool, schedule.Config{Holder: "pgclaim-status", Logger: log, Grace: cfg.Grace})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	h := &Handler{cfg: cfg, sched: sched, log: log, cop: http.NewCrossOriginProtection()}
+	for i, t := range cfg.Tables {
+		if t.Processing == "" {
+			t.Processing = "PROCESSING"
+		}
+		if t.StaleAfter < 0 {
+			return nil, fmt.Errorf("%w: Config.Tables[%d].StaleAfter must not be negative", ErrInvalid, i)
+		}
+		if t.StaleAfter == 0 {
+			t.StaleAfter = 24 * time.Hour
+		}
+		spec := t.Table
+		if spec.Key == "" {
+			spec.Key = "id" // not read
+		}
+		if spec.State == "" {
+			spec.State = "status"
+		}
+		if spec.ClaimedAt == "" {
+			spec.ClaimedAt = "claimed_at"
+		}
+		// The claimer validates the identifiers; it never claims.
+		if _, err := claim.New[any](cfg.Pool, spec, claim.Config{From: t.Processing + " (unused)", To: t.Processing}); err != nil {
+			return nil, fmt.Errorf("%w: Config.Tables[%d]: %w", ErrInvalid, i, err)
+		}
+		t.Table = spec
+		h.tables = append(h.tables, table{Table: t, in: inspect.Table{
+			QName: pgx.Identifier(strings.Split(spec.Name, ".")).Sanitize(), State: quote(spec.State),
+			ClaimedAt: quote(spec.ClaimedAt), LeaseUntil: quote(spec.LeaseUntil), Reason: quote(spec.Reason),
+		}})
+	}
+	return h, nil
+}
+
+func quote(c string) string {
+	if c == "" {
+		return ""
+	}
+	return pgx.Identifier{c}.Sanitize()
+}
+
+// csrfCookie holds the double-submit token.
+const csrfCookie = "pgclaim_status_csrf"
+
+// ServeHTTP serves the views (GET, HEAD) and, when enabled, the actions
+// (POST).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	path := strings.TrimPrefix(r.URL.Path, "/")
+	if action, ok := strings.CutPrefix(path, "actions/"); ok {
+		h.act(w, r, action)
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	asJSON := r.URL.Query().Get("format") == "json"
+	if p, ok := strings.CutSuffix(path, ".json"); ok {
+		path, asJSON = p, true
+	}
+	if path == "" {
+		path = "schedules"
+	}
+	read, ok := h.views()[path]
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	data, err := read(r)
+	code := http.StatusOK
+	if err != nil {
+		h.log.ErrorContext(r.Context(), "status: reading the view", "view", path, "err", err)
+		code = http.StatusInternalServerError
+	}
+	if asJSON {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err != nil {
+			_ = enc.Encode(map[string]string{"error": err.Error()})
+			return
+		}
+		_ = enc.Encode(data)
+		return
+	}
+	p := page{View: path, Data: data, Actions: h.cfg.Actions, Refresh: int(h.cfg.Refresh.Round(time.Second) / time.Second),
+		OK: r.URL.Query().Get("ok"), Failed: r.URL.Query().Get("failed")}
+	switch {
+	case h.cfg.Refresh < 0 || r.URL.Query().Get("refresh") == "off":
+		p.Refresh, p.Paused = 0, h.cfg.Refresh >= 0
+	case p.Refresh < 1:
+		p.Refresh = 1
+	}
+	if err != nil {
+		p.Error = err.Error()
+	}
+	if h.cfg.Actions {
+		p.CSRF = h.csrfToken(w, r)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if err := pages.ExecuteTemplate(w, "page.html", p); err != nil {
+		h.log.ErrorContext(r.Context(), "status: rendering the page", "view", path, "err", err)
+	}
+}
+
+// page is what page.html renders.
+type page struct {
+	View, Error, OK, Failed, CSRF string
+	Actions                       bool
+	Refresh                       int  // seconds; 0: none
+	Paused                        bool // refresh stopped by ?refresh=off
+	Data                          any
+}
+
+// csrfToken returns the request's CSRF token, setting a new one in the
+// cookie when it has none.
+func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && validToken(c.Value) {
+		return c.Value
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails
+	tok := hex.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	return tok
+}
+
+func validToken(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// checkCSRF refuses a POST whose form does not repeat the cookie's token
+// or that the browser marks cross-origin.
+func (h *Handler) checkCSRF(r *http.Request) error {
+	if err := h.cop.Check(r); err != nil {
+		return err
+	}
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || !validToken(c.Value) {
+		return errors.New("no CSRF cookie: reload the page and try again")
+	}
+	form := r.PostFormValue("csrf")
+	if subtle.ConstantTimeCompare([]byte(form), []byte(c.Value)) != 1 {
+		return errors.New("missing or wrong CSRF token: reload the page and try again")
+	}
+	return nil
+}
+
+// back redirects to the view with a message (ok or failed).
+func back(w http.ResponseWriter, view, key, msg string) {
+	w.Header().Set("Location", "../"+view+"?"+url.Values{key: {msg}}.Encode())
+	w.WriteHeader(http.StatusSeeOther)
+}
