@@ -2,6 +2,7 @@ package browsertest
 
 import (
 	"context"
+	"flag"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -40,8 +41,12 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-// docsDir is where the screenshots go: the repository's docs/.
+// docsDir is where the screenshots go with -screenshots: the repository's
+// docs/. Without it they go to the test's temporary directory, so a test
+// run leaves the working tree as it was.
 const docsDir = "../../docs"
+
+var writeScreenshots = flag.Bool("screenshots", false, "write the views' screenshots to docs/ (go test ./... -screenshots)")
 
 type browser struct {
 	t      *testing.T
@@ -115,7 +120,11 @@ func (b *browser) screenshot(view string) {
 	if err != nil {
 		b.t.Fatalf("screenshot of %s: %v", view, err)
 	}
-	path := filepath.Join(docsDir, "status-"+view+".png")
+	dir := docsDir
+	if !*writeScreenshots {
+		dir = b.t.TempDir()
+	}
+	path := filepath.Join(dir, "status-"+view+".png")
 	if err := os.WriteFile(path, png, 0o644); err != nil {
 		b.t.Fatal(err)
 	}
