@@ -100,7 +100,7 @@ func collect(t testing.TB, r *sdkmetric.ManualReader, s scenario.Series) (sum fl
 	}
 	match := func(set attribute.Set) bool {
 		for k, v := range s.Labels {
-			if got, ok := set.Value(attribute.Key(k)); !ok || got.Emit() != v {
+			if got, ok := set.Value(attribute.Key(k)); !ok || got.String() != v {
 				return false
 			}
 		}
