@@ -67,13 +67,13 @@ func Run(t *testing.T, db *pgtest.Database, obs [2]*pgclaimotel.Observer, read R
 
 	// Claims, through Multi next to hooks the service already has.
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE jobs (id bigint PRIMARY KEY, state text NOT NULL,
-		claimed_at timestamptz, claimed_by text, fence bigint, attempts int, reason text);
+		claimed_at timestamptz, claimed_by text, fence bigint, lease_until timestamptz, attempts int, reason text);
 		CREATE INDEX ON jobs (id) WHERE state = 'PAUSED';
 		INSERT INTO jobs (id, state) SELECT g, 'PAUSED' FROM generate_series(1, 6) g`); err != nil {
 		t.Fatal(err)
 	}
 	tbl := claim.Table{Name: "jobs", Key: "id", State: "state", ClaimedAt: "claimed_at", ClaimedBy: "claimed_by",
-		Fence: "fence", Attempts: "attempts", Reason: "reason"}
+		Fence: "fence", LeaseUntil: "lease_until", Attempts: "attempts", Reason: "reason"}
 	var seen int
 	existing := claim.HooksFunc(func(context.Context, claim.Event) { seen++ })
 	c, err := claim.New[int64](db.Pool, tbl, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: "a", Logger: quiet,
@@ -100,12 +100,20 @@ func Run(t *testing.T, db *pgtest.Database, obs [2]*pgclaimotel.Observer, read R
 	if _, err := c.Claim(ctx, cls[0].Key); !errors.Is(err, claim.ErrNotClaimed) {
 		t.Fatalf("Claim of a row done: %v, want ErrNotClaimed", err)
 	}
+	leased, err := claim.New[int64](db.Pool, tbl, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: "b", Logger: quiet,
+		Lease: 10 * time.Millisecond, Hooks: obs[0].ClaimHooks()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leased.Claim(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(20 * time.Millisecond)
 	sw, err := claim.NewSweeper(c, claim.SweeperConfig[int64]{StaleAfter: time.Millisecond, Failed: "FAILED", BatchSize: 10, SkipVerify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := sw.Sweep(ctx); err != nil || len(got) != 1 {
+	if got, err := sw.Sweep(ctx); err != nil || len(got) != 2 {
 		t.Fatalf("Sweep: %v, %v", got, err)
 	}
 	if err := c.Finish(ctx, cls[2], "DONE"); !errors.Is(err, claim.ErrLost) {
@@ -115,17 +123,18 @@ func Run(t *testing.T, db *pgtest.Database, obs [2]*pgclaimotel.Observer, read R
 		t.Fatal(err)
 	}
 	jobs := map[string]string{"pgclaim.table": "jobs"}
-	r.want(0, Series{"pgclaim.claim.claims", "pgclaim_claim_claims_total", Counter, with(jobs, "pgclaim.claim.outcome", "claimed", "pgclaim.state", "PROCESSING")}, 4)
+	r.want(0, Series{"pgclaim.claim.claims", "pgclaim_claim_claims_total", Counter, with(jobs, "pgclaim.claim.outcome", "claimed", "pgclaim.state", "PROCESSING")}, 5)
 	r.want(0, Series{"pgclaim.claim.claims", "pgclaim_claim_claims_total", Counter, with(jobs, "pgclaim.claim.outcome", "finished", "pgclaim.state", "DONE")}, 2)
 	r.want(0, Series{"pgclaim.claim.claims", "pgclaim_claim_claims_total", Counter, with(jobs, "pgclaim.claim.outcome", "not_claimed")}, 1)
 	r.want(0, Series{"pgclaim.claim.lost", "pgclaim_claim_lost_total", Counter, jobs}, 1)
 	r.want(0, Series{"pgclaim.claim.swept", "pgclaim_claim_swept_total", Counter, with(jobs, "pgclaim.state", "FAILED", "pgclaim.sweep.reason", "claimed_too_long")}, 1)
+	r.want(0, Series{"pgclaim.claim.swept", "pgclaim_claim_swept_total", Counter, with(jobs, "pgclaim.state", "FAILED", "pgclaim.sweep.reason", "lease_expired")}, 1)
 	r.want(0, Series{"pgclaim.claim.statement.duration", "pgclaim_claim_statement_duration_seconds", Count, with(jobs, "pgclaim.claim.operation", "finished")}, 2)
-	if seen != 7 {
-		t.Errorf("the service's own hooks saw %d events through Multi, want 7", seen)
+	if seen != 8 {
+		t.Errorf("the service's own hooks saw %d events through Multi, want 8", seen)
 	}
-	r.eventually(0, Series{"pgclaim.claim.table.rows", "pgclaim_claim_table_rows", Gauge, with(jobs, "pgclaim.state", "PAUSED")}, 2)
-	r.eventually(0, Series{"pgclaim.claim.table.rows", "pgclaim_claim_table_rows", Gauge, with(jobs, "pgclaim.state", "FAILED")}, 1)
+	r.eventually(0, Series{"pgclaim.claim.table.rows", "pgclaim_claim_table_rows", Gauge, with(jobs, "pgclaim.state", "PAUSED")}, 1)
+	r.eventually(0, Series{"pgclaim.claim.table.rows", "pgclaim_claim_table_rows", Gauge, with(jobs, "pgclaim.state", "FAILED")}, 2)
 	r.eventually(0, Series{"pgclaim.claim.table.rows", "pgclaim_claim_table_rows", Gauge, with(jobs, "pgclaim.state", "PROCESSING")}, 1)
 	age := Series{"pgclaim.claim.table.oldest_claim.age", "pgclaim_claim_table_oldest_claim_age_seconds", Gauge, with(jobs, "pgclaim.state", "PROCESSING")}
 	if v, ok := read(t, 0, age); !ok || v < 0 {
