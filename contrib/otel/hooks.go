@@ -113,7 +113,9 @@ func gateSkipReason(err error) string {
 // (gate.EventLost, gate.EventReleased), when it turns 0. The gauge of an
 // election appears with its first event; name the elections to have it
 // read 0 from now on, before this instance has ever led them (so that an
-// alert on "no instance leads" also sees standbys that never led).
+// alert on "no instance leads" also sees standbys that never led). Call
+// it once per elector, before the elector campaigns: naming an election
+// sets its gauge to 0.
 func (o *Observer) ElectorHooks(elections ...string) gate.Hooks {
 	for _, name := range elections {
 		o.leader.Record(context.Background(), 0, metric.WithAttributes(keyElection.String(name)))
@@ -136,7 +138,7 @@ func (h electorHooks) Observe(ctx context.Context, e gate.Event) {
 }
 
 // ScheduleHooks returns the hooks for schedule.Config.Hooks:
-// pgclaim.schedule.attempts, .instants.missed, .runs.late,
+// pgclaim.schedule.attempts, .lost, .instants.missed, .runs.late,
 // .attempts.overdue, .instants.skipped, .attempt.duration, .wakeup.lag
 // and a span per attempt that ended.
 func (o *Observer) ScheduleHooks() schedule.Hooks { return scheduleHooks{o} }
@@ -162,7 +164,9 @@ func (h scheduleHooks) Observe(ctx context.Context, e schedule.Event) {
 			keyInstant.String(e.Instant.UTC().Format(time.RFC3339Nano)), keyAttempt.Int(e.Attempt),
 			keyFence.Int64(e.Fence), keyHolder.String(e.Holder))
 	case schedule.EventLost:
-		add(ctx, o.attempts, 1, sched, kind, keySchedOut.String("lost"))
+		// Not an outcome: an attempt can be reported lost while it runs
+		// and again when its completion is refused.
+		add(ctx, o.schedLost, 1, sched, kind)
 	case schedule.EventTakenOver:
 		// The dead holder's attempt: recorded failed when it had no
 		// attempts left, else abandoned (the next attempt starts here).

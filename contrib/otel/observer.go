@@ -70,8 +70,9 @@ type Observer struct {
 	runDuration  metric.Float64Histogram
 	leader       metric.Int64Gauge
 
-	attempts, missed, late, overdue, skipped metric.Int64Counter
-	attemptDuration, lag                     metric.Float64Histogram
+	attempts, schedLost, missed metric.Int64Counter
+	late, overdue, skipped      metric.Int64Counter
+	attemptDuration, lag        metric.Float64Histogram
 }
 
 // New creates the Observer's instruments with cfg's providers. It fails
@@ -107,7 +108,8 @@ func New(cfg Config) (*Observer, error) {
 	leader, err := m.Int64Gauge("pgclaim.election.leader", metric.WithUnit("{leader}"), metric.WithDescription("1 while this instance leads the election, 0 while it does not."))
 	errs = append(errs, err)
 	o.leader = leader
-	o.attempts = counter("pgclaim.schedule.attempts", "{attempt}", "Attempts of schedule runs that ended, by outcome.")
+	o.attempts = counter("pgclaim.schedule.attempts", "{attempt}", "Attempts of schedule runs that ended with a recorded outcome, or that a takeover ended, by outcome.")
+	o.schedLost = counter("pgclaim.schedule.lost", "{event}", "Attempts found to have lost their exclusivity, or whose completion was refused or could not be recorded.")
 	o.missed = counter("pgclaim.schedule.instants.missed", "{instant}", "Scheduled instants that were due and had no run after the grace.")
 	o.late = counter("pgclaim.schedule.runs.late", "{run}", "Runs whose first attempt started later than the schedule's LateAfter.")
 	o.overdue = counter("pgclaim.schedule.attempts.overdue", "{attempt}", "Attempts that ran longer than the schedule's ExpectedDuration.")
