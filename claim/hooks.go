@@ -65,7 +65,20 @@ type Event struct {
 	Rows     int           // how many rows (claims, for EventLost; 1 for EventNotClaimed)
 	Duration time.Duration // how long the statement took
 	Err      error         // EventFinished by a Worker after failed work: the work's error
+	// Reason is set for EventSwept: why the rows were stale,
+	// SweptLeaseExpired or SweptClaimedTooLong (one event per state and
+	// reason).
+	Reason string
 }
+
+// The reasons of an EventSwept (Event.Reason).
+const (
+	// SweptLeaseExpired: the rows' lease (Table.LeaseUntil) had passed.
+	SweptLeaseExpired = "lease expired"
+	// SweptClaimedTooLong: the rows, claimed without a lease, were
+	// claimed longer than SweeperConfig.StaleAfter ago.
+	SweptClaimedTooLong = "claimed too long"
+)
 
 // Hooks receives events for metrics and tracing. Observe is called from the
 // goroutine that ran the statement, possibly from several at once, and must

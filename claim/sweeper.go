@@ -210,22 +210,28 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 		return nil, fmt.Errorf("claim: Sweep: %w", err)
 	}
 	took := time.Since(start)
-	// One event per state the rows moved to, each with the records of its
-	// rows, in the order the statement returned them.
-	var states []string
-	byState := map[string][]record{}
+	// One event per state the rows moved to and why they were stale
+	// (Event.Reason), each with the records of its rows, in the order the
+	// statement returned them.
+	type group struct{ state, why string }
+	var groups []group
+	byGroup := map[group][]record{}
 	for _, sw := range out {
-		if _, ok := byState[sw.State]; !ok {
-			states = append(states, sw.State)
+		g := group{sw.State, SweptLeaseExpired}
+		if !strings.HasPrefix(sw.Reason, "claim: swept: lease expired") {
+			g.why = SweptClaimedTooLong
 		}
-		byState[sw.State] = append(byState[sw.State], rec(slog.LevelWarn, "claim: swept stale row",
+		if _, ok := byGroup[g]; !ok {
+			groups = append(groups, g)
+		}
+		byGroup[g] = append(byGroup[g], rec(slog.LevelWarn, "claim: swept stale row",
 			slog.String("table", s.c.c.t.qname), slog.Any("key", sw.Key), slog.String("state", sw.State),
 			slog.Int64("fence", sw.Fence), slog.String("claimed_by", sw.ClaimedBy),
 			slog.Time("claimed_at", sw.ClaimedAt), slog.Int("attempts", sw.Attempts), slog.String("reason", sw.Reason)))
 	}
-	for _, state := range states {
-		logs := byState[state]
-		s.c.c.report(ctx, Event{Kind: EventSwept, State: state, Rows: len(logs), Duration: took}, logs...)
+	for _, g := range groups {
+		logs := byGroup[g]
+		s.c.c.report(ctx, Event{Kind: EventSwept, State: g.state, Reason: g.why, Rows: len(logs), Duration: took}, logs...)
 	}
 	if len(out) > 0 && s.cfg.OnSwept != nil {
 		s.cfg.OnSwept(ctx, out)

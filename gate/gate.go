@@ -205,6 +205,10 @@ const (
 	// EventAcquired: the tick or lock was won; the job is about to run.
 	EventAcquired EventKind = iota + 1
 	// EventSkipped: another run owns the tick or lock; the job did not run.
+	// Err says why: it wraps ErrClockSkew for an instant too far from
+	// database time, ErrHeld for a lock or lease held elsewhere, and
+	// ErrSkipped for a tick claimed already; it is nil when CatchUp found
+	// no instant to run.
 	// A tick of Once skipped because another run of the job still holds
 	// its lock (a run longer than the schedule's period, or an Exclusive
 	// run) has Err wrapping ErrHeld and HeldBy set, and is logged at warn

@@ -133,7 +133,7 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 		AtMostUs: l.o.AtMost.Microseconds(),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		l.in.emit(ctx, Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder})
+		l.in.emit(ctx, Event{Kind: EventSkipped, Name: l.name, Holder: l.o.Holder, Err: ErrHeld})
 		return nil, fmt.Errorf("%w: lease %q", ErrHeld, l.name)
 	}
 	if err != nil {

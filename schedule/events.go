@@ -83,9 +83,13 @@ type Event struct {
 	Fence    int64
 	Holder   string        // this instance
 	State    string        // the run's state after the event, where one was written
-	Duration time.Duration // how long the attempt ran (EventFinished), how late it started (EventLate), its expected duration (EventOverdue)
-	Reason   string        // why (skipped, failed, taken over, followed)
-	Err      error         // the attempt's error, or one wrapping ErrLost
+	Duration time.Duration // how long the attempt ran (EventFinished), how long after its instant it started by database time (EventStarted), how late it started (EventLate), its expected duration (EventOverdue)
+	// Reason says why (skipped, failed, taken over, followed). The reason
+	// of an EventSkipped begins with the policy that decided it:
+	// "overlap: " (the overlap policy), "missed: " (the catch-up policy,
+	// for an instant missed) or "paused: " (an instant due while paused).
+	Reason string
+	Err    error // the attempt's error, or one wrapping ErrLost
 }
 
 // Hooks receives events for metrics and tracing. Observe may be called

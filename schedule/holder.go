@@ -60,6 +60,7 @@ type attemptRun struct {
 	expected time.Duration // Definition.ExpectedDuration (0: none)
 	replaced bool          // recorded skipped by overlap replace; its outcome is not recorded
 	late     time.Duration // how late a late first attempt started (0: not late)
+	lag      time.Duration // how long after its instant the attempt started (database time)
 	cancel   context.CancelCauseFunc
 	stopKeep func()
 	// overdueAt is when (host clock) to check the attempt against its
@@ -608,8 +609,9 @@ func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o o
 		expected: st.def.ExpectedDuration,
 		done:     make(chan struct{}),
 	}
+	a.lag = dur(row.LagUs)
 	if row.Late && row.Attempt == 1 {
-		a.late = dur(row.LagUs)
+		a.late = a.lag
 	}
 	return a, nil
 }
@@ -629,7 +631,7 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 		cancel(err)
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: err})
 	})
-	s.emit(ctx, Event{Kind: EventStarted, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning})
+	s.emit(ctx, Event{Kind: EventStarted, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning, Duration: a.lag})
 	if a.late > 0 {
 		s.emit(ctx, Event{Kind: EventLate, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, State: stateRunning,
 			Duration: a.late, Reason: fmt.Sprintf("started %s after its instant", a.late.Round(time.Millisecond))})

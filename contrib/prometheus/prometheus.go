@@ -1,0 +1,89 @@
+// Package pgclaimprom exposes what pgclaim does as Prometheus metrics. It
+// is a module of its own (github.com/pgclaim/pgclaim/contrib/prometheus),
+// so that pgclaim's core module depends on neither Prometheus nor
+// OpenTelemetry.
+//
+// New returns the instruments of package pgclaimotel (the module
+// github.com/pgclaim/pgclaim/contrib/otel) on a MeterProvider whose only
+// reader is OpenTelemetry's Prometheus exporter, registered as a collector
+// in the service's own client_golang Registerer: the service's existing
+// /metrics handler (promhttp) serves pgclaim's series next to its own.
+//
+// # Why the exporter, not a collector of its own
+//
+// A Go team that scrapes with Prometheus already runs client_golang, and
+// gets exactly that here: one prometheus.Collector in its registry. Built
+// on the OpenTelemetry instruments, the Prometheus series are the same
+// instruments, with the same attributes and histogram buckets, as a team
+// exporting OTLP gets; there is one mapping from pgclaim's events to
+// instruments to keep right, one set of docs (docs/OBSERVABILITY.md) and
+// dashboards that survive a move from scraping to OTLP. The cost is the
+// OpenTelemetry SDK as a dependency of this module (not of the core). The
+// names are pinned: New sets the exporter's translation strategy to
+// UnderscoreEscapingWithSuffixes (pgclaim.claim.claims becomes
+// pgclaim_claim_claims_total, pgclaim.gate.run.duration
+// pgclaim_gate_run_duration_seconds), whatever the exporter's default
+// becomes, and leaves out target_info and the otel_scope_* labels, so that
+// the alert rules in alerts.yml keep matching.
+package pgclaimprom
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/otlptranslator"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	pgclaimotel "github.com/pgclaim/pgclaim/contrib/otel"
+)
+
+// Config configures New.
+type Config struct {
+	// Registerer receives the collector of pgclaim's series. Default:
+	// prometheus.DefaultRegisterer (served by promhttp.Handler()).
+	Registerer prometheus.Registerer
+	// TracerProvider makes the tracer of the Observer's spans. Default:
+	// the global one (otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
+}
+
+// Metrics is a pgclaimotel.Observer whose instruments Prometheus collects:
+// hand its ClaimHooks, GateHooks, ElectorHooks and ScheduleHooks to
+// pgclaim's configs (and call WatchTables for the rows per state), as
+// with any Observer.
+type Metrics struct {
+	*pgclaimotel.Observer
+	provider *sdkmetric.MeterProvider
+}
+
+// New registers a collector of pgclaim's series in cfg.Registerer and
+// returns the Observer that feeds it. It fails when the registerer
+// refuses the collector (one is registered there already).
+func New(cfg Config) (*Metrics, error) {
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	exp, err := otelprom.New(
+		otelprom.WithRegisterer(reg),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes),
+		otelprom.WithoutTargetInfo(),
+		otelprom.WithoutScopeInfo(),
+	)
+	if err != nil {
+		return nil, err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	obs, err := pgclaimotel.New(pgclaimotel.Config{MeterProvider: mp, TracerProvider: cfg.TracerProvider})
+	if err != nil {
+		_ = mp.Shutdown(context.Background())
+		return nil, err
+	}
+	return &Metrics{Observer: obs, provider: mp}, nil
+}
+
+// Shutdown shuts down the MeterProvider that feeds the collector; the
+// Observer records nothing after it.
+func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
