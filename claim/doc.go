@@ -90,9 +90,18 @@
 // SweeperConfig.Where are SQL, and they are trusted input.
 //
 // Fencing tokens: every claim of every row, by Claim or ClaimBatch, stamps a
-// fresh token from the sequence (Claim.Fence). A token is never reused, so it names one
-// claim of one row; fenced statements check the pair (key, token). The token
-// also makes a good idempotency key for effects outside the database.
+// fresh token from pgclaim_fence() (Claim.Fence): the server's WAL timeline
+// times 2^48 plus the next value of pgclaim_fence_seq. No two grants get the
+// same token, and a later grant gets a greater one, across server restarts
+// and across the promotion of a standby, with asynchronous or synchronous
+// replication alike: a promoted standby works on a new, higher timeline, so
+// its tokens are above every token of the old primary, including those whose
+// WAL it never received. So a token names one claim of one row; fenced
+// statements check the pair (key, token), and a zombie of a lost primary
+// cannot finish a row claimed again on the new one. The token also makes a
+// good idempotency key for effects outside the database. What this needs of
+// the server (synchronous_commit not off, one promotion per timeline) is in
+// docs/claim.md.
 //
 // # Indexes
 //

@@ -241,7 +241,8 @@ func (c *core) build(cfg Config) {
 }
 
 // claimSet adds to q the SET list of a claim and its arguments. Every
-// claimed row gets its own token: nextval is volatile, so it is evaluated
+// claimed row gets its own token from pgclaim_fence() (see the migration
+// 00005_pgclaim_fence_timeline.sql): it is volatile, so it is evaluated
 // once per row. That also lets statements over many claims (FinishBatch,
 // the heartbeat) handle a whole batch in one statement: see matchClaims.
 func (c *core) claimSet(q *builder) string {
@@ -251,7 +252,7 @@ func (c *core) claimSet(q *builder) string {
 		set += ", " + t.claimedBy + " = " + q.arg(c.holder)
 	}
 	if t.fence != "" {
-		set += ", " + t.fence + " = nextval('pgclaim_fence_seq')"
+		set += ", " + t.fence + " = pgclaim_fence()"
 	}
 	if t.attempts != "" {
 		set += fmt.Sprintf(", %s = COALESCE(pgclaim_t.%s, 0) + 1", t.attempts, t.attempts)

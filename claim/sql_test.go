@@ -234,7 +234,7 @@ RETURNING pgclaim_t."id", pgclaim_t."state"::text, 0::bigint, ''::text, pgclaim_
   arg 5: string "5m0s"
 `
 const goldenAllColumns = `== Claim (claim: not claimed: row is not in the From state)
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = nextval('pgclaim_fence_seq'), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond') WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond') WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
   arg 0: int64 1
   arg 1: string "PAUSED"
   arg 2: string "PROCESSING"
@@ -244,7 +244,7 @@ UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_time
 WITH pgclaim_c AS (
   SELECT "id" FROM "app"."jobs" WHERE "state" = $1 AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = nextval('pgclaim_fence_seq'), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond')
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond')
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
   arg 0: pgx.QueryExecMode cache describe
@@ -407,7 +407,7 @@ RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(p
   arg 10: string "5m0s"
 `
 const goldenWhere = `== Claim (claim: not claimed: row is not in the From state)
-UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = nextval('pgclaim_fence_seq'), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
+UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
   arg 0: int64 1
   arg 1: string "PAUSED"
   arg 2: string "PROCESSING"
@@ -416,7 +416,7 @@ UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(
 WITH pgclaim_c AS (
   SELECT "id" FROM "jobs" WHERE "state" = $3 AND (tenant = $1 AND priority > $2) ORDER BY "id" LIMIT $4 FOR UPDATE SKIP LOCKED
 )
-UPDATE "jobs" AS pgclaim_t SET "state" = $5, "claimed_at" = statement_timestamp(), "claimed_by" = $6, "fence" = nextval('pgclaim_fence_seq'), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL
+UPDATE "jobs" AS pgclaim_t SET "state" = $5, "claimed_at" = statement_timestamp(), "claimed_by" = $6, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL
 WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $3) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
   arg 0: pgx.QueryExecMode cache describe
@@ -518,7 +518,7 @@ RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(p
   arg 11: string "1h0m0s"
 `
 const goldenTextKey = `== Claim (claim: not claimed: row is not in the From state)
-UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = nextval('pgclaim_fence_seq') WHERE pgclaim_t."Job ID" = $1 AND (pgclaim_t."Status" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimedAt", pgclaim_t."fence", 0::bigint
+UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = pgclaim_fence() WHERE pgclaim_t."Job ID" = $1 AND (pgclaim_t."Status" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimedAt", pgclaim_t."fence", 0::bigint
   arg 0: string "k1"
   arg 1: string "PAUSED"
   arg 2: string "PROCESSING"
@@ -526,7 +526,7 @@ UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_time
 WITH pgclaim_c AS (
   SELECT "Job ID" FROM "Push Queue" WHERE "Status" = $1 AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY "Job ID" LIMIT $2 FOR UPDATE SKIP LOCKED
 )
-UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = nextval('pgclaim_fence_seq')
+UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = pgclaim_fence()
 WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = $1) IS TRUE
 RETURNING pgclaim_t."Job ID", pgclaim_t."claimedAt", pgclaim_t."fence", 0::bigint
   arg 0: pgx.QueryExecMode cache describe

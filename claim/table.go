@@ -265,12 +265,15 @@ SELECT EXISTS (
 		}
 	}
 	if s.Fence != "" {
-		var seq *string
-		if err := db.QueryRow(ctx, `SELECT to_regclass('pgclaim_fence_seq')::text`).Scan(&seq); err != nil {
+		var seq, fn *string
+		if err := db.QueryRow(ctx, `SELECT to_regclass('pgclaim_fence_seq')::text, to_regprocedure('pgclaim_fence()')::text`).Scan(&seq, &fn); err != nil {
 			return fmt.Errorf("claim: Verify: %w", err)
 		}
 		if seq == nil {
 			errs = append(errs, invalid("Table.Fence", "sequence pgclaim_fence_seq not found: apply pgclaim's migrations (pgclaim.Migrate)"))
+		}
+		if fn == nil {
+			errs = append(errs, invalid("Table.Fence", "function pgclaim_fence() not found: apply pgclaim's migrations (pgclaim.Migrate)"))
 		}
 	}
 	if stateOK {

@@ -218,6 +218,10 @@ func TestVerify(t *testing.T) {
 	if err := verify(good); err == nil || !strings.Contains(err.Error(), "Table.Fence") || !strings.Contains(err.Error(), "pgclaim_fence_seq") {
 		t.Errorf("no sequence: err = %v", err)
 	}
+	mustExec(t, pool, `DROP FUNCTION pgclaim_fence()`)
+	if err := verify(good); err == nil || !strings.Contains(err.Error(), "Table.Fence") || !strings.Contains(err.Error(), "function pgclaim_fence() not found") {
+		t.Errorf("no fence function: err = %v", err)
+	}
 }
 
 // TestHostileIdentifiers uses names built to break naive quoting: the table

@@ -71,7 +71,9 @@ var watchAfter = time.Millisecond
 // the pool, so it is never handed to other code while locked; it is released
 // with an explicit pg_advisory_unlock before the connection is reused, and
 // the connection is closed instead whenever the unlock is not confirmed.
-// Run.Fence carries a fencing token from pgclaim_fence_seq.
+// Run.Fence carries a fencing token from pgclaim_fence(); the statement
+// that grants it also writes a WAL record, so that it is durable (and,
+// under synchronous replication, on the standby) before fn runs.
 //
 // While fn runs, a goroutine blocks reading that connection. If the session
 // is lost (its backend terminated, the server restarted, the network

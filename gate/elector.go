@@ -155,10 +155,10 @@ func (o ElectorConfig) check() (ElectorConfig, error) {
 //
 // Each term is recorded in pgclaim_terms (election, holder, term, started_at,
 // ended_at in database time), and the term number is a fencing token from
-// pgclaim_fence_seq. At most one term of an election is open at a time, and
-// terms never overlap: a new leader starts its term only after the previous
-// one was closed, with a higher term number. Prune deletes terms that ended
-// long ago.
+// pgclaim_fence() (see Run.Fence). At most one term of an election is open
+// at a time, and terms never overlap: a new leader starts its term only
+// after the previous one was closed, with a higher term number. Prune
+// deletes terms that ended long ago.
 //
 // Leadership changes are reported to ElectorConfig.Hooks and the Logger:
 // EventAcquired when this instance starts leading, EventLost when it lost
@@ -180,7 +180,7 @@ type Elector struct {
 // through pool. Like New, it refuses a database without pgclaim's tables
 // (one query, bounded by 10 s).
 func NewElector(pool *pgxpool.Pool, name string, cfg ElectorConfig) (*Elector, error) {
-	n, o, err := newNamed(pool, name, cfg, "pgclaim_terms", "pgclaim_fence_seq")
+	n, o, err := newNamed(pool, name, cfg, "pgclaim_terms", "pgclaim_fence_seq", "pgclaim_fence()")
 	if err != nil {
 		return nil, err
 	}

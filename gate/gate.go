@@ -175,9 +175,12 @@ type Run struct {
 	FireAt time.Time
 	// Holder is the identity this run was recorded under.
 	Holder string
-	// Fence is a fencing token from pgclaim_fence_seq: strictly greater than
-	// the token of every earlier grant. Pass it to the systems the job writes
-	// to so they can reject a stale holder.
+	// Fence is a fencing token from pgclaim_fence(), durable before the run
+	// starts: greater than the token of every grant made before this one,
+	// of any kind, across server restarts and primary promotions
+	// (asynchronous or synchronous replication; see docs/claim.md for what
+	// that needs of the server). Pass it to the systems the job writes to
+	// so they can reject a stale holder.
 	Fence int64
 }
 

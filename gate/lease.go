@@ -93,7 +93,7 @@ func (o LeaseConfig) check() (LeaseConfig, error) {
 // PgBouncer in transaction pooling mode, where session advisory locks
 // cannot. (Configure such a pool as the pooler requires, e.g. with
 // pgx.QueryExecModeExec when it does not keep prepared statements.) Each acquisition gets a fresh fencing token from
-// pgclaim_fence_seq; extension and release are scoped to it, so a holder
+// pgclaim_fence(); extension and release are scoped to it, so a holder
 // whose lease expired and was taken over can neither extend nor release the
 // new holder's lease. An expired row is taken over only for its own name.
 //
@@ -109,7 +109,7 @@ type Lease struct {
 // New, it refuses a database without pgclaim's tables (one query, bounded
 // by 10 s).
 func NewLease(pool *pgxpool.Pool, name string, cfg LeaseConfig) (*Lease, error) {
-	n, o, err := newNamed(pool, name, cfg, "pgclaim_locks", "pgclaim_fence_seq")
+	n, o, err := newNamed(pool, name, cfg, "pgclaim_locks", "pgclaim_fence_seq", "pgclaim_fence()")
 	if err != nil {
 		return nil, err
 	}
@@ -206,9 +206,10 @@ type LeaseHandle struct {
 	released bool
 }
 
-// Fence returns the fencing token of this acquisition: strictly greater than
-// the fencing token of every earlier acquisition of any lease. Pass it to the
-// systems the holder writes to so they can refuse a stale holder.
+// Fence returns the fencing token of this acquisition (see Run.Fence):
+// greater than the fencing token of every earlier acquisition of any lease,
+// across server restarts and primary promotions. Pass it to the systems the
+// holder writes to so they can refuse a stale holder.
 func (h *LeaseHandle) Fence() int64 { return h.fence }
 
 // Context returns a context that is cancelled when the lease is released or

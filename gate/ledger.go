@@ -120,7 +120,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	}
 	q := store.New(readCommitted{pool})
 	opts := cfg.instance().withDefaults()
-	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq"); err != nil {
+	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq", "pgclaim_fence()"); err != nil {
 		return nil, err
 	}
 	return &Gate{

@@ -64,6 +64,8 @@ type localCluster struct {
 	dir    string // holds data/ and the log; removed on close
 	port   int
 	cred   *syscall.Credential // nil unless running as root
+	// settings are extra "name=value" server settings, after pgtest's own.
+	settings []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -91,6 +93,28 @@ rm -rf "$1"
 `
 
 func startLocal(ctx context.Context, binDir string) (*Server, error) {
+	c, err := newLocalCluster(binDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.initdb(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startOnFreePort(ctx); err != nil {
+		return nil, err
+	}
+	return &Server{
+		source:   SourceLocal,
+		adminURL: c.url("postgres"),
+		restart:  c.restart,
+		close:    c.close,
+	}, nil
+}
+
+// newLocalCluster prepares a cluster directory (owned by the postgres user
+// when running as root) with its clean-up process; nothing runs in it yet.
+// An error finding the binaries is returned as it is.
+func newLocalCluster(binDir string) (*localCluster, error) {
 	bin, err := findBinDir(binDir)
 	if err != nil {
 		return nil, err
@@ -119,27 +143,22 @@ func startLocal(ctx context.Context, binDir string) (*Server, error) {
 		_ = os.RemoveAll(c.dir)
 		return nil, err
 	}
-	if err := c.initdb(ctx); err != nil {
-		return nil, err
-	}
+	return c, nil
+}
+
+// startOnFreePort starts the server on a free loopback port, trying again
+// with another port when one was taken meanwhile.
+func (c *localCluster) startOnFreePort(ctx context.Context) error {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		if c.port, lastErr = freePort(); lastErr != nil {
 			continue
 		}
 		if lastErr = c.start(ctx); lastErr == nil {
-			break
+			return nil
 		}
 	}
-	if lastErr != nil {
-		return nil, lastErr
-	}
-	return &Server{
-		source:   SourceLocal,
-		adminURL: c.url("postgres"),
-		restart:  c.restart,
-		close:    c.close,
-	}, nil
+	return lastErr
 }
 
 func (c *localCluster) url(db string) string {
@@ -194,11 +213,11 @@ func (c *localCluster) start(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := c.command(context.Background(), "postgres",
+	args := []string{
 		"-D", filepath.Join(c.dir, "data"),
 		"-p", strconv.Itoa(c.port),
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "unix_socket_directories="+c.dir,
+		"-c", "unix_socket_directories=" + c.dir,
 		"-c", "max_connections=500",
 		"-c", "shared_buffers=128MB",
 		// A throwaway cluster: no need to survive a power cut. Commits still
@@ -209,7 +228,11 @@ func (c *localCluster) start(ctx context.Context) error {
 		"-c", "full_page_writes=off",
 		"-c", "max_locks_per_transaction=256",
 		"-c", "log_min_messages=warning",
-	)
+	}
+	for _, s := range c.settings { // later settings override earlier ones
+		args = append(args, "-c", s)
+	}
+	cmd := c.command(context.Background(), "postgres", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start postgres: %w", err)

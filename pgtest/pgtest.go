@@ -16,7 +16,10 @@
 //
 // For fault tests the Server offers Terminate (one backend),
 // TerminateDatabase (every backend of a database) and Restart (an immediate
-// stop and start of a cluster pgtest started itself).
+// stop and start of a cluster pgtest started itself). For failover tests,
+// NewPair starts a primary with a streaming standby (asynchronous or
+// synchronous) from local binaries, which a test can cut off, kill and
+// promote.
 package pgtest
 
 import (

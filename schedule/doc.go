@@ -38,7 +38,8 @@
 // backfill), state (pending, running, retrying, succeeded, failed,
 // skipped), attempt, fence, holder, lease, next attempt time, delayed
 // start (jitter), reason, and whether it was missed, late or overdue.
-// Fences come from pgclaim_fence_seq, shared with the rest of pgclaim.
+// Fences come from pgclaim_fence(), shared with the rest of pgclaim: a
+// later attempt's fence is greater, across primary promotions too.
 //
 // # Registration
 //

@@ -30,9 +30,10 @@ type Run struct {
 	Kind string
 	// Attempt counts the attempts of this instant, 1 for the first.
 	Attempt int
-	// Fence is the attempt's fencing token from pgclaim_fence_seq:
-	// greater than every earlier attempt's. Pass it to the systems the job
-	// writes to, so they can refuse a stale attempt.
+	// Fence is the attempt's fencing token from pgclaim_fence(): greater
+	// than every earlier attempt's, across server restarts and primary
+	// promotions. Pass it to the systems the job writes to, so they can
+	// refuse a stale attempt.
 	Fence int64
 	// Holder is this instance's identity.
 	Holder string

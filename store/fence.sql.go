@@ -10,10 +10,13 @@ import (
 )
 
 const nextFence = `-- name: NextFence :one
-SELECT nextval('pgclaim_fence_seq')::bigint AS fence
+SELECT pgclaim_fence()::bigint AS fence
 `
 
-// A fresh fencing token: strictly increasing, never reused.
+// A fresh fencing token (pgclaim_fence(): the WAL timeline in the high
+// bits, so unique and increasing across primary promotions). A bare SELECT
+// writes nothing its commit waits for: the token is durable only once a
+// transaction that wrote WAL after it has committed (see AdvisoryTryLock).
 func (q *Queries) NextFence(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, nextFence)
 	var fence int64

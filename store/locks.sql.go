@@ -16,7 +16,7 @@ const acquireLease = `-- name: AcquireLease :one
 INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
 VALUES ($1::text, $2::text, now(),
         now() + $3::bigint * interval '1 microsecond',
-        nextval('pgclaim_fence_seq'))
+        pgclaim_fence())
 ON CONFLICT (name) DO UPDATE
 SET holder     = excluded.holder,
     locked_at  = excluded.locked_at,

@@ -15,7 +15,7 @@ const claimRun = `-- name: ClaimRun :one
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
-    fence = nextval('pgclaim_fence_seq'),
+    fence = pgclaim_fence(),
     holder = $1::text,
     lease_until = now() + $2::bigint * interval '1 microsecond',
     next_attempt_at = NULL,

@@ -249,7 +249,7 @@ WITH superseded AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
-SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'advisory', clock_timestamp()
+SELECT $1::text, pgclaim_fence(), $2::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM pgclaim_terms o
@@ -294,7 +294,7 @@ WITH expired AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT $1::text, nextval('pgclaim_fence_seq'), $2::text, 'lease',
+SELECT $1::text, pgclaim_fence(), $2::text, 'lease',
        least(clock_timestamp(), now() + $3::bigint * interval '1 microsecond'),
        now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e

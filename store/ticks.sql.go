@@ -99,7 +99,7 @@ WITH chk AS (
     FROM chk
 ), ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT $1::text, $2::timestamptz, $7::text, nextval('pgclaim_fence_seq')
+    SELECT $1::text, $2::timestamptz, $7::text, pgclaim_fence()
     FROM lk
     WHERE lk.locked
     ON CONFLICT (job, fire_at) DO NOTHING
@@ -227,6 +227,10 @@ type FinishTickParams struct {
 // there is none). Only the run that claimed the tick (same fence), and only
 // while it is running, or marked abandoned by another instance that took the
 // job's lock after this run's session ended: the holder's own account wins.
+// The fence is unique to one grant, across promotions too (pgclaim_fence()):
+// when a promotion lost the tick's row and another run claimed the tick
+// again on the new primary, that run has another fence, and the old run's
+// late outcome changes nothing.
 func (q *Queries) FinishTick(ctx context.Context, arg FinishTickParams) (int64, error) {
 	result, err := q.db.Exec(ctx, finishTick,
 		arg.Outcome,
@@ -338,13 +342,16 @@ func (q *Queries) HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow
 }
 
 const missingRelations = `-- name: MissingRelations :one
-SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE to_regclass(u.n) IS NULL), '{}')::text[] AS missing
+SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE
+           CASE WHEN u.n LIKE '%()' THEN to_regprocedure(u.n) IS NULL ELSE to_regclass(u.n) IS NULL END),
+       '{}')::text[] AS missing
 FROM unnest($1::text[]) WITH ORDINALITY AS u(n, ord)
 `
 
-// Which of the named relations (pgclaim's tables and sequence) do not
-// exist, resolved by the search path the other statements use: the
-// constructors refuse a database pgclaim's migrations were not applied to.
+// Which of the named relations (pgclaim's tables and sequence) and
+// functions (a name ending in "()": pgclaim_fence()) do not exist,
+// resolved by the search path the other statements use: the constructors
+// refuse a database pgclaim's migrations were not applied to.
 func (q *Queries) MissingRelations(ctx context.Context, names []string) ([]string, error) {
 	row := q.db.QueryRow(ctx, missingRelations, names)
 	var missing []string

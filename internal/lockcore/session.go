@@ -171,8 +171,9 @@ func CloseConn(c *pgx.Conn) {
 }
 
 // TryLock takes the advisory lock (class, key), waiting up to wait (0: not
-// at all). It returns a fencing token from pgclaim_fence_seq, or ok false
-// when another session holds the lock.
+// at all). It returns a fencing token from pgclaim_fence(), made durable by
+// the statement that grants it, or ok false when another session holds the
+// lock.
 func (s *Session) TryLock(ctx context.Context, class, key int32, wait time.Duration) (fence int64, ok bool, err error) {
 	if wait <= 0 {
 		row, err := s.Q.AdvisoryTryLock(ctx, store.AdvisoryTryLockParams{LockClass: class, LockKey: key})

@@ -1,20 +1,33 @@
 -- name: AdvisoryTryLock :one
 -- Take the lock if free; a fencing token comes with it (0 when not locked).
 -- Keys are (class, key) int4 pairs; see gate.AdvisoryKey.
-SELECT l.locked::boolean AS locked,
-       (CASE WHEN l.locked THEN nextval('pgclaim_fence_seq') ELSE 0 END)::bigint AS fence
-FROM (SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) AS locked) l;
+--
+-- The token is durable before it is returned, as every other grant's is:
+-- the statement writes a transactional WAL message naming it
+-- (pg_logical_emit_message), so its commit flushes the WAL that covers the
+-- token and, under synchronous replication, waits for the standby. A bare
+-- nextval commits without either, and a crash or a promotion right after
+-- could hand the same sequence value out again. g is evaluated once (a
+-- subquery whose output is volatile is neither flattened nor has the
+-- condition pushed into it); the condition always holds.
+SELECT g.locked::boolean AS locked, g.fence::bigint AS fence
+FROM (SELECT l.locked, CASE WHEN l.locked THEN pgclaim_fence() ELSE 0 END AS fence
+      FROM (SELECT pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) AS locked) l) g
+WHERE CASE WHEN g.locked THEN pg_logical_emit_message(true, 'pgclaim_fence', g.fence::text) IS NOT NULL ELSE true END;
 
 -- name: AdvisoryLockWait :one
 -- Wait for the lock for at most lock_timeout (e.g. '250ms'); fails with
 -- SQLSTATE 55P03 when the wait runs out. The setting lasts for this
--- statement only.
+-- statement only. The token is made durable as in AdvisoryTryLock.
 WITH t AS (
     SELECT set_config('lock_timeout', sqlc.arg(lock_timeout)::text, true) AS v
 ), lk AS (
     SELECT pg_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) AS v FROM t
+), g AS (
+    SELECT pgclaim_fence() AS fence FROM lk
 )
-SELECT nextval('pgclaim_fence_seq')::bigint AS fence FROM lk;
+SELECT g.fence::bigint AS fence FROM g
+WHERE pg_logical_emit_message(true, 'pgclaim_fence', g.fence::text) IS NOT NULL;
 
 -- name: AdvisoryUnlock :one
 SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked;

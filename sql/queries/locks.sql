@@ -10,7 +10,7 @@
 INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
 VALUES (sqlc.arg(name)::text, sqlc.arg(holder)::text, now(),
         now() + sqlc.arg(at_most_us)::bigint * interval '1 microsecond',
-        nextval('pgclaim_fence_seq'))
+        pgclaim_fence())
 ON CONFLICT (name) DO UPDATE
 SET holder     = excluded.holder,
     locked_at  = excluded.locked_at,

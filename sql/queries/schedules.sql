@@ -109,7 +109,7 @@ ON CONFLICT DO NOTHING;
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
-    fence = nextval('pgclaim_fence_seq'),
+    fence = pgclaim_fence(),
     holder = sqlc.arg(holder)::text,
     lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
     next_attempt_at = NULL,

@@ -38,7 +38,7 @@ WITH superseded AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at)
-SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'advisory', clock_timestamp()
+SELECT sqlc.arg(election)::text, pgclaim_fence(), sqlc.arg(holder)::text, 'advisory', clock_timestamp()
 FROM (SELECT count(*) FROM superseded) AS s
 WHERE NOT EXISTS (
     SELECT 1 FROM pgclaim_terms o
@@ -68,7 +68,7 @@ WITH expired AS (
     RETURNING term
 )
 INSERT INTO pgclaim_terms (election, term, holder, method, started_at, lease_until)
-SELECT sqlc.arg(election)::text, nextval('pgclaim_fence_seq'), sqlc.arg(holder)::text, 'lease',
+SELECT sqlc.arg(election)::text, pgclaim_fence(), sqlc.arg(holder)::text, 'lease',
        least(clock_timestamp(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'),
        now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
 FROM (SELECT count(*) FROM expired) AS e

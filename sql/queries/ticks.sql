@@ -39,7 +39,7 @@ WITH chk AS (
     FROM chk
 ), ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, nextval('pgclaim_fence_seq')
+    SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, pgclaim_fence()
     FROM lk
     WHERE lk.locked
     ON CONFLICT (job, fire_at) DO NOTHING
@@ -106,6 +106,10 @@ FROM lk CROSS JOIN abl;
 -- there is none). Only the run that claimed the tick (same fence), and only
 -- while it is running, or marked abandoned by another instance that took the
 -- job's lock after this run's session ended: the holder's own account wins.
+-- The fence is unique to one grant, across promotions too (pgclaim_fence()):
+-- when a promotion lost the tick's row and another run claimed the tick
+-- again on the new primary, that run has another fence, and the old run's
+-- late outcome changes nothing.
 UPDATE pgclaim_ticks
 SET finished_at = clock_timestamp(),
     outcome     = sqlc.arg(outcome)::text,
@@ -156,10 +160,13 @@ WHERE started_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microse
   AND outcome <> 'running';
 
 -- name: MissingRelations :one
--- Which of the named relations (pgclaim's tables and sequence) do not
--- exist, resolved by the search path the other statements use: the
--- constructors refuse a database pgclaim's migrations were not applied to.
-SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE to_regclass(u.n) IS NULL), '{}')::text[] AS missing
+-- Which of the named relations (pgclaim's tables and sequence) and
+-- functions (a name ending in "()": pgclaim_fence()) do not exist,
+-- resolved by the search path the other statements use: the constructors
+-- refuse a database pgclaim's migrations were not applied to.
+SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE
+           CASE WHEN u.n LIKE '%()' THEN to_regprocedure(u.n) IS NULL ELSE to_regclass(u.n) IS NULL END),
+       '{}')::text[] AS missing
 FROM unnest(sqlc.arg(names)::text[]) WITH ORDINALITY AS u(n, ord);
 
 -- name: HeldTick :one
