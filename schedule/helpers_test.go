@@ -171,3 +171,17 @@ func dbNow(t testing.TB, pool *pgxpool.Pool) time.Time {
 }
 
 var discard = slog.New(slog.DiscardHandler)
+
+// lockPID returns the backend pid holding the advisory lock of schedule
+// name.
+func lockPID(t testing.TB, db *pgtest.Database, name string) int {
+	t.Helper()
+	class, key := lockKey(name)
+	var pid int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid
+		AND objid = $2::int4::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&pid); err != nil {
+		t.Fatalf("the lock's session: %v", err)
+	}
+	return pid
+}

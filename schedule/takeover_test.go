@@ -57,13 +57,7 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("no run started")
 	}
-	class, key := lockKey(def.Name)
-	var pid int
-	if err := db.Pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid
-		AND objid = $2::int4::oid AND objsubid = 2 AND granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, class, key).Scan(&pid); err != nil {
-		t.Fatalf("the lock's session: %v", err)
-	}
+	pid := lockPID(t, db, def.Name)
 	killed := time.Now()
 	if _, err := db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 		t.Fatal(err)
