@@ -47,6 +47,13 @@
 //     caller's context.
 //   - Database time only. Staleness and leases compare the server's clock
 //     (statement_timestamp()), never the instance's.
+//   - Deadlines shorter than the lease. A Worker with a lease counts each
+//     claim held for three quarters of the lease after its last
+//     confirmation; its claims, heartbeats and in-transaction finishes are
+//     bounded by that, and the work of a claim not confirmed in time is
+//     cancelled. A worker whose network goes silent stops processing a row
+//     at least a quarter of the lease before another can claim it (see
+//     Worker, and docs/RELIABILITY.md, "Silent network").
 //   - Any isolation level. The guarantees hold whatever
 //     default_transaction_isolation the database, role or pool sets: the
 //     Worker begins its transactions READ COMMITTED, and a statement on a

@@ -154,9 +154,10 @@ func TestHeartbeatFinishedNotLost(t *testing.T) {
 			finished.Add(int64(e.Rows))
 		}
 	})
-	// The lease is long enough never to expire between heartbeats, and the
+	// The lease is long enough never to expire between heartbeats (and
+	// for a heartbeat to answer within 3/4 of it under load), and the
 	// heartbeat (every lease/3) races the finish of short works.
-	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: 30 * time.Millisecond, Hooks: hooks})
+	c, err := New[int64](db.Pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "h", Lease: 300 * time.Millisecond, Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}

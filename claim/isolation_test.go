@@ -77,7 +77,7 @@ func TestIsolationWorker(t *testing.T) {
 			for i := range stats {
 				holder := fmt.Sprintf("w%d", i)
 				pool := levelPool(t, db, level, 6)
-				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 90 * time.Millisecond})
+				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 600 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -241,6 +241,10 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 
 // Run sweeps at once and then every interval until ctx is cancelled, when
 // it returns nil. Failed sweeps are logged and retried an interval later.
+// Each sweep is bounded by the interval, or 10 seconds when that is longer:
+// a database that stops answering (a silent network) fails the sweep
+// rather than stopping Run (a sweep guards nothing: each batch commits on
+// its own and re-checks every row it moves).
 // Its first sweep is the start-up sweep: there is no need to call Sweep
 // before it. A service that must wait for the start-up sweep before it
 // starts work calls Sweep and then Run; Run's own first sweep then finds
@@ -253,7 +257,10 @@ func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+		sctx, cancel := context.WithTimeout(ctx, max(every, cleanupTimeout))
+		_, err := s.Sweep(sctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			s.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: sweep failed",
 				slog.String("table", s.c.c.t.qname), slog.Any("error", err)))
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 )
 
 // ErrPanic is matched by the error recorded for work that panicked.
@@ -29,6 +31,12 @@ func callWork(f func() error) (err error) {
 // cleanupTimeout bounds the statements that give a claim back or record its
 // failure after the work's context has ended.
 const cleanupTimeout = 10 * time.Second
+
+// validity is how long a claim, or a heartbeat that extended it, keeps its
+// work going, counted from when the statement was sent: three quarters of
+// the lease, a quarter short of the moment the row's lease can run out in
+// the database and another worker claim it.
+func validity(lease time.Duration) time.Duration { return lease - lease/4 }
 
 // WorkerConfig configures a Worker.
 type WorkerConfig[K any] struct {
@@ -83,6 +91,22 @@ type WorkerConfig[K any] struct {
 // extends leases while work runs (when the claimer has a Lease), and
 // finishes each claim as Done, Retry.State or Failed. A Worker may be run more
 // than once, but each run is independent.
+//
+// Deadlines. With a Lease, a claim counts as held for three quarters of the
+// lease after the statement that claimed or last extended it was sent; a
+// heartbeat runs every Lease/3 (Lease/12 after a failed one) and each is
+// bounded by that validity. When a claim's validity runs out (the database
+// stopped answering: a silent network, a failover), its work's context is
+// cancelled, and with it the in-transaction finish and commit; the claim
+// is counted lost and no further statement is sent for it. So a worker cut
+// off from the database stops processing a row at least Lease/4 before the
+// row's lease lets another worker claim it (docs/RELIABILITY.md, "Silent
+// network"). Claim statements are bounded by the lease; the statements
+// that give a claim back or record a failure, after the work, by 10
+// seconds. Choose a Lease well above a heartbeat's round trip under load:
+// a claim whose heartbeat takes longer than three quarters of the lease is
+// given up. Without a Lease nothing bounds the work or its finish: rows
+// are recovered by a Sweeper's StaleAfter, which the worker does not know.
 type Worker[K any] struct {
 	c     *Claimer[K]
 	begin func(context.Context) (pgx.Tx, error)
@@ -211,6 +235,21 @@ type entry[K any] struct {
 	// reports the claim if it is lost.
 	finishing atomic.Bool
 	cancel    context.CancelFunc
+	// valid is the claim's validity (with a lease; nil without): when
+	// it runs out, expired is set and the work's context cancelled.
+	valid   *lockcore.Validity
+	expired atomic.Bool
+}
+
+// expire ends e's work once its validity has run out.
+func (r *run[K]) expire(e *entry[K]) {
+	r.mu.Lock()
+	e.expired.Store(true)
+	cancel := e.cancel
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 type run[K any] struct {
@@ -277,7 +316,11 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 
 	hbDone := make(chan struct{})
 	hbCtx, stopHB := context.WithCancel(workCtx)
-	if lease := w.c.c.lease; lease > 0 && w.c.c.t.leaseUntil != "" {
+	lease := w.c.c.lease
+	if w.c.c.t.leaseUntil == "" {
+		lease = 0
+	}
+	if lease > 0 {
 		go func() {
 			defer close(hbDone)
 			r.heartbeats(hbCtx, lease)
@@ -318,8 +361,17 @@ loop:
 		// that finds nothing after all work has ended means drained.
 		busy := inflight() > 1
 		// Claims use workCtx, not ctx: a claim statement cancelled half-way
-		// could commit rows this run would never learn of.
-		cls, err := w.c.ClaimBatch(workCtx, w.cfg.BatchSize, w.cfg.Args...)
+		// could commit rows this run would never learn of. With a lease
+		// such rows go back (to a Sweeper) when it runs out, so the claim
+		// is bounded by the lease: an answer later than that holds
+		// nothing.
+		claimCtx, claimCancel := workCtx, context.CancelFunc(func() {})
+		if lease > 0 {
+			claimCtx, claimCancel = context.WithTimeout(workCtx, lease)
+		}
+		sent := time.Now()
+		cls, err := w.c.ClaimBatch(claimCtx, w.cfg.BatchSize, w.cfg.Args...)
+		claimCancel()
 		if err != nil {
 			<-sem
 			if workCtx.Err() != nil {
@@ -346,8 +398,12 @@ loop:
 		r.mu.Lock()
 		r.st.Claimed += len(cls)
 		for i, cl := range cls {
-			es[i] = &entry[K]{cl: cl}
-			r.held[es[i]] = struct{}{}
+			e := &entry[K]{cl: cl}
+			if lease > 0 {
+				e.valid = lockcore.NewValidity(sent, validity(lease), func() { r.expire(e) })
+			}
+			es[i] = e
+			r.held[e] = struct{}{}
 		}
 		r.mu.Unlock()
 		for i, e := range es {
@@ -387,6 +443,9 @@ func (r *run[K]) drop(e *entry[K]) {
 	r.mu.Lock()
 	delete(r.held, e)
 	r.mu.Unlock()
+	if e.valid != nil {
+		e.valid.Stop()
+	}
 }
 
 // cleanupCtx is for statements that must run after the work's context
@@ -435,7 +494,7 @@ func (r *run[K]) process(e *entry[K]) {
 	defer cancel()
 	r.mu.Lock()
 	e.cancel = cancel
-	lost := e.lost.Load()
+	lost := e.lost.Load() || e.expired.Load()
 	r.mu.Unlock()
 	if lost {
 		r.count(func(s *Stats) { s.Lost++ })
@@ -480,6 +539,12 @@ func (r *run[K]) process(e *entry[K]) {
 			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr)))
 		return
 	}
+	if e.expired.Load() {
+		r.count(func(s *Stats) { s.Lost++ })
+		w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: claim not confirmed within three quarters of its lease; work stopped, the row goes back when its lease runs out",
+			slog.Any("key", e.cl.Key), slog.Int64("fence", e.cl.Fence), slog.Any("error", werr)))
+		return
+	}
 	if r.stopping.Err() != nil && ctx.Err() != nil && (errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded)) {
 		r.release(e)
 		return
@@ -513,10 +578,12 @@ func (r *run[K]) rollback(tx pgx.Tx) {
 	_ = tx.Rollback(ctx)
 }
 
-// heartbeats extends the leases of every held claim every lease/3, and
+// heartbeats extends the leases of every held claim every lease/3
+// (lease/12 after a failure), each heartbeat bounded by the latest of the
+// claims' validities; it confirms the validity of the claims it found held, and
 // cancels the work of claims found lost.
 func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
-	t := time.NewTicker(lease / 3)
+	t := time.NewTimer(lease / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -524,6 +591,7 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 			return
 		case <-t.C:
 		}
+		t.Reset(lease / 3)
 		r.mu.Lock()
 		es := make([]*entry[K], 0, len(r.held))
 		cls := make([]Claim[K], 0, len(r.held))
@@ -535,15 +603,31 @@ func (r *run[K]) heartbeats(ctx context.Context, lease time.Duration) {
 		if len(es) == 0 {
 			continue
 		}
-		lost, err := r.w.c.heartbeat(ctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
+		// An answer after every claim's validity has run out confirms
+		// nothing: the heartbeat is bounded by the latest.
+		sent := time.Now()
+		var until time.Time
+		for _, e := range es {
+			if u := e.valid.Until(); u.After(until) {
+				until = u
+			}
+		}
+		hctx, cancel := context.WithDeadline(ctx, until)
+		lost, err := r.w.c.heartbeat(hctx, cls, lease, func(i int) bool { return es[i].finishing.Load() })
+		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
 				r.w.c.c.report(ctx, Event{}, rec(slog.LevelWarn, "claim: worker: heartbeat failed", slog.Any("error", err)))
 			}
+			t.Reset(lease / 12)
 			continue
 		}
 		for i, l := range lost {
 			if !l {
+				// Extended, or locked by a transaction with its
+				// token unchanged (the work's own, which no other
+				// claim or sweep can pass while it lasts).
+				es[i].valid.Confirm(sent)
 				continue
 			}
 			e := es[i]

@@ -50,9 +50,14 @@ var ErrPooler = lockcore.ErrPooler
 
 // pingEvery: while a lock is held the watcher blocks on the socket, so a
 // terminated backend or a server shutdown is seen at once; a silent network
-// failure is found by a ping after this much quiet, answered within as long.
-// A variable only so tests can shorten it.
-var pingEvery = 5 * time.Second
+// is found by pinging after this much quiet (lockcore.PingEvery), and a
+// session not confirmed for sessionValidity is lost. A variable only so
+// tests can change it.
+var pingEvery = lockcore.PingEvery
+
+// sessionValidity is how long one confirmation of a run's session keeps
+// the run going (lockcore.SessionValidity: see there for the margin).
+const sessionValidity = lockcore.SessionValidity
 
 // watchAfter is how long into a run the watcher starts. Starting it costs a
 // goroutine and a hand-over between threads when it is stopped, which was
@@ -97,6 +102,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 		return err
 	}
 	class, key := AdvisoryKey(name)
+	sent := time.Now()
 	fence, ok, err := g.lock(ctx, s, name, class, key)
 	if err != nil {
 		return err
@@ -105,7 +111,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 		return g.skipped(ctx, name, time.Time{}, ErrHeld)
 	}
 	run := Run{Name: name, Holder: g.opts.Holder, Fence: fence}
-	return g.hold(ctx, s, run, fn, lockRelease{class: class, key: key})
+	return g.hold(ctx, s, sent, run, fn, lockRelease{class: class, key: key})
 }
 
 // lock takes the advisory lock (class, key) for name on s, waiting up to
@@ -143,13 +149,19 @@ func (lockRelease) record(context.Context, Run, Outcome, error) error { return n
 
 // hold runs fn while s holds the run's lock (the advisory session
 // implementation of lockcore.Held: s watched while fn runs, released or
-// dropped afterwards) and reports the run.
-func (g *Gate) hold(ctx context.Context, s *lockcore.Session, run Run, fn Func, r releaser) error {
+// dropped afterwards) and reports the run. sent is when the statement that
+// took the lock was sent: the session counts as confirmed from then for
+// sessionValidity.
+func (g *Gate) hold(ctx context.Context, s *lockcore.Session, sent time.Time, run Run, fn Func, r releaser) error {
 	g.opts.emit(ctx, Event{Kind: EventAcquired, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence})
 	h := &sessionHold{g: g, s: s, run: run, r: r}
 	var cancel context.CancelCauseFunc
 	h.ctx, cancel = context.WithCancelCause(context.Background())
-	h.keeper = s.Watch(ctx, lockcore.WatchConfig{After: watchAfter, Every: pingEvery}, func(cause error) {
+	valid := lockcore.NewValidity(sent, sessionValidity, nil)
+	h.keeper = s.Watch(ctx, lockcore.WatchConfig{After: watchAfter, Every: pingEvery, Validity: valid}, func(cause error) {
+		if errors.Is(cause, lockcore.ErrExpired) {
+			cause = fmt.Errorf("session not confirmed for %v (a silent network?)", sessionValidity)
+		}
 		h.lost = fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, cause)
 		cancel(h.lost)
 		g.opts.emit(ctx, h.lostEvent(h.lost))
@@ -182,7 +194,11 @@ func (h *sessionHold) Release(ctx context.Context, out lockcore.Outcome, jobErr 
 	g, s, run := h.g, h.s, h.run
 	lost := h.keeper.Stop()
 	if lost == nil {
-		unlocked, err := h.r.release(ctx, s, run, Outcome(out), jobErr)
+		// A session that does not answer within its validity is closed
+		// (which frees the lock) rather than waited for.
+		sctx, cancel := context.WithTimeout(ctx, sessionValidity)
+		unlocked, err := h.r.release(sctx, s, run, Outcome(out), jobErr)
+		cancel()
 		switch {
 		case err != nil && s.Ended(err):
 			// The session ended while the job ran, or before the release

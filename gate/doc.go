@@ -61,10 +61,38 @@
 // ledger records the run as lost, and Once or Exclusive return ErrLockLost
 // once the job has returned. The watch starts a millisecond into the run, so
 // a job that returns sooner costs no goroutine; for it, the release statement
-// finds an ended session, with the same outcome. A network that goes silent is found by a ping
-// after five quiet seconds. On the server side, the lock connection sets
+// finds an ended session, with the same outcome. On the server side, the lock connection sets
 // TCP keepalives (the server drops a vanished client's session, and its
 // locks, within about 11 s) and turns idle_session_timeout off.
+//
+// # Silent network
+//
+// A network that goes silent (connections open, nothing answered) cannot
+// say whether the server still holds a lock, so every lock counts as held
+// only for a bounded validity after its last confirmation (counted from
+// when the confirming statement was sent), every statement that confirms
+// or releases it is bounded by that validity, and a lock not confirmed in
+// time is lost: the job's context is cancelled with ErrLockLost. The
+// margins before another instance can start:
+//
+//   - Once and Exclusive: the watcher pings after a second of quiet and
+//     the session counts as held for 3 s after the last answer, so the job
+//     is cancelled 2–3 s after the network fell silent. The server frees
+//     the lock no sooner than its keepalive gives up on the client, at
+//     least 6 s after the silence: a margin of at least 3 s. After a
+//     failover the promoted server holds no lock, and another instance may
+//     start as soon as it accepts connections; Run.Fence is what refuses the
+//     old job's writes then.
+//   - Lease: AtMost/4 (or half of AtMost − KeepAlive, when shorter) before
+//     the lease runs out in the database; see LeaseHandle.Context.
+//   - Elector: the leader steps down 3/4 TTL after its last confirmation, at
+//     least TTL/4 before a standby can lead (see ElectorConfig.TTL).
+//
+// Releases are bounded the same way: an unlock on the lock's session by its
+// validity (the session is closed instead, which frees the lock), a lease's
+// release by AtMost, a term's close by TTL; an outcome written through the
+// pool after a lost lock still gets up to 10 s. See docs/RELIABILITY.md,
+// "Silent network", for the measured figures.
 //
 // # Abandoned ticks
 //

@@ -97,7 +97,11 @@ type ElectorConfig struct {
 	// TTL bounds how long a leader that lost touch with the database may go
 	// on unnoticed. The leader confirms its lock or lease every TTL/4 and
 	// steps down (its context is cancelled) when it has not confirmed for
-	// 3/4 TTL.
+	// 3/4 TTL, counted from when the last confirmation was sent; each
+	// confirmation is bounded by that, and closing a term by TTL. So a
+	// leader whose network goes silent steps down at most 3/4 TTL after
+	// the silence, at least TTL/4 before a standby can lead by either
+	// variant's rule below.
 	//
 	// Advisory variant: when a leader's session ends, the standby next in
 	// line gets the lock at once; it leads as soon as the old leader has
@@ -542,6 +546,11 @@ func (t *term) end(ctx context.Context, reason string) error {
 			e.cur.CompareAndSwap(t, nil)
 			return
 		}
+		// A term not closed within TTL is superseded by the next leader
+		// anyway (and the advisory lock freed when the session is
+		// closed): the statements go no longer than that.
+		ctx, cancel := context.WithTimeout(ctx, e.o.TTL)
+		defer cancel()
 		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
 		var err error
 		if t.sess != nil && !t.sess.Conn.IsClosed() {

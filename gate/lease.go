@@ -49,7 +49,9 @@ type LeaseConfig struct {
 
 	// KeepAlive is how often a held lease is extended automatically, by
 	// another AtMost from database time. Default: AtMost/3. Must be less
-	// than AtMost.
+	// than AtMost. Each extension must be answered before the lease's
+	// validity (AtMost less the margin: see LeaseHandle.Context) runs out;
+	// a failed one is retried after KeepAlive/4.
 	KeepAlive time.Duration
 
 	// NoKeepAlive turns automatic extension off: the holder calls Extend
@@ -84,6 +86,23 @@ func (o LeaseConfig) check() (LeaseConfig, error) {
 	o.Holder, o.Logger, o.Hooks = in.Holder, in.Logger, in.Hooks
 	return o, nil
 }
+
+// margin is how long before the lease may expire in the database a holder
+// counts it lost: with keep-alive, a quarter of AtMost, or half the time
+// from one keep-alive to AtMost when that is shorter, so a keep-alive
+// always has time to answer; without keep-alive, none (the holder extends
+// the lease itself, and its context ends AtMost after the last extension
+// was sent).
+func (o LeaseConfig) margin() time.Duration {
+	if o.NoKeepAlive {
+		return 0
+	}
+	return min(o.AtMost/4, (o.AtMost-o.KeepAlive)/2)
+}
+
+// validity is how long one acquisition or extension keeps the lease held
+// by this instance's reckoning: AtMost less the margin.
+func (o LeaseConfig) validity() time.Duration { return o.AtMost - o.margin() }
 
 // Lease is a named lease lock kept in the pgclaim_locks table: a ShedLock
 // style lock row with database-time expiry, extension and fencing.
@@ -142,12 +161,12 @@ func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
 	h := &LeaseHandle{l: l, fence: row.Fence, start: sent}
 	h.ctx, h.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	h.mu.Lock()
-	h.valid = lockcore.NewValidity(sent, l.o.AtMost, h.expired)
+	h.valid = lockcore.NewValidity(sent, l.o.validity(), h.expired)
 	h.mu.Unlock()
 	l.in.emit(ctx, Event{Kind: EventAcquired, Name: l.name, Holder: l.o.Holder, Fence: h.fence})
 	if !l.o.NoKeepAlive {
 		h.keeper = lockcore.Renew(h.ctx, lockcore.RenewConfig{
-			Every: l.o.KeepAlive, Retry: l.o.KeepAlive, Validity: h.valid, Renew: h.renew,
+			Every: l.o.KeepAlive, Retry: max(l.o.KeepAlive/4, time.Millisecond), Validity: h.valid, Renew: h.renew,
 			OnFail: func(err error) {
 				l.o.Logger.WarnContext(h.ctx, "gate: lease extension failed", "name", l.name, "holder", l.o.Holder, "fence", h.fence, "error", err.Error())
 			},
@@ -213,16 +232,22 @@ type LeaseHandle struct {
 func (h *LeaseHandle) Fence() int64 { return h.fence }
 
 // Context returns a context that is cancelled when the lease is released or
-// lost: an extension found it expired or taken over, or AtMost passed since
-// the last successful extension (by the instance's clock, counted from when
-// that extension was sent, so it is never later than the database's expiry).
-// context.Cause then wraps ErrLockLost. It carries the values of the context
-// given to TryAcquire, not its cancellation.
+// lost: an extension found it expired or taken over, or no extension
+// succeeded for AtMost less the margin since the last successful one (by
+// the instance's clock, counted from when that extension was sent, so it is
+// never later than the database's expiry). The margin, with keep-alive, is
+// AtMost/4, or half of AtMost − KeepAlive when that is shorter: a holder
+// whose network went silent is cancelled at least that long before another
+// instance can take the lease over. Without keep-alive there is none: the
+// context ends AtMost after the last extension was sent. context.Cause then
+// wraps ErrLockLost. It carries the values of the context given to
+// TryAcquire, not its cancellation.
 func (h *LeaseHandle) Context() context.Context { return h.ctx }
 
 // Extend pushes the lease's expiry to AtMost from now (database time). It
 // returns an error wrapping ErrLockLost when the lease had expired or was
-// taken over, and ErrReleased after Release. Other errors (the database
+// taken over, or was not answered before the lease's validity ran out (its
+// deadline, whatever ctx's), and ErrReleased after Release. Other errors (the database
 // could not be reached) leave the lease as it was: it may still be
 // extended before it runs out.
 func (h *LeaseHandle) Extend(ctx context.Context) error {
@@ -235,8 +260,15 @@ func (h *LeaseHandle) Extend(ctx context.Context) error {
 	if lost != nil {
 		return lost
 	}
+	// An answer after the validity confirms nothing: the lease may be
+	// gone by then.
+	ctx, cancel := context.WithDeadline(ctx, h.valid.Until())
+	defer cancel()
 	sent := time.Now()
 	held, err := h.renew(ctx)
+	if err != nil && !time.Now().Before(h.valid.Until()) {
+		return h.markLost(h.lostErr(lockcore.ErrExpired))
+	}
 	if err != nil {
 		return err
 	}
@@ -294,11 +326,20 @@ func (h *LeaseHandle) Release(ctx context.Context) error {
 		h.keeper.Stop()
 	}
 
-	n, err := l.q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: l.name, Fence: h.fence, AtLeastUs: l.o.AtLeast.Microseconds()})
+	// A release not answered within AtMost is moot: the lease has run
+	// out by then.
+	rctx, rcancel := context.WithTimeout(ctx, l.o.AtMost)
+	n, err := l.q.ReleaseLease(rctx, store.ReleaseLeaseParams{Name: l.name, Fence: h.fence, AtLeastUs: l.o.AtLeast.Microseconds()})
+	rcancel()
 	h.valid.Stop()
 	h.mu.Lock()
 	lost := h.lost
 	h.mu.Unlock()
+	if err != nil && lost != nil {
+		// Lost already: the release could change nothing anyway.
+		h.cancel(context.Canceled)
+		return fmt.Errorf("%w (release: %v)", lost, err)
+	}
 	if err != nil {
 		h.cancel(context.Canceled)
 		return fmt.Errorf("gate: lease %q: release: %w", l.name, err)

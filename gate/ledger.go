@@ -331,6 +331,7 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		}
 		p.LockMode = "held"
 	}
+	sent := time.Now()
 	row, err := s.Q.ClaimTick(ctx, p)
 	if err != nil {
 		s.Close()
@@ -350,7 +351,7 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		return g.notClaimed(ctx, name, at, row)
 	}
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
-	return g.hold(ctx, s, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
+	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
 }
 
 // notClaimed reports a claim that did not get the tick: its fire time was

@@ -113,7 +113,25 @@
 // keeps its session, and with it the advisory lock, until it resumes or the
 // server drops the connection; its run is not taken over meanwhile, and when
 // it resumes its attempt either completes (still holding the lock) or, having
-// lost it, is refused.
+// lost it, is refused. A stop longer than the lock's validity (below) makes
+// it count the lock lost when it resumes: it cancels the run and closes the
+// session.
+//
+// Silent network. A holder whose network goes silent (the connections stay
+// open, nothing is answered) cannot tell whether the server still holds its
+// lock, so each confirmation of the lock holds it for a bounded validity,
+// counted from when the confirming statement was sent: 9/10 of
+// Definition.Lease, and for a session lock at most 3 s (internal/lockcore's
+// SessionValidity). Every statement run under the lock, the lock's own
+// statements and the run's lease renewals are bounded by it, the lock's
+// session is pinged after a second of quiet (or a third of the validity),
+// and a lock or run lease not confirmed within it is lost: the run's
+// context is cancelled. The margin before another instance can start the
+// run: with LeaseLocks, Lease/10 before the lease runs out in the
+// database; with a session lock, at least 3 s before the server's TCP
+// keepalive can free the lock (at least 6 s after the silence began), and
+// none after a failover, where the run's fence refuses the old attempt's
+// completion. See docs/RELIABILITY.md, "Silent network".
 //
 // Only the holder of a schedule's lock records instants and starts or
 // takes over attempts: with a session lock those statements run on the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -171,3 +172,14 @@ func dbNow(t testing.TB, pool *pgxpool.Pool) time.Time {
 }
 
 var discard = slog.New(slog.DiscardHandler)
+
+// lockPID returns the backend pid holding the advisory lock of schedule
+// name.
+func lockPID(t testing.TB, db *pgtest.Database, name string) int {
+	t.Helper()
+	pid, err := pgprobe.AdvisoryHolder(context.Background(), db.Pool, pgprobe.Pair(lockKey(name)))
+	if err != nil {
+		t.Fatalf("the lock's session: %v", err)
+	}
+	return int(pid)
+}

@@ -136,7 +136,7 @@ func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []
 	var st *stored
 	var open []openRun
 	sent := time.Now()
-	err := h.do(ctx, func(q *store.Queries, _ guard) error {
+	err := h.do(ctx, func(ctx context.Context, q *store.Queries, _ guard) error {
 		var err error
 		if st, err = loadSchedule(ctx, q, name); err != nil {
 			return err
@@ -454,7 +454,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		p.Reasons = append(p.Reasons, r.reason)
 		p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
 	}
-	err := h.do(ctx, func(q *store.Queries, g guard) error {
+	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 		p.LockName, p.LockFence = g.name, g.fence
 		_, err := q.RecordInstants(ctx, p)
 		return err
@@ -494,7 +494,7 @@ func (s *Scheduler) replace(ctx context.Context, h held, e *entry, open []openRu
 		return cur, open
 	}
 	var got []pgtype.Timestamptz
-	err := h.do(ctx, func(q *store.Queries, g guard) error {
+	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 		p.LockName, p.LockFence = g.name, g.fence
 		var err error
 		got, err = q.ReplaceRuns(ctx, p)
@@ -548,7 +548,7 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 			if o.attempt >= st.def.Retry.MaxAttempts {
 				reason := fmt.Sprintf("attempt %d of %d: its holder %s died or lost its lock; no attempts left", o.attempt, st.def.Retry.MaxAttempts, o.holder)
 				var n int64
-				err := h.do(ctx, func(q *store.Queries, g guard) error {
+				err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 					var err error
 					n, err = q.FailDeadRun(ctx, store.FailDeadRunParams{Schedule: e.name, Instant: ts(o.instant), Fence: *o.fence, Reason: reason,
 						LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence})
@@ -588,7 +588,7 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 // state and fence); nil when it was moved meanwhile.
 func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o openRun) (*attemptRun, error) {
 	var row store.ClaimRunRow
-	err := h.do(ctx, func(q *store.Queries, g guard) error {
+	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 		var err error
 		row, err = q.ClaimRun(ctx, store.ClaimRunParams{
 			Holder: s.holder, LeaseUs: us(st.def.Lease), Schedule: e.name, Instant: ts(o.instant),
@@ -653,7 +653,7 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 func (s *Scheduler) checkOverdue(ctx context.Context, h held, a *attemptRun) {
 	run := a.run
 	var row store.MarkOverdueRow
-	err := h.do(ctx, func(q *store.Queries, _ guard) error {
+	err := h.do(ctx, func(ctx context.Context, q *store.Queries, _ guard) error {
 		var err error
 		row, err = q.MarkOverdue(ctx, store.MarkOverdueParams{ExpectedUs: us(a.expected), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
 		return err

@@ -52,8 +52,9 @@ type held interface {
 	// held: on the lock's own session (a statement there fails once the
 	// session, and with it the lock, is gone), or through the pool with g
 	// naming the lease, which the guarded statements check. fn's
-	// statements run at READ COMMITTED.
-	do(ctx context.Context, fn func(q *store.Queries, g guard) error) error
+	// statements run at READ COMMITTED, under the ctx fn is given: ctx's
+	// values, bounded by the lock's validity (see validFor).
+	do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error
 	// release gives the lock up (a no-op after a loss).
 	release()
 }
@@ -78,9 +79,24 @@ func LockKey(name string) (class, key int32) { return lockKey(name) }
 // lockName is a schedule's lease row name in pgclaim_locks.
 func lockName(name string) string { return "pgclaim.schedule:" + name }
 
-// pingEvery: a held session is watched by blocking on its socket; after
-// this much quiet it is pinged, to find a silent network failure.
+// pingEvery bounds the listener's poll of the schedules.
 var pingEvery = 5 * time.Second
+
+// validFor is how long one confirmation of a schedule's lock holds it by
+// this instance's reckoning, counted from when it was sent, for a schedule
+// whose Lease is lease: 9/10 of the lease (as for the run's lease, see
+// keep), and for a session advisory lock at most lockcore.SessionValidity.
+// Every statement run under the lock (held.do) is bounded by it, and a
+// session not confirmed for that long (by a statement or by the watch's
+// ping) is lost: its run is cancelled before another instance can take the
+// lock (lockcore.SessionValidity states the margin) or the lease.
+func validFor(lease time.Duration, session bool) time.Duration {
+	v := lease - lease/10
+	if session {
+		v = min(v, lockcore.SessionValidity)
+	}
+	return v
+}
 
 // advisoryLocker holds session advisory locks on connections taken out of
 // the pool (lockcore.Sessions), watched while held: the server drops the
@@ -125,16 +141,22 @@ func (l *advisoryLocker) close() {
 	}
 }
 
-func (l *advisoryLocker) acquire(ctx context.Context, name string, _ time.Duration) (held, error) {
+func (l *advisoryLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
 	ss := l.sessions()
 	class, key := lockKey(name)
+	// Bounded like a statement under the lock: a lock statement cut off
+	// by its deadline closes its session, which drops a lock it got.
+	ctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
+	defer cancel()
 	var s *lockcore.Session
 	var ok bool
 	var err error
+	var sent time.Time
 	for try := 0; try < 2; try++ {
 		if s, err = ss.Get(ctx); err != nil {
 			return nil, fmt.Errorf("schedule: %q: lock connection: %w", name, err)
 		}
+		sent = time.Now()
 		_, ok, err = s.TryLock(ctx, class, key, 0)
 		if err == nil {
 			break
@@ -152,7 +174,8 @@ func (l *advisoryLocker) acquire(ctx context.Context, name string, _ time.Durati
 		ss.Put(s)
 		return nil, nil
 	}
-	h := &advisoryHeld{ss: ss, s: s, class: class, key: key, lostc: make(chan struct{})}
+	v := validFor(lease, true)
+	h := &advisoryHeld{ss: ss, s: s, class: class, key: key, lostc: make(chan struct{}), valid: lockcore.NewValidity(sent, v, nil)}
 	h.watch()
 	return h, nil
 }
@@ -163,7 +186,8 @@ type advisoryHeld struct {
 	ss         *lockcore.Sessions
 	s          *lockcore.Session
 	class, key int32
-	mu         sync.Mutex // serializes do, release and the watch
+	valid      *lockcore.Validity // confirmed by every statement and ping answered
+	mu         sync.Mutex         // serializes do, release and the watch
 	keeper     *lockcore.Keeper
 	lostc      chan struct{}
 	lostOnce   sync.Once
@@ -178,25 +202,36 @@ func (h *advisoryHeld) markLost(err error) {
 }
 
 // watch starts watching the session: a terminated backend or a server
-// shutdown is seen at once; a quiet connection is pinged.
+// shutdown is seen at once; a quiet connection is pinged, and a session not
+// confirmed within its validity is lost.
 func (h *advisoryHeld) watch() {
-	h.keeper = h.s.Watch(context.Background(), lockcore.WatchConfig{Every: pingEvery}, h.markLost)
+	every := min(lockcore.PingEvery, h.valid.Length()/3)
+	h.keeper = h.s.Watch(context.Background(), lockcore.WatchConfig{Every: every, Validity: h.valid}, h.markLost)
 }
 
 // unwatch ends the watch; the connection is then free for a statement.
 func (h *advisoryHeld) unwatch() { h.keeper.Stop() }
 
-func (h *advisoryHeld) do(ctx context.Context, fn func(q *store.Queries, g guard) error) error {
+func (h *advisoryHeld) do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.unwatch()
 	if err := h.cause(); err != nil {
 		return err
 	}
-	err := fn(h.s.Q, guard{})
+	// A statement not answered within the validity ends the session (pgx
+	// closes a connection whose statement hit its deadline), and with it
+	// the lock.
+	sent := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, h.valid.Length())
+	err := fn(dctx, h.s.Q, guard{})
+	cancel()
 	if h.s.Conn.IsClosed() {
 		h.markLost(err)
 		return h.cause()
+	}
+	if err == nil {
+		h.valid.Confirm(sent)
 	}
 	h.watch()
 	return err
@@ -221,7 +256,9 @@ func (h *advisoryHeld) release() {
 		h.s.Close()
 		return
 	}
-	ctx, cancel := lockcore.ReleaseContext(context.Background())
+	// An unlock not answered within the validity closes the session,
+	// which frees the lock on the server.
+	ctx, cancel := context.WithTimeout(context.Background(), h.valid.Length())
 	defer cancel()
 	h.ss.Unlock(ctx, h.s, h.class, h.key)
 }
@@ -239,6 +276,10 @@ func (l *leaseLocker) check(context.Context) error { return nil }
 
 func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
 	var fence int64
+	// Bounded like a statement under the lock: a lease granted by a
+	// statement whose answer came too late runs out by itself.
+	ctx, cancel := context.WithTimeout(ctx, validFor(lease, false))
+	defer cancel()
 	sent := time.Now()
 	err := l.s.tx(ctx, func(q *store.Queries) error {
 		r, err := q.AcquireLease(ctx, store.AcquireLeaseParams{Name: lockName(name), Holder: l.s.holder, AtMostUs: us(lease)})
@@ -251,7 +292,7 @@ func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Durat
 	if err != nil {
 		return nil, fmt.Errorf("schedule: %q: take lease: %w", name, err)
 	}
-	h := &leaseHeld{l: l, name: lockName(name), fence: fence, lostc: make(chan struct{})}
+	h := &leaseHeld{l: l, name: lockName(name), fence: fence, valid: validFor(lease, false), lostc: make(chan struct{})}
 	h.stop = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
 		return l.s.tx(ctx, func(q *store.Queries) error {
 			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: fence, AtMostUs: us(lease)})
@@ -268,6 +309,7 @@ type leaseHeld struct {
 	l     *leaseLocker
 	name  string
 	fence int64
+	valid time.Duration // bounds each do (validFor)
 	stop  func()
 	lostc chan struct{}
 	err   atomic.Pointer[error]
@@ -282,11 +324,13 @@ func (h *leaseHeld) cause() error {
 	return nil
 }
 
-func (h *leaseHeld) do(ctx context.Context, fn func(q *store.Queries, g guard) error) error {
+func (h *leaseHeld) do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error {
 	if err := h.cause(); err != nil {
 		return err
 	}
-	return h.l.s.tx(ctx, func(q *store.Queries) error { return fn(q, guard{name: h.name, fence: h.fence}) })
+	ctx, cancel := context.WithTimeout(ctx, h.valid)
+	defer cancel()
+	return h.l.s.tx(ctx, func(q *store.Queries) error { return fn(ctx, q, guard{name: h.name, fence: h.fence}) })
 }
 
 func (h *leaseHeld) release() {
@@ -294,7 +338,9 @@ func (h *leaseHeld) release() {
 	if h.cause() != nil {
 		return
 	}
-	ctx, cancel := lockcore.ReleaseContext(context.Background())
+	// A release not answered within the validity is moot: the lease
+	// runs out by itself.
+	ctx, cancel := context.WithTimeout(context.Background(), h.valid)
 	defer cancel()
 	_ = h.l.s.tx(ctx, func(q *store.Queries) error {
 		_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})

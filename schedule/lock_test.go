@@ -42,7 +42,7 @@ func TestStaleRunnerRefused(t *testing.T) {
 	defer hb.release()
 	record := func(h held, at time.Time) int64 {
 		var n int64
-		err := h.do(ctx, func(q *store.Queries, g guard) error {
+		err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 			var err error
 			n, err = q.RecordInstants(ctx, store.RecordInstantsParams{Schedule: "x", Kind: kindScheduled,
 				Instants: []pgtype.Timestamptz{ts(at)}, States: []string{statePending}, Missed: []bool{false}, Reasons: []string{""},
@@ -86,7 +86,7 @@ func TestStaleRunnerRefused(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lost session was not seen")
 	}
-	if err := hc.do(ctx, func(*store.Queries, guard) error { return nil }); !errors.Is(err, ErrLost) {
+	if err := hc.do(ctx, func(context.Context, *store.Queries, guard) error { return nil }); !errors.Is(err, ErrLost) {
 		t.Fatalf("do after the session ended: %v", err)
 	}
 }

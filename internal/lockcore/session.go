@@ -223,6 +223,30 @@ func (s *Session) Ended(err error) bool {
 	return s.Conn.IsClosed() && !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
+// PingEvery is how much quiet on an advisory lock's session makes its
+// watch ping (WatchConfig.Every for the locks of gate's Once and Exclusive
+// and of the scheduler).
+const PingEvery = time.Second
+
+// SessionValidity is how long one confirmation of an advisory lock's session
+// (the statement that took the lock, a statement answered on it, or a ping
+// answered) keeps a run under the lock going, counted from when it was
+// sent: a session that has not answered for that long is counted lost and
+// its run cancelled, since a network that went silent cannot say whether
+// the server still holds the lock. With pings after PingEvery of quiet, a
+// silent network is found 2–3 s after it fell silent.
+//
+// The margin: the server frees the lock of a client it no longer hears from
+// no sooner than its TCP keepalive gives up on it, 11 s after the last
+// packet it received (SessionSetup sets tcp_keepalives_idle 5 s, interval
+// 2 s, count 3); a quiet connection exchanges a packet at least every 5 s,
+// so that is at least 6 s after the network fell silent, and the run is
+// cancelled at least 3 s before another instance can take the lock on the
+// same server. After a failover the promoted server holds no lock at all
+// and a run elsewhere may start as soon as it accepts connections; the
+// fencing token is what refuses the old run's writes there.
+const SessionValidity = 3 * time.Second
+
 // WatchConfig configures Session.Watch.
 type WatchConfig struct {
 	// After is how long from now the watch starts (0: at once). A lock
@@ -245,6 +269,11 @@ type WatchConfig struct {
 // c.Every of silence it pings, to find a dead network. Pings run with ctx's
 // values, not its cancellation; the watch ends when ctx does. When the
 // session is lost, onLost is called once, from the watching goroutine.
+//
+// A network that goes silent (open sockets, no answer) is found by the
+// ping's deadline: with c.Validity, at the latest when the validity runs
+// out (ErrExpired), that is its length after the send time of the last
+// ping answered; without, at most 2×c.Every after the last answer.
 func (s *Session) Watch(ctx context.Context, c WatchConfig, onLost func(error)) *Keeper {
 	values := context.WithoutCancel(ctx)
 	return keep(ctx, c.After, func(stop context.Context) error {
@@ -280,6 +309,11 @@ func (s *Session) Watch(ctx context.Context, c WatchConfig, onLost func(error)) 
 						c.Validity.Confirm(sent)
 					}
 					continue
+				}
+				if c.Validity != nil && !time.Now().Before(until) {
+					// No answer before the validity ran out: a silent
+					// network, or a server too slow to count on.
+					return ErrExpired
 				}
 			}
 			return err

@@ -21,21 +21,61 @@ import (
 // and closing one side still closes the other.
 func ProxyConfig(t testing.TB, pool *pgxpool.Pool, rewritePID bool, silent *atomic.Bool) *pgxpool.Config {
 	t.Helper()
+	cfg, _ := proxied(t, pool, rewritePID, silent, false)
+	return cfg
+}
+
+// proxied returns a copy of pool's config that connects through a proxy
+// (startProxy) to the same server, and the proxy's cut.
+func proxied(t testing.TB, pool *pgxpool.Pool, rewritePID bool, silent *atomic.Bool, holdPeer bool) (*pgxpool.Config, func()) {
+	t.Helper()
 	cfg := pool.Config().Copy()
 	network, addr := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
 		network, addr = "unix", cfg.ConnConfig.Host+"/.s.PGSQL."+strconv.Itoa(int(cfg.ConnConfig.Port))
 	}
-	host, port, _ := net.SplitHostPort(startProxy(t, network, addr, rewritePID, silent))
+	listen, cut := startProxy(t, network, addr, rewritePID, silent, holdPeer)
+	host, port, _ := net.SplitHostPort(listen)
 	p, _ := strconv.Atoi(port)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
 	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
-	return cfg
+	return cfg, cut
 }
 
+// Blackhole is a network between a pool and the server that can go
+// silent for good in both directions, like a host that vanished: after
+// Silence no byte passes, connections stay open on both sides, a socket the
+// client closes is not closed towards the server (the server learns of
+// nothing: a test ends the server's sessions itself, as its TCP keepalive
+// would), and new connections are accepted but never answered.
+type Blackhole struct {
+	silent atomic.Bool
+	cut    func() // closes every connection through it
+}
+
+// BlackholeConfig returns a copy of pool's config that connects through a
+// Blackhole to the same server, for the rest of the test.
+func BlackholeConfig(t testing.TB, pool *pgxpool.Pool) (*pgxpool.Config, *Blackhole) {
+	t.Helper()
+	b := &Blackhole{}
+	cfg, cut := proxied(t, pool, false, &b.silent, true)
+	b.cut = cut
+	return cfg, b
+}
+
+// Silence stops all forwarding.
+func (b *Blackhole) Silence() { b.silent.Store(true) }
+
+// Cut closes every connection through the blackhole on both sides, as a
+// network that comes back after both ends gave up would reset them: what
+// still waits on one fails at once. Tests call it before closing the pool.
+func (b *Blackhole) Cut() { b.cut() }
+
 // startProxy forwards connections to the server at target (see
-// ProxyConfig) and returns the address it listens on.
-func startProxy(t testing.TB, network, target string, rewritePID bool, silent *atomic.Bool) string {
+// ProxyConfig) and returns the address it listens on, and a function that
+// closes every connection through it (and those accepted later). With
+// holdPeer, a side that ends while silent does not close the other one.
+func startProxy(t testing.TB, network, target string, rewritePID bool, silent *atomic.Bool, holdPeer bool) (string, func()) {
 	t.Helper()
 	if silent == nil {
 		silent = new(atomic.Bool)
@@ -45,6 +85,19 @@ func startProxy(t testing.TB, network, target string, rewritePID bool, silent *a
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	cut := false
+	cutAll := func() {
+		mu.Lock()
+		cut = true
+		all := open
+		open = nil
+		mu.Unlock()
+		for _, c := range all {
+			c.Close()
+		}
+	}
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Add(1)
 	go func() {
@@ -60,12 +113,25 @@ func startProxy(t testing.TB, network, target string, rewritePID bool, silent *a
 				continue
 			}
 			t.Cleanup(func() { c.Close(); s.Close() })
+			mu.Lock()
+			open = append(open, c, s)
+			gone := cut
+			mu.Unlock()
+			if gone {
+				c.Close()
+				s.Close()
+			}
 			wg.Add(2)
-			go func() { defer wg.Done(); forward(s, c, false, silent); s.Close() }()
-			go func() { defer wg.Done(); forward(c, s, rewritePID, silent); c.Close() }()
+			closePeer := func(peer net.Conn) {
+				if !holdPeer || !silent.Load() {
+					peer.Close()
+				}
+			}
+			go func() { defer wg.Done(); forward(s, c, false, silent); closePeer(s) }()
+			go func() { defer wg.Done(); forward(c, s, rewritePID, silent); closePeer(c) }()
 		}
 	}()
-	return ln.Addr().String()
+	return ln.Addr().String(), cutAll
 }
 
 // forward copies protocol messages from src to dst, dropping them while
