@@ -371,6 +371,8 @@ func (h *harness) faultCounts() []FaultCount {
 			fc.Detail = "POST /switchover to the replica (Patroni's REST API); refusals are not counted"
 		case FaultFailover:
 			fc.Detail = "SIGKILL of the primary's postmaster; Patroni fails over (primary_start_timeout 0), the old primary rejoins"
+		case FaultLag:
+			fc.Detail = "SIGSTOP of the primary's WAL senders for 0.2-1.2s, then SIGKILL of its postmaster and WAL senders; Patroni may restart a primary in place instead (see patroni below)"
 		case FaultSilent:
 			fc.Detail = "SIGSTOP of the primary's Patroni and every PostgreSQL process until the replica is promoted (+0-2s), then SIGKILL and a new Patroni"
 		case FaultBouncer:

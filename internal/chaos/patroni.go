@@ -503,6 +503,21 @@ func children(pid int) []int {
 	return out
 }
 
+// walSenders returns the process ids of the node's WAL senders.
+func (n *patroniNode) walSenders() []int {
+	pm := n.postmaster()
+	if pm == 0 {
+		return nil
+	}
+	var out []int
+	for _, p := range children(pm) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); err == nil && bytes.Contains(b, []byte("walsender")) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // signalPostgres sends sig to the node's postmaster and every process it
 // forked (postmaster first, so it forks nothing new meanwhile). It returns
 // how many processes it signalled.

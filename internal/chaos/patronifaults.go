@@ -8,6 +8,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -26,11 +27,12 @@ const (
 	FaultSwitchover Fault = "switchover" // a planned switchover through Patroni's REST API
 	FaultFailover   Fault = "failover"   // SIGKILL of the primary's postmaster; Patroni fails over
 	FaultSilent     Fault = "silent"     // the primary's host goes silent (SIGSTOP of all its processes) until the replica is promoted, then dies
+	FaultLag        Fault = "lag"        // the primary's WAL sender stalls (SIGSTOP, 0.2-1.2 s), then the primary dies (SIGKILL) with the WAL it did not send
 )
 
 // PatroniFaults lists the Patroni mode's fault kinds, in report order: the
 // default faults with Config.Patroni.
-var PatroniFaults = []Fault{FaultSwitchover, FaultFailover, FaultSilent}
+var PatroniFaults = []Fault{FaultSwitchover, FaultFailover, FaultSilent, FaultLag}
 
 // patroniDB names the workload's database on the Patroni cluster.
 const patroniDB = "chaos"
@@ -308,6 +310,34 @@ func (h *harness) patroniFault(ctx context.Context, kind Fault, extra time.Durat
 		p.mu.Lock()
 		p.events = append(p.events, e)
 		p.mu.Unlock()
+	case FaultLag:
+		// A replica behind: what the primary commits while its WAL
+		// sender is stopped never reaches the replica (asynchronous
+		// mode: those commits were acknowledged; synchronous: they wait
+		// for the standby, and are not). The sender is stopped on the
+		// primary's side: WAL already sent waits in the replica's
+		// socket buffer and is not lost.
+		ws := old.walSenders()
+		pm := old.postmaster()
+		if len(ws) == 0 || pm == 0 {
+			h.logf("patroni: no WAL sender or postmaster on %s", old.name)
+			return
+		}
+		for _, w := range ws {
+			_ = syscall.Kill(w, syscall.SIGSTOP)
+		}
+		time.Sleep(200*time.Millisecond + extra/2)
+		e.at = time.Now()
+		err := syscall.Kill(pm, syscall.SIGKILL)
+		for _, w := range ws {
+			_ = syscall.Kill(w, syscall.SIGKILL)
+		}
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.events = append(p.events, e)
+		p.mu.Unlock()
 	case FaultSilent:
 		// The whole host: Patroni first (it must not react), then the
 		// postmaster and every backend; connections stay open and
@@ -338,6 +368,20 @@ func (h *harness) patroniFault(ctx context.Context, kind Fault, extra time.Durat
 	h.faults.restarts = append(h.faults.restarts, e.at)
 	h.faults.mu.Unlock()
 
+	if kind == FaultLag {
+		if err = p.waitFailover(ctx, old, nw); errors.Is(err, errNoFailover) {
+			// Patroni found the replica too far behind
+			// (maximum_lag_on_failover) and restarted the old primary in
+			// place: its own rule, counted, not a fault.
+			h.logf("patroni: %s: %v", kind, err)
+			p.mu.Lock()
+			p.refused[kind]++
+			p.events = slices.DeleteFunc(p.events, func(x *promotion) bool { return x == e })
+			p.mu.Unlock()
+			p.waitHealthy(ctx, nil)
+			return
+		}
+	}
 	if err == nil {
 		err = c.waitRole(ctx, nw, "primary", 90*time.Second)
 	}
@@ -372,6 +416,30 @@ func (h *harness) patroniFault(ctx context.Context, kind Fault, extra time.Durat
 	p.mu.Unlock()
 	h.logf("patroni: %s %s → %s: promoted after %s, whole again after %s", kind, old.name, nw.name,
 		durOr(e.promoted, e.at), e.healthy.Sub(e.at).Round(time.Millisecond))
+}
+
+// errNoFailover: Patroni restarted the primary in place instead of
+// promoting the replica.
+var errNoFailover = errors.New("the old primary was restarted in place; no failover")
+
+// waitFailover waits until nw is the primary, or old is again.
+func (p *patroniRun) waitFailover(ctx context.Context, old, nw *patroniNode) error {
+	deadline := time.Now().Add(90 * time.Second)
+	down := false // old's REST API answers /primary until Patroni sees the crash
+	for !p.c.is(nw, "primary") {
+		if !p.c.is(old, "primary") {
+			down = true
+		} else if down {
+			return errNoFailover
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not primary after 90s", nw.name)
+		}
+		if !sleepCtx(ctx, 25*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // waitSwitchover waits until nw is the primary, or the switchover's
@@ -494,8 +562,8 @@ func (p *patroniRun) check(ctx context.Context, pool *pgxpool.Pool) ([]Check, []
 	if p.sync {
 		mode = "synchronous_mode on"
 	}
-	stat("patroni", "2 nodes (%s): %d switchovers (%d refused), %d failovers (SIGKILL), %d silent hosts; timeline %d to %d",
-		mode, n[FaultSwitchover], p.refused[FaultSwitchover], n[FaultFailover], n[FaultSilent], p.tlStart, tl)
+	stat("patroni", "2 nodes (%s): %d switchovers (%d refused), %d failovers (SIGKILL), %d silent hosts, %d failovers after a stalled WAL sender (%d restarted in place); timeline %d to %d",
+		mode, n[FaultSwitchover], p.refused[FaultSwitchover], n[FaultFailover], n[FaultSilent], n[FaultLag], p.refused[FaultLag], p.tlStart, tl)
 
 	// Timings.
 	var parts []string
