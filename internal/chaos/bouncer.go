@@ -80,15 +80,9 @@ func startBouncer(ctx context.Context, serverURL, dbName string) (*bouncer, erro
 	if userName == "" {
 		userName = "postgres"
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		pu, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, errors.New("chaos: running as root and there is no postgres user to run pgbouncer as")
-		}
-		uid, _ := strconv.Atoi(pu.Uid)
-		gid, _ := strconv.Atoi(pu.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := postgresCred("pgbouncer")
+	if err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "chaos-pgbouncer-")
 	if err != nil {
@@ -322,6 +316,21 @@ func (b *bouncer) stop() {
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
+}
+
+// postgresCred is the postgres user's credential when this process runs as
+// root (PostgreSQL, PgBouncer and Patroni refuse to run as root), else nil.
+func postgresCred(what string) (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	pu, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("chaos: running as root and there is no postgres user to run %s as", what)
+	}
+	uid, _ := strconv.Atoi(pu.Uid)
+	gid, _ := strconv.Atoi(pu.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 func freePort() (int, error) {

@@ -22,14 +22,22 @@ func TestMain(m *testing.M) {
 }
 
 // runHarness runs the harness for a test, skipping when no local
-// PostgreSQL (or, for runs that need it, no PgBouncer) is available, unless
-// CI is "true". It fails the test when an instance's log shows a data race.
+// PostgreSQL (or, for runs that need it, no PgBouncer, or no Patroni and
+// etcd) is available, unless CI is "true". It fails the test when an
+// instance's log shows a data race.
 func runHarness(t *testing.T, cfg Config) *Result {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("the chaos harness takes tens of seconds; skipped with -short")
 	}
-	if cfg.Faults == nil && !cfg.NoFaults || containsFault(cfg.Faults, FaultBouncer) {
+	if cfg.Patroni {
+		if _, err := findPatroni(); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatal(err)
+			}
+			t.Skip(err)
+		}
+	} else if cfg.Faults == nil && !cfg.NoFaults || containsFault(cfg.Faults, FaultBouncer) {
 		if _, err := findBouncer(); err != nil {
 			if os.Getenv("CI") == "true" {
 				t.Fatal(err)
@@ -216,6 +224,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{Config{Duration: time.Second, Period: 10 * time.Millisecond}, "Config.Period"},
 		{Config{Duration: time.Second, Window: time.Second}, "Config.Window"},
 		{Config{Duration: time.Second, Faults: []Fault{FaultBouncer}, Bouncer: 9}, "Config.Bouncer"},
+		{Config{Duration: time.Second, Sync: true}, "Config.Sync"},
+		{Config{Duration: time.Second, Faults: []Fault{FaultKill, FaultSwitchover}}, "Config.Faults"},
+		{Config{Duration: time.Second, Patroni: true, Faults: []Fault{FaultFailover, FaultRestart}}, "Config.Faults"},
+		{Config{Duration: time.Second, Patroni: true, Faults: []Fault{FaultBouncer}}, "Config.Faults"},
 	}
 	for _, tc := range cases {
 		if _, err := tc.cfg.withDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -231,6 +243,62 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	if fs, _ := ParseFaults("none"); len(fs) != 0 {
 		t.Errorf("ParseFaults(none) = %v", fs)
+	}
+	if fs, err := ParseFaults("switchover,silent,kill"); err != nil || len(fs) != 3 {
+		t.Errorf("ParseFaults(switchover,silent,kill): got %v, %v", fs, err)
+	}
+	c, err := Config{Duration: time.Second, Patroni: true}.withDefaults()
+	if err != nil || !sameFaults(c.Faults, PatroniFaults) || c.Bouncer != 0 {
+		t.Errorf("Patroni defaults: faults %v, bouncer %d, %v; want %v, 0", c.Faults, c.Bouncer, err, PatroniFaults)
+	}
+}
+
+// TestPatroniLines: the acknowledgements the instances write are parsed,
+// and the first claim and run after a promotion are attributed to it, not
+// the ones before.
+func TestPatroniLines(t *testing.T) {
+	p := &patroniRun{rows: map[int64]ack{}, runs: map[runKey]ack{}}
+	p.line([]byte("D i0#1:42 7:100 8:101"))
+	p.line([]byte("R i1#0:43 chaos-s/adv/03 1700000000000000 55"))
+	p.line([]byte("D i0#1:42 junk"))
+	if got := p.rows[7]; got != (ack{"i0#1:42", 100}) || p.rows[8].fence != 101 || len(p.rows) != 2 {
+		t.Errorf("rows: %+v", p.rows)
+	}
+	if got := p.runs[runKey{"chaos-s/adv/03", 1700000000000000}]; got != (ack{"i1#0:43", 55}) {
+		t.Errorf("runs: %+v", p.runs)
+	}
+	e := &promotion{kind: FaultFailover, at: time.Now()}
+	p.events = append(p.events, e)
+	p.line([]byte(msgBatchStart)) // before the promotion: not counted
+	if !e.firstClaim.IsZero() {
+		t.Errorf("a claim before the promotion counted: %v", e.firstClaim)
+	}
+	e.promoted = time.Now()
+	time.Sleep(time.Millisecond)
+	p.line([]byte(msgBatchStart))
+	first := e.firstClaim
+	p.line([]byte(msgBatchStart))
+	if first.IsZero() || !e.firstClaim.Equal(first) || !first.After(e.promoted) {
+		t.Errorf("first claim %v (now %v), promoted %v", first, e.firstClaim, e.promoted)
+	}
+	if got := pct([]time.Duration{3 * time.Second, time.Second, 2 * time.Second}); got != "p50 2s, p99 3s (n=3)" {
+		t.Errorf("pct: %s", got)
+	}
+}
+
+// TestPatroniRun is the short Patroni mode: etcd and two nodes under
+// Patroni, synchronous_mode on, the cluster faults for a short while.
+// Every check must hold, the old primary must never have taken writes
+// again, and no acknowledged commit may be lost.
+func TestPatroniRun(t *testing.T) {
+	res := runHarness(t, Config{Duration: 30 * time.Second, Patroni: true, Sync: true, Schedules: 10, FaultEvery: time.Second})
+	if v := res.Violations(); v != 0 {
+		t.Fatalf("%d violations with Patroni, synchronous_mode on (seed %d)", v, res.Seed)
+	}
+	for _, name := range []string{checkPatroniConfig, checkPatroniDual, checkPatroniRejoin, checkPatroniLost, checkRowsOnce, checkSchedEffects, checkTerms} {
+		if c := res.Check(name); c == nil || c.Checked == 0 {
+			t.Errorf("check %q covered nothing: %+v", name, c)
+		}
 	}
 }
 

@@ -311,7 +311,7 @@ func (h *harness) terminateFault(ctx context.Context, n int, rng *rand.Rand) {
 	ended := 0
 	for i := 0; i < n && len(pids) > 0; i++ {
 		k := rng.IntN(len(pids))
-		if err := h.srv.Terminate(qctx, pids[k]); err == nil {
+		if err := h.terminate(qctx, pids[k]); err == nil {
 			ended++
 		}
 		pids = slices.Delete(pids, k, k+1)
@@ -324,12 +324,27 @@ func (h *harness) terminateFault(ctx context.Context, n int, rng *rand.Rand) {
 	}
 }
 
+// terminate ends backend pid: through pgtest, or on the Patroni primary.
+func (h *harness) terminate(ctx context.Context, pid uint32) error {
+	if h.srv != nil {
+		return h.srv.Terminate(ctx, pid)
+	}
+	var ok bool
+	if err := h.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", int32(pid)).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("chaos: terminate backend %d: no such backend", pid)
+	}
+	return nil
+}
+
 func (h *harness) faultCounts() []FaultCount {
 	f := h.faults
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []FaultCount
-	for _, k := range AllFaults {
+	for _, k := range slices.Concat(AllFaults, PatroniFaults) {
 		if !slices.Contains(h.cfg.Faults, k) {
 			continue
 		}
@@ -352,6 +367,14 @@ func (h *harness) faultCounts() []FaultCount {
 			fc.Detail = fmt.Sprintf("%d mid-run; Scheduler.Pause, Resume 2-4s later", f.midBatch[k])
 		case FaultClock:
 			fc.Detail = fmt.Sprintf("offsets within ±%s (plus one per instance at start)", h.cfg.MaxOffset)
+		case FaultSwitchover:
+			fc.Detail = "POST /switchover to the replica (Patroni's REST API); refusals are not counted"
+		case FaultFailover:
+			fc.Detail = "SIGKILL of the primary's postmaster; Patroni fails over (primary_start_timeout 0), the old primary rejoins"
+		case FaultLag:
+			fc.Detail = "SIGSTOP of the primary's WAL senders for 0.2-1.2s, then SIGKILL of its postmaster and WAL senders; Patroni may restart a primary in place instead (see patroni below)"
+		case FaultSilent:
+			fc.Detail = "SIGSTOP of the primary's Patroni and every PostgreSQL process until the replica is promoted (+0-2s), then SIGKILL and a new Patroni"
 		case FaultBouncer:
 			fc.Count = h.cfg.Bouncer
 			fc.Detail = "instances behind PgBouncer (transaction pooling): lease gate + lease elector"

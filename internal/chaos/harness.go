@@ -38,8 +38,8 @@ const (
 // AllFaults lists every fault kind, in report order.
 var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultSchedule, FaultBouncer}
 
-// ParseFaults parses a comma-separated list of fault kinds; "all" and ""
-// mean AllFaults, "none" means none.
+// ParseFaults parses a comma-separated list of fault kinds (of AllFaults
+// and PatroniFaults); "all" and "" mean AllFaults, "none" means none.
 func ParseFaults(s string) ([]Fault, error) {
 	switch strings.TrimSpace(s) {
 	case "", "all":
@@ -50,8 +50,8 @@ func ParseFaults(s string) ([]Fault, error) {
 	var out []Fault
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
-		if !slices.Contains(AllFaults, Fault(f)) {
-			return nil, fmt.Errorf("chaos: unknown fault %q (known: %v)", f, AllFaults)
+		if !slices.Contains(AllFaults, Fault(f)) && !slices.Contains(PatroniFaults, Fault(f)) {
+			return nil, fmt.Errorf("chaos: unknown fault %q (known: %v, and with Patroni %v)", f, AllFaults, PatroniFaults)
 		}
 		if !slices.Contains(out, Fault(f)) {
 			out = append(out, Fault(f))
@@ -73,12 +73,16 @@ type Config struct {
 	// Bouncer is how many of them reach Postgres through PgBouncer when
 	// FaultBouncer is on (default Instances/2).
 	Bouncer int
-	// Faults enabled (default AllFaults). Nil means all; use ParseFaults
-	// ("none") for a run without faults.
+	// Faults enabled (default AllFaults; with Patroni, PatroniFaults). Nil
+	// means the default; use ParseFaults ("none") for a run without faults.
+	// PatroniFaults need Patroni; restart and bouncer are not modelled with
+	// it.
 	Faults []Fault
 	// NoFaults runs without any fault (Faults is ignored).
 	NoFaults bool
-	// FaultEvery is the mean time between faults (default 1.5s).
+	// FaultEvery is the mean time between faults (default 1.5s); for the
+	// Patroni faults, the mean pause between the cluster being whole again
+	// and the next one.
 	FaultEvery time.Duration
 	// RowsPerSecond is the rate at which new PAUSED rows arrive (default 40).
 	RowsPerSecond int
@@ -105,6 +109,15 @@ type Config struct {
 	Dir string
 	// Out receives progress lines (default: discarded).
 	Out io.Writer
+	// Patroni runs the database as a Patroni cluster (etcd and two
+	// PostgreSQL nodes on loopback, see docs/RELIABILITY.md) instead of one
+	// server; the instances connect through a multi-host URL with
+	// target_session_attrs=read-write and nobody goes through PgBouncer.
+	// Needs patroni, patronictl and etcd (ErrNoPatroni).
+	Patroni bool
+	// Sync turns Patroni's synchronous_mode on (patronictl edit-config)
+	// before the faults; false is asynchronous replication. Needs Patroni.
+	Sync bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -122,8 +135,21 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.NoFaults {
 		c.Faults = []Fault{}
+	} else if c.Faults == nil && c.Patroni {
+		c.Faults = slices.Clone(PatroniFaults)
 	} else if c.Faults == nil {
 		c.Faults = slices.Clone(AllFaults)
+	}
+	if c.Sync && !c.Patroni {
+		return c, errors.New("chaos: Config.Sync: synchronous_mode needs Config.Patroni")
+	}
+	for _, f := range c.Faults {
+		switch {
+		case c.Patroni && (f == FaultRestart || f == FaultBouncer):
+			return c, fmt.Errorf("chaos: Config.Faults: %q is not modelled with Config.Patroni (Patroni restarts its own servers; no PgBouncer in that topology)", f)
+		case !c.Patroni && slices.Contains(PatroniFaults, f):
+			return c, fmt.Errorf("chaos: Config.Faults: %q needs Config.Patroni", f)
+		}
 	}
 	if slices.Contains(c.Faults, FaultBouncer) {
 		if c.Bouncer == 0 {
@@ -319,6 +345,7 @@ type harness struct {
 	db     *pgtest.Database
 	pool   *pgxpool.Pool
 	bnc    *bouncer
+	pat    *patroniRun // Config.Patroni
 	insts  []*instance
 	sched  *schedule.Scheduler // pauses and resumes schedules
 	faults *faultLog
@@ -336,8 +363,8 @@ func (h *harness) logf(format string, args ...any) {
 func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	began := time.Now()
 	cfg := h.cfg
-	h.logf("seed %d, %s of faults %v, %d instances (%d behind PgBouncer)%s",
-		cfg.Seed, cfg.Duration, cfg.Faults, cfg.Instances, cfg.Bouncer, brokenNote(cfg.Broken))
+	h.logf("seed %d, %s of faults %v, %d instances (%d behind PgBouncer)%s%s",
+		cfg.Seed, cfg.Duration, cfg.Faults, cfg.Instances, cfg.Bouncer, patroniNote(cfg), brokenNote(cfg.Broken))
 
 	dir := cfg.Dir
 	tempDir := dir == ""
@@ -349,29 +376,44 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		return nil, err
 	}
 
-	h.srv, err = pgtest.Start(ctx, pgtest.Config{NoContainer: true})
-	if err != nil {
-		return nil, err
+	var dbURL string
+	if cfg.Patroni {
+		if h.pat, err = startPatroniRun(ctx, dir, cfg.Sync, h.logf); err != nil {
+			return nil, err
+		}
+		defer h.pat.stop()
+		dbURL = h.pat.c.url(patroniDB)
+	} else {
+		h.srv, err = pgtest.Start(ctx, pgtest.Config{NoContainer: true})
+		if err != nil {
+			return nil, err
+		}
+		defer h.srv.Close()
+		if slices.Contains(cfg.Faults, FaultRestart) && h.srv.Source() != pgtest.SourceLocal {
+			return nil, fmt.Errorf("chaos: the restart fault needs a cluster started from local binaries, got a %s server (unset %s)", h.srv.Source(), pgtest.EnvURL)
+		}
+		h.db, err = h.srv.CreateDatabase(ctx, pgtest.Template{Name: templateName, Setup: setupSchema})
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			_ = h.db.Drop(dctx)
+		}()
+		dbURL = h.db.URL
 	}
-	defer h.srv.Close()
-	if slices.Contains(cfg.Faults, FaultRestart) && h.srv.Source() != pgtest.SourceLocal {
-		return nil, fmt.Errorf("chaos: the restart fault needs a cluster started from local binaries, got a %s server (unset %s)", h.srv.Source(), pgtest.EnvURL)
-	}
-	h.db, err = h.srv.CreateDatabase(ctx, pgtest.Template{Name: templateName, Setup: setupSchema})
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		_ = h.db.Drop(dctx)
-	}()
-	pcfg, err := pgxpool.ParseConfig(h.db.URL)
+	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = harnessAppName
 	pcfg.MaxConns = 4
+	if cfg.Patroni {
+		// Per host: a silent node must not use up a statement's whole
+		// deadline before the next host is tried.
+		pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	}
 	if h.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return nil, err
 	}
@@ -401,15 +443,19 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		}
 		in.cfg = cfg.worker()
 		in.cfg.Name = in.name
+		if h.pat != nil {
+			in.cfg.Acks = true
+			in.observe = h.pat.line
+		}
 		in.cfg.Bouncer = in.bouncer
 		in.cfg.SchedGroups = cfg.schedGroups(in.bouncer)
 		app := appNamePrefix + fmt.Sprint(i)
 		if in.bouncer {
 			in.cfg.URL = h.bnc.URL(h.db.Name, app)
 		} else {
-			in.cfg.URL = h.db.URL + "&application_name=" + app + "&connect_timeout=5"
-			if !strings.Contains(h.db.URL, "?") {
-				in.cfg.URL = h.db.URL + "?application_name=" + app + "&connect_timeout=5"
+			in.cfg.URL = dbURL + "&application_name=" + app + "&connect_timeout=5"
+			if !strings.Contains(dbURL, "?") {
+				in.cfg.URL = dbURL + "?application_name=" + app + "&connect_timeout=5"
 			}
 		}
 		if slices.Contains(cfg.Faults, FaultClock) {
@@ -443,7 +489,18 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, cfg.Duration)
 	go h.progress(faultCtx)
+	var patWG sync.WaitGroup
+	sampleCtx, stopSampler := context.WithCancel(ctx)
+	defer stopSampler()
+	if h.pat != nil {
+		h.pat.startSampler(sampleCtx)
+		prng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0x706174726f6e69))
+		patWG.Add(1)
+		go func() { defer patWG.Done(); h.injectPatroni(faultCtx, prng) }()
+	}
 	h.inject(faultCtx, rng)
+	// A Patroni fault under way runs to its end: the cluster whole again.
+	patWG.Wait()
 	stopFaults()
 	if ctx.Err() != nil {
 		stopProducer()
@@ -483,6 +540,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		h.logf("%v", settleErr)
 	}
 	h.stopAll()
+	stopSampler()
 
 	var unexpected []string
 	incarnations := 0
@@ -526,6 +584,13 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	if h.probe.Name != "" {
 		checks = append(checks, h.probe)
+	}
+	if h.pat != nil {
+		pc, ps, err := h.pat.check(cctx, h.pool)
+		if err != nil {
+			return nil, err
+		}
+		checks, stats = append(checks, pc...), append(stats, ps...)
 	}
 	batches := ""
 	for _, in := range h.insts {
@@ -591,6 +656,16 @@ func (c Config) scheduleNames() []string {
 		}
 	}
 	return names
+}
+
+func patroniNote(c Config) string {
+	switch {
+	case c.Patroni && c.Sync:
+		return ", Patroni (2 nodes, synchronous_mode on)"
+	case c.Patroni:
+		return ", Patroni (2 nodes, asynchronous)"
+	}
+	return ""
 }
 
 func brokenNote(b string) string {
@@ -702,6 +777,9 @@ func (h *harness) produce(ctx context.Context) {
 		cancel()
 		if err == nil {
 			owed -= float64(n)
+			if h.pat != nil {
+				h.pat.first(time.Now(), func(e *promotion) *time.Time { return &e.firstWrite })
+			}
 		}
 	}
 }

@@ -36,6 +36,9 @@ type instance struct {
 	bouncer bool
 	exe     string
 	logPath string
+	// observe, when set, sees every line the instance writes (the Patroni
+	// mode's acknowledgements); set before the first start.
+	observe func(line []byte)
 
 	mu       sync.Mutex
 	cfg      workerConfig // config of the next start
@@ -79,6 +82,9 @@ func (in *instance) start() error {
 		// the instances before the harness stops them.
 		OwnGroup: true,
 		Stdout: func(line []byte) {
+			if in.observe != nil {
+				in.observe(line)
+			}
 			switch string(line) {
 			case msgReady:
 				once.Do(func() { close(ready) })

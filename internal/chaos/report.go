@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,8 +14,8 @@ import (
 // (with examples), and the seed to replay a failed run.
 func (r *Result) Print(w io.Writer) {
 	cfg := r.Config
-	fmt.Fprintf(w, "\nchaos run: seed %d, %s of faults, %d instances (%d behind PgBouncer), took %s%s\n\n",
-		r.Seed, cfg.Duration, cfg.Instances, cfg.Bouncer, r.Duration.Round(time.Second), brokenNote(cfg.Broken))
+	fmt.Fprintf(w, "\nchaos run: seed %d, %s of faults, %d instances (%d behind PgBouncer)%s, took %s%s\n\n",
+		r.Seed, cfg.Duration, cfg.Instances, cfg.Bouncer, patroniNote(cfg), r.Duration.Round(time.Second), brokenNote(cfg.Broken))
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "fault injected\tcount\tdetail")
@@ -68,14 +69,24 @@ func (r *Result) ReplayCommand() string {
 	if cfg.Instances != 4 {
 		args = append(args, fmt.Sprintf("--instances %d", cfg.Instances))
 	}
+	if cfg.Patroni {
+		args = append(args, "--patroni")
+	}
+	if cfg.Sync {
+		args = append(args, "--sync")
+	}
 	faults := make([]string, len(cfg.Faults))
 	for i, f := range cfg.Faults {
 		faults[i] = string(f)
 	}
+	def := AllFaults
+	if cfg.Patroni {
+		def = PatroniFaults
+	}
 	switch {
 	case len(faults) == 0:
 		args = append(args, "--faults none")
-	case len(faults) != len(AllFaults):
+	case len(faults) != len(def) || !sameFaults(cfg.Faults, def):
 		args = append(args, "--faults "+strings.Join(faults, ","))
 	}
 	if cfg.FaultEvery != 1500*time.Millisecond {
@@ -91,4 +102,13 @@ func (r *Result) ReplayCommand() string {
 		args = append(args, "--broken "+cfg.Broken)
 	}
 	return strings.Join(args, " ")
+}
+
+func sameFaults(a, b []Fault) bool {
+	for _, f := range a {
+		if !slices.Contains(b, f) {
+			return false
+		}
+	}
+	return len(a) == len(b)
 }

@@ -117,10 +117,16 @@ type schedEvent struct {
 }
 
 // observe records the scheduler's lost, taken-over and missed events
-// (without blocking: one dropped when the buffer is full is counted).
+// (without blocking: one dropped when the buffer is full is counted), and
+// with Acks reports each success the scheduler recorded.
 func (w *worker) observe(_ context.Context, e schedule.Event) {
 	var detail string
 	switch e.Kind {
+	case schedule.EventFinished:
+		if w.cfg.Acks && e.State == "succeeded" {
+			w.say(fmt.Sprintf("%s %s %s %d %d", msgAckRun, w.holder, e.Schedule, e.Instant.UnixMicro(), e.Fence))
+		}
+		return
 	case schedule.EventLost:
 		if e.Err != nil {
 			detail = e.Err.Error()

@@ -68,6 +68,7 @@ type workerConfig struct {
 	Bouncer     bool   // behind PgBouncer: lease schedules, lease elector
 	OffsetMS    int64  // initial clock offset
 	Broken      string
+	Acks        bool // report acknowledged commits (msgAckRows, msgAckRun)
 
 	Period         time.Duration // the schedules' period
 	Window         time.Duration // the schedules' catch-up window
@@ -103,6 +104,12 @@ const (
 	msgBatchEnd   = "E"
 	msgRunStart   = "S" // a schedule's job started
 	msgRunEnd     = "s" // and ended
+	// With workerConfig.Acks, commits the instance saw acknowledged:
+	// "D holder id:fence ..." for rows finished DONE, "R holder schedule
+	// instant-µs fence" for a schedule run's recorded success. The Patroni
+	// mode compares them with what the database still has after failovers.
+	msgAckRows = "D"
+	msgAckRun  = "R"
 )
 
 // MaybeWorker runs this process as a chaos instance and exits, when the
@@ -482,9 +489,27 @@ func (w *worker) work(ctx context.Context, cls []claim.Claim[int64]) error {
 		for _, c := range cls {
 			result[c.Key] = "error"
 		}
+	} else if w.cfg.Acks {
+		w.ackRows(cls, result)
 	}
 	w.audit(ctx, cls, result)
 	return err
+}
+
+// ackRows reports the rows whose DONE finish was just committed.
+func (w *worker) ackRows(cls []claim.Claim[int64], result map[int64]string) {
+	var b strings.Builder
+	b.WriteString(msgAckRows + " " + w.holder)
+	n := 0
+	for _, c := range cls {
+		if result[c.Key] == "done" {
+			fmt.Fprintf(&b, " %d:%d", c.Key, c.Fence)
+			n++
+		}
+	}
+	if n > 0 {
+		w.say(b.String())
+	}
 }
 
 func mark(m map[int64]string, cls []claim.Claim[int64], v string) {

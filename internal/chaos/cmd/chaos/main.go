@@ -2,13 +2,15 @@
 // controls, several instance processes of a worker built on pgclaim, and
 // faults on a seeded random schedule (SIGKILL, pg_terminate_backend,
 // Postgres restarts, clock offsets, SIGSTOP pauses, schedule pauses,
-// PgBouncer in transaction pooling mode). After the faults stop it checks that nothing
+// PgBouncer in transaction pooling mode; with --patroni, a Patroni cluster
+// and its switchovers, failovers and silent hosts). After the faults stop it checks that nothing
 // took effect twice, nothing was lost and no two leaders overlapped, prints
 // a table, and exits 1 on any violation (printing the seed to replay).
 //
 //	go run ./internal/chaos/cmd/chaos                  # short run (2m)
 //	go run ./internal/chaos/cmd/chaos --duration 20m   # soak
 //	go run ./internal/chaos/cmd/chaos --seed 42        # replay a schedule
+//	go run ./internal/chaos/cmd/chaos --patroni --sync # Patroni failovers
 //
 // See docs/RELIABILITY.md.
 package main
@@ -19,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,12 +40,14 @@ func main() {
 	flag.DurationVar(&cfg.Duration, "duration", 2*time.Minute, "how long faults are injected")
 	flag.IntVar(&cfg.Instances, "instances", 4, "instance processes")
 	flag.IntVar(&cfg.Bouncer, "bouncer", 0, "instances behind PgBouncer (default: half)")
-	flag.StringVar(&faults, "faults", "all", "comma-separated faults: kill,terminate,restart,clock,pause,schedpause,bouncer; all; none")
+	flag.StringVar(&faults, "faults", "all", "comma-separated faults: kill,terminate,restart,clock,pause,schedpause,bouncer; with --patroni switchover,failover,silent (and kill,terminate,clock,pause,schedpause); all (the mode's default); none")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 1500*time.Millisecond, "mean time between faults")
 	flag.IntVar(&cfg.RowsPerSecond, "rate", 40, "new rows per second")
 	flag.IntVar(&cfg.Schedules, "schedules", 50, "one-second schedules per group (advisory locks: direct instances; leases: every instance, when some are behind PgBouncer)")
 	flag.StringVar(&cfg.Broken, "broken", "", "run a deliberately broken worker: nofence, noguard, noledger or noschedfence")
 	flag.StringVar(&cfg.Dir, "logs", "", "directory for instance logs (default: temporary, kept on violations)")
+	flag.BoolVar(&cfg.Patroni, "patroni", false, "run the database as a Patroni cluster (etcd + 2 PostgreSQL nodes on loopback; needs patroni and etcd-server); faults switchover,failover,silent")
+	flag.BoolVar(&cfg.Sync, "sync", false, "with --patroni: synchronous_mode on (patronictl edit-config); default asynchronous")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "chaos: unexpected arguments %v\n", flag.Args())
@@ -53,8 +58,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	cfg.Faults = fs
-	cfg.NoFaults = len(fs) == 0
+	if strings.TrimSpace(faults) != "all" {
+		// "all" leaves the mode's default (Config.Faults nil).
+		cfg.Faults = fs
+		cfg.NoFaults = len(fs) == 0
+	}
 	cfg.Out = os.Stdout
 	// The harness starts and restarts its own cluster.
 	os.Unsetenv(pgtest.EnvURL)
