@@ -19,8 +19,8 @@ SET state = 'running',
     holder = $1::text,
     lease_until = now() + $2::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now(),
-    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - COALESCE(r.start_after, r.instant) > s.late_after)
+    started_at = clock_timestamp(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND clock_timestamp() - COALESCE(r.start_after, r.instant) > s.late_after)
 FROM pgclaim_schedules s
 WHERE s.name = r.schedule
   AND NOT s.paused
@@ -35,7 +35,7 @@ WHERE s.name = r.schedule
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
 RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
-          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us
+          (extract(epoch FROM clock_timestamp() - r.instant) * 1000000)::bigint AS lag_us
 `
 
 type ClaimRunParams struct {
@@ -71,6 +71,9 @@ type ClaimRunRow struct {
 // the run late (not a backfilled one), measured from its start_after when
 // it has one (a jittered instant); lag_us is how long after its instant
 // this attempt started. A pending run does not start before start_after.
+// started_at, lateness and lag are read from clock_timestamp(), the
+// statement's own time: through the pool the claim runs in a transaction
+// whose BEGIN may come well before it, and now() would be that.
 func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
 	row := q.db.QueryRow(ctx, claimRun,
 		arg.Holder,
@@ -456,7 +459,7 @@ func (q *Queries) PruneRuns(ctx context.Context, olderThanUs int64) (PruneRunsRo
 const recordInstants = `-- name: RecordInstants :execrows
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
-       CASE WHEN u.state = 'pending' THEN u.start_after END, now(), CASE WHEN u.state = 'skipped' THEN now() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, clock_timestamp(), CASE WHEN u.state = 'skipped' THEN clock_timestamp() END
 FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
              unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason,
              unnest($7::timestamptz[]) AS start_after) AS u

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,12 +42,15 @@ type bouncer struct {
 	logFrom  int64    // the log's size when the current process started
 }
 
-// knownCrash is the log line of a PgBouncer bug fixed upstream in 1.21
-// (pgbouncer/pgbouncer#822, pull request #927): a server connection that
-// receives a packet while its cancel request is in flight makes PgBouncer
-// up to 1.20 exit. The chaos faults (a Postgres restart while a client's
-// cancel is on its way) reach it; Debian 12 ships 1.18.
-const knownCrash = "server_proto: server in bad state: 11"
+// knownCrash matches the log line of PgBouncer aborting on one of its own
+// internal state checks ("FATAL @src/FILE:LINE in function F(): ... bad ...
+// state: N"): bugs of PgBouncer, not of its clients. Debian 12 ships 1.18,
+// which the chaos faults (a Postgres restart, or a backend terminated, while
+// a client's cancel request is on its way) bring to two of them:
+// "server_proto: server in bad state: 11" (pgbouncer/pgbouncer#822, fixed
+// in 1.21 by pull request #927) and "disconnect_client(): bad client state:
+// 0" (pgbouncer/pgbouncer#801, open).
+var knownCrash = regexp.MustCompile(`FATAL @src/\S+ in function \w+\(\): .*bad (\w+ )?state: \d+`)
 
 // findBouncer returns the pgbouncer binary: $PGBOUNCER, PATH, or the
 // Debian location.
@@ -171,7 +175,7 @@ func (b *bouncer) ownLog() string {
 }
 
 // supervise watches PgBouncer until ctx ends: an exit on PgBouncer's known
-// bug (knownCrash) is recorded and PgBouncer started again on the same
+// bugs (knownCrash) is recorded and PgBouncer started again on the same
 // port, as a service manager would; any other unexpected exit is left
 // for the run's report (exited).
 func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
@@ -189,7 +193,7 @@ func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
 			b.mu.Unlock()
 			return
 		}
-		line := lastLineWith(b.ownLog(), knownCrash)
+		line := lastLineMatching(b.ownLog(), knownCrash)
 		if line == "" {
 			b.crashed = true
 			b.mu.Unlock()
@@ -197,7 +201,7 @@ func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
 		}
 		b.known = append(b.known, line)
 		b.mu.Unlock()
-		logf("pgbouncer exited on its known bug (%s); starting it again", knownCrash)
+		logf("pgbouncer exited on its own state check (%s); starting it again", line)
 		for {
 			err := b.start()
 			if err == nil {
@@ -211,17 +215,17 @@ func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
 	}
 }
 
-// knownCrashes returns the log lines of the exits on PgBouncer's known bug.
+// knownCrashes returns the log lines of the exits on PgBouncer's known bugs.
 func (b *bouncer) knownCrashes() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Clone(b.known)
 }
 
-func lastLineWith(log, s string) string {
+func lastLineMatching(log string, re *regexp.Regexp) string {
 	lines := strings.Split(log, "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.Contains(lines[i], s) {
+		if re.MatchString(lines[i]) {
 			return strings.TrimSpace(lines[i])
 		}
 	}
@@ -286,7 +290,7 @@ func (b *bouncer) exited() bool {
 	select {
 	case <-b.done:
 		// Exited; supervise (if it runs) has not decided yet, or never will.
-		return lastLineWith(b.ownLog(), knownCrash) == ""
+		return lastLineMatching(b.ownLog(), knownCrash) == ""
 	default:
 		return false
 	}

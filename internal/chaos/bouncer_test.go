@@ -18,7 +18,8 @@ func TestBouncerSupervise(t *testing.T) {
 		exited bool
 		known  int
 	}{
-		{name: "known bug", line: "FATAL @src/server.c:583 in function server_proto(): " + knownCrash, known: 1},
+		{name: "known bug, server state", line: "2026-12-01 15:31:39.146 UTC [10630] FATAL @src/server.c:583 in function server_proto(): server_proto: server in bad state: 11", known: 1},
+		{name: "known bug, client state", line: "2026-12-01 16:37:57.266 UTC [24017] FATAL @src/objects.c:1060 in function disconnect_client(): bad client state: 0", known: 1},
 		{name: "other exit", line: "FATAL something else", exited: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -605,7 +605,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 			// Not ours: an upstream bug of the packaged PgBouncer, which a
 			// service manager restarts. The instances behind it were cut off
 			// meanwhile, as with a terminated backend.
-			stats = append(stats, Stat{Name: "pgbouncer", Value: fmt.Sprintf("exited %d time(s) on its known bug %q (pgbouncer/pgbouncer#822, fixed in 1.21) and was started again on the same port", n, knownCrash)})
+			stats = append(stats, Stat{Name: "pgbouncer", Value: fmt.Sprintf("exited %d time(s) on its own state checks (PgBouncer's known bugs, e.g. pgbouncer/pgbouncer#822 and #801) and was started again on the same port: %s", n, strings.Join(h.bnc.knownCrashes(), "; "))})
 		}
 	}
 	res = &Result{

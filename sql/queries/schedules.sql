@@ -82,7 +82,7 @@ ORDER BY instant;
 -- running the statement on the lock's own session.
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
-       CASE WHEN u.state = 'pending' THEN u.start_after END, now(), CASE WHEN u.state = 'skipped' THEN now() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, clock_timestamp(), CASE WHEN u.state = 'skipped' THEN clock_timestamp() END
 FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
              unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason,
              unnest(sqlc.narg(start_afters)::timestamptz[]) AS start_after) AS u
@@ -106,6 +106,9 @@ ON CONFLICT DO NOTHING;
 -- the run late (not a backfilled one), measured from its start_after when
 -- it has one (a jittered instant); lag_us is how long after its instant
 -- this attempt started. A pending run does not start before start_after.
+-- started_at, lateness and lag are read from clock_timestamp(), the
+-- statement's own time: through the pool the claim runs in a transaction
+-- whose BEGIN may come well before it, and now() would be that.
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
@@ -113,8 +116,8 @@ SET state = 'running',
     holder = sqlc.arg(holder)::text,
     lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
     next_attempt_at = NULL,
-    started_at = now(),
-    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND now() - COALESCE(r.start_after, r.instant) > s.late_after)
+    started_at = clock_timestamp(),
+    late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND clock_timestamp() - COALESCE(r.start_after, r.instant) > s.late_after)
 FROM pgclaim_schedules s
 WHERE s.name = r.schedule
   AND NOT s.paused
@@ -129,7 +132,7 @@ WHERE s.name = r.schedule
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
 RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
-          (extract(epoch FROM now() - r.instant) * 1000000)::bigint AS lag_us;
+          (extract(epoch FROM clock_timestamp() - r.instant) * 1000000)::bigint AS lag_us;
 
 -- name: RenewRun :one
 -- Extend a running attempt's lease, only while it holds the run's fence and
