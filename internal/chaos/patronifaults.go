@@ -71,7 +71,6 @@ type patroniRun struct {
 	refused  map[Fault]int
 	rows     map[int64]ack
 	runs     map[runKey]ack
-	samples  int
 	dual     Check
 	rejoin   Check
 	conf     Check
