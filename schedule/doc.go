@@ -97,16 +97,20 @@
 // With Config.LeaseLocks (for PgBouncer transaction pooling, where session
 // locks and LISTEN cannot work) the lock is a lease row in pgclaim_locks
 // renewed every Lease/3; a dead or stalled holder's run is taken over once
-// its lease has expired (database time), and its job's context is
-// cancelled when a renewal cannot be made in time. Notifications are not
+// the lock's lease has expired (database time) and another instance has
+// taken the lock: a run started under an earlier grant of the lock (its
+// fence is older than the lock's) is dead, whether or not its own lease
+// has run out yet. Its job's context is cancelled when a renewal of
+// either lease cannot be made in time, which is before the database lets
+// anyone else take the lock. Notifications are not
 // used; the poll bounds every latency.
 //
 // Bounds. A holder killed (SIGKILL) or whose backend ends: its run is taken
 // over within Config.PollInterval (or by the next instant, whichever comes
 // first) of the server ending the session, which the server notices at once
 // for a killed process; with LeaseLocks, within Definition.Lease plus
-// twice Config.PollInterval of the last renewal (the lock's lease and the
-// run's lease expire apart, and each is found by a poll). In the chaos short run (1 s
+// Config.PollInterval of the lock's last renewal (the poll that finds the
+// lock expired takes it and the run at once). In the chaos short run (1 s
 // poll, 2 s lease, faults every few seconds on a loaded 2-core machine) the
 // next attempt of a SIGKILLed runner's instant started p50 2.0 s, max 5.3 s
 // after the kill. A holder that is only stopped (SIGSTOP, a GC or VM pause)

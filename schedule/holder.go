@@ -542,9 +542,15 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 	lease := st.def.Lease
 	for _, o := range open {
 		switch {
-		case o.state == stateRunning && (o.ready || !s.locks.leases()):
+		case o.state == stateRunning && (o.ready || !s.locks.leases() || (o.fence != nil && *o.fence < h.leaseFence())):
 			// Its holder no longer holds the schedule's lock (this
 			// instance does): it died, or lost its session or lease.
+			// With leases, a run started under an earlier grant of the
+			// lock (its fence is older than the lock's) is taken over
+			// at once, as with a session lock: its holder counted the
+			// lock lost, and cancelled the attempt, before the lock
+			// could be granted again; the claim's new fence refuses
+			// whatever the old attempt still writes.
 			if o.attempt >= st.def.Retry.MaxAttempts {
 				reason := fmt.Sprintf("attempt %d of %d: its holder %s died or lost its lock; no attempts left", o.attempt, st.def.Retry.MaxAttempts, o.holder)
 				var n int64

@@ -57,6 +57,10 @@ type held interface {
 	do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error
 	// release gives the lock up (a no-op after a loss).
 	release()
+	// leaseFence is the fence of a lease lock's grant (0 for a session
+	// lock): a running run with an older fence was started under an
+	// earlier grant.
+	leaseFence() int64
 }
 
 // guard names the lease a guarded statement checks (zero: none, the
@@ -239,6 +243,8 @@ func (h *advisoryHeld) do(ctx context.Context, fn func(ctx context.Context, q *s
 
 func (h *advisoryHeld) lost() <-chan struct{} { return h.lostc }
 
+func (h *advisoryHeld) leaseFence() int64 { return 0 }
+
 func (h *advisoryHeld) cause() error {
 	select {
 	case <-h.lostc:
@@ -316,6 +322,8 @@ type leaseHeld struct {
 }
 
 func (h *leaseHeld) lost() <-chan struct{} { return h.lostc }
+
+func (h *leaseHeld) leaseFence() int64 { return h.fence }
 
 func (h *leaseHeld) cause() error {
 	if p := h.err.Load(); p != nil {

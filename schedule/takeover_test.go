@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,4 +209,67 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 			t.Fatalf("after the late completion: %+v", r)
 		}
 	}
+}
+
+// With leases, a stalled runner's run is taken over once the lock it
+// started under has expired, even while the run's own lease (renewed
+// apart from the lock's) would still hold: here it is pushed an hour
+// ahead. The bound is the lock's lease plus a poll.
+func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	z := newZombie()
+	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
+	byHolder := map[string]*instance{}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+		byHolder[h] = in
+	}
+	var first Run
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	var released sync.Once
+	release := func() { released.Do(func() { close(z.release) }) }
+	t.Cleanup(release) // before the instances stop: a failure must not hang on the zombie
+	stalled := byHolder[first.Holder]
+	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
+	at := time.Now()
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET lease_until = now() + interval '1 hour'
+		WHERE schedule = $1 AND instant = $2 AND fence = $3`, def.Name, first.Instant, first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	bound := def.Lease + time.Second + 3*time.Second // the lock's lease, a poll (Config.PollInterval), slack
+	var done runRow
+	waitFor(t, bound, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
+				done = r
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("lease %s: taken over and completed %s after the runner stalled, its run's lease an hour ahead", def.Lease, time.Since(at).Round(time.Millisecond))
+	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
+		t.Fatalf("completed by %s as attempt %d fence %d; first attempt %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
+	}
+	release()
+	stalled.s.stalled.Store(false)
+	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -30,7 +30,8 @@ WHERE s.name = r.schedule
   AND r.fence IS NOT DISTINCT FROM $6::bigint
   AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
   AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
-  AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now())
+  AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now()
+       OR r.fence < $8::bigint)
   AND ($8::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
@@ -63,8 +64,11 @@ type ClaimRunRow struct {
 // fence (NULL for a run never attempted) that bumps attempt and issues a
 // fresh fencing token. A running run is taken over only by the holder of
 // the schedule's lock (which its old holder no longer has) and, with
-// leases, only once its lease has expired; the lock is checked as in
-// RecordInstants. Nothing starts while the
+// leases, once its lease has expired or once the lock it started under is
+// gone: its fence is older than the lock's (fences are one sequence, so
+// the run was started under an earlier grant of the lock, whose holder
+// counted it lost before the lock could be granted again); the lock is
+// checked as in RecordInstants. Nothing starts while the
 // schedule is paused (read by this statement: a pause committed before it
 // stops it). No row: someone else moved it, or paused. A first attempt
 // starting more than the schedule's late_after after its instant marks
@@ -105,7 +109,7 @@ WHERE schedule = $2::text
   AND instant = $3::timestamptz
   AND fence = $4::bigint
   AND state = 'running'
-  AND (NOT $5::boolean OR lease_until <= now())
+  AND (NOT $5::boolean OR lease_until <= now() OR fence < $6::bigint)
   AND ($6::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = $7::text AND l.fence = $6::bigint AND l.lock_until > now()))
@@ -122,7 +126,9 @@ type FailDeadRunParams struct {
 }
 
 // Record a running run whose holder died on its last attempt as failed
-// (by the holder of the schedule's lock, checked as in RecordInstants).
+// (by the holder of the schedule's lock, checked as in RecordInstants; with
+// leases, once the run's lease has expired or the lock it started under is
+// gone, as in ClaimRun).
 func (q *Queries) FailDeadRun(ctx context.Context, arg FailDeadRunParams) (int64, error) {
 	result, err := q.db.Exec(ctx, failDeadRun,
 		arg.Reason,
@@ -340,6 +346,10 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
                  WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
+                      OR ($1::boolean AND NOT EXISTS (
+                          SELECT 1 FROM pgclaim_locks l
+                          WHERE l.name = 'pgclaim.schedule:' || s.name
+                            AND l.fence < r.fence AND l.lock_until > now()))
                       OR (NOT $1::boolean AND NOT EXISTS (
                           SELECT 1 FROM pg_catalog.pg_locks l
                           WHERE l.locktype = 'advisory'
@@ -372,8 +382,9 @@ type PollSchedulesRow struct {
 // For each of the named schedules: its version and pause state, and
 // whether a run waits for an instance: pending (not paused, past its
 // start_after), a retry whose
-// time has come, or a running run whose holder is gone (lease expired, or,
-// with advisory locks, nobody holds the schedule's lock).
+// time has come, or a running run whose holder is gone (its lease expired;
+// with advisory locks, nobody holds the schedule's lock; with leases, the
+// lease lock it started under, the one with an older fence, has expired).
 func (q *Queries) PollSchedules(ctx context.Context, arg PollSchedulesParams) ([]PollSchedulesRow, error) {
 	rows, err := q.db.Query(ctx, pollSchedules,
 		arg.LeaseMode,

@@ -314,8 +314,10 @@ func (c *checker) schedKilled(d *schedData) (Check, string, error) {
 				l := n.at.Sub(kill.at)
 				// The documented bound (schedule/doc.go) plus 3 s for a loaded
 				// machine: a poll or the next instant after the session ends;
-				// with lease locks, the lease plus a second poll (the lock's
-				// lease and the run's expire apart).
+				// with lease locks, the lock's lease (the poll that finds it
+				// expired takes the lock and the run), plus a second poll of
+				// slack: a lease schedule's instances include those behind PgBouncer,
+				// whose queue adds its own delay on a saturated machine.
 				bound := p.schedPoll + p.period + 3*time.Second
 				if schedGroup(k.schedule) == schedGroupLease {
 					bound += p.schedLease + p.schedPoll

@@ -98,8 +98,11 @@ ON CONFLICT DO NOTHING;
 -- fence (NULL for a run never attempted) that bumps attempt and issues a
 -- fresh fencing token. A running run is taken over only by the holder of
 -- the schedule's lock (which its old holder no longer has) and, with
--- leases, only once its lease has expired; the lock is checked as in
--- RecordInstants. Nothing starts while the
+-- leases, once its lease has expired or once the lock it started under is
+-- gone: its fence is older than the lock's (fences are one sequence, so
+-- the run was started under an earlier grant of the lock, whose holder
+-- counted it lost before the lock could be granted again); the lock is
+-- checked as in RecordInstants. Nothing starts while the
 -- schedule is paused (read by this statement: a pause committed before it
 -- stops it). No row: someone else moved it, or paused. A first attempt
 -- starting more than the schedule's late_after after its instant marks
@@ -127,7 +130,8 @@ WHERE s.name = r.schedule
   AND r.fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
   AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
   AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
-  AND (r.state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR r.lease_until <= now())
+  AND (r.state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR r.lease_until <= now()
+       OR r.fence < sqlc.arg(lock_fence)::bigint)
   AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
@@ -204,14 +208,16 @@ RETURNING r.instant;
 
 -- name: FailDeadRun :execrows
 -- Record a running run whose holder died on its last attempt as failed
--- (by the holder of the schedule's lock, checked as in RecordInstants).
+-- (by the holder of the schedule's lock, checked as in RecordInstants; with
+-- leases, once the run's lease has expired or the lock it started under is
+-- gone, as in ClaimRun).
 UPDATE pgclaim_schedule_runs
 SET state = 'failed', lease_until = NULL, finished_at = now(), reason = sqlc.arg(reason)::text
 WHERE schedule = sqlc.arg(schedule)::text
   AND instant = sqlc.arg(instant)::timestamptz
   AND fence = sqlc.arg(fence)::bigint
   AND state = 'running'
-  AND (NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now())
+  AND (NOT sqlc.arg(lease_mode)::boolean OR lease_until <= now() OR fence < sqlc.arg(lock_fence)::bigint)
   AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
     WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()));
@@ -220,8 +226,9 @@ WHERE schedule = sqlc.arg(schedule)::text
 -- For each of the named schedules: its version and pause state, and
 -- whether a run waits for an instance: pending (not paused, past its
 -- start_after), a retry whose
--- time has come, or a running run whose holder is gone (lease expired, or,
--- with advisory locks, nobody holds the schedule's lock).
+-- time has come, or a running run whose holder is gone (its lease expired;
+-- with advisory locks, nobody holds the schedule's lock; with leases, the
+-- lease lock it started under, the one with an older fence, has expired).
 SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
        EXISTS (
            SELECT 1 FROM pgclaim_schedule_runs r
@@ -230,6 +237,10 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
                  WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
+                      OR (sqlc.arg(lease_mode)::boolean AND NOT EXISTS (
+                          SELECT 1 FROM pgclaim_locks l
+                          WHERE l.name = 'pgclaim.schedule:' || s.name
+                            AND l.fence < r.fence AND l.lock_until > now()))
                       OR (NOT sqlc.arg(lease_mode)::boolean AND NOT EXISTS (
                           SELECT 1 FROM pg_catalog.pg_locks l
                           WHERE l.locktype = 'advisory'
