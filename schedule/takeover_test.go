@@ -102,27 +102,7 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 // expired, and the stalled one's completion is refused.
 func TestLeaseStalledRunnerCannotComplete(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := pgtest.NewDatabase(t)
-	ev := &events{}
-	z := newZombie()
-	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
-	byHolder := map[string]*instance{}
-	for _, h := range []string{"a", "b"} {
-		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
-		if err := in.s.Register(ctx, def, z.job); err != nil {
-			t.Fatal(err)
-		}
-		in.start(t)
-		byHolder[h] = in
-	}
-	var first Run
-	select {
-	case first = <-z.started:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no run started")
-	}
-	stalled := byHolder[first.Holder]
+	db, ev, z, def, first, stalled := stallLeaseRunner(t)
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
 	var done runRow
@@ -218,29 +198,10 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.NewDatabase(t)
-	ev := &events{}
-	z := newZombie()
-	def := Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
-	byHolder := map[string]*instance{}
-	for _, h := range []string{"a", "b"} {
-		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
-		if err := in.s.Register(ctx, def, z.job); err != nil {
-			t.Fatal(err)
-		}
-		in.start(t)
-		byHolder[h] = in
-	}
-	var first Run
-	select {
-	case first = <-z.started:
-	case <-time.After(15 * time.Second):
-		t.Fatal("no run started")
-	}
+	db, ev, z, def, first, stalled := stallLeaseRunner(t)
 	var released sync.Once
 	release := func() { released.Do(func() { close(z.release) }) }
 	t.Cleanup(release) // before the instances stop: a failure must not hang on the zombie
-	stalled := byHolder[first.Holder]
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
 	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET lease_until = now() + interval '1 hour'
@@ -272,4 +233,30 @@ func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// stallLeaseRunner starts two instances with lease locks running a
+// zombieJob on a 3-second schedule with a 2 s lease, and returns once the
+// first attempt runs, with that attempt and the instance running it.
+func stallLeaseRunner(t *testing.T) (db *pgtest.Database, ev *events, z *zombieJob, def Definition, first Run, runner *instance) {
+	ctx := context.Background()
+	db = pgtest.NewDatabase(t)
+	ev = &events{}
+	z = newZombie()
+	def = Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
+	byHolder := map[string]*instance{}
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
+		if err := in.s.Register(ctx, def, z.job); err != nil {
+			t.Fatal(err)
+		}
+		in.start(t)
+		byHolder[h] = in
+	}
+	select {
+	case first = <-z.started:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no run started")
+	}
+	return db, ev, z, def, first, byHolder[first.Holder]
 }
