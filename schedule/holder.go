@@ -199,24 +199,35 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 					pending = true
 				}
 			}
+			var recErr error
 			if !st.paused {
 				added, err := s.record(ctx, h, st, busy, pending)
-				if err != nil && cur == nil {
-					return s.retryLater(ctx, r, err)
-				}
+				recErr = err
 				open = mergeOpen(open, added)
 				if st.def.Overlap == OverlapReplace && busy != "" && len(added) > 0 {
 					cur, open = s.replace(ctx, h, e, open, added[len(added)-1].instant, cur)
 				}
 			}
 			if cur == nil && !st.paused {
+				// Even when recording failed (a slow database): a dead
+				// holder's run, a retry or a pending run already read
+				// starts now rather than a poll later.
 				started, err := s.startNext(ctx, h, e, st, open)
 				if err != nil {
-					return s.retryLater(ctx, r, err)
+					return s.retryLater(ctx, r, errors.Join(recErr, err))
 				}
 				cur = started
 			}
 			wake = s.nextWake(st, open, cur != nil)
+			if recErr != nil {
+				if cur == nil {
+					return s.retryLater(ctx, r, recErr)
+				}
+				// The attempt runs; the instants are recorded on the next
+				// pass, a poll from now at the latest.
+				s.log.WarnContext(ctx, "schedule: attend", "schedule", e.name, "error", recErr)
+				wake = minTime(wake, s.dbNow().Add(s.cfg.PollInterval))
+			}
 		} else {
 			wake = s.dbNow().Add(s.cfg.PollInterval)
 		}
@@ -775,4 +786,12 @@ func truncate(s string) string {
 		return s[:maxReason]
 	}
 	return s
+}
+
+// minTime is the earlier of a and b, a zero time counting as none.
+func minTime(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }

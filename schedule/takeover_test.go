@@ -102,7 +102,7 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 // expired, and the stalled one's completion is refused.
 func TestLeaseStalledRunnerCannotComplete(t *testing.T) {
 	t.Parallel()
-	db, ev, z, def, first, stalled := stallLeaseRunner(t)
+	db, ev, z, def, first, stalled := stallLeaseRunner(t, "*/3 * * * * *")
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
 	var done runRow
@@ -198,10 +198,10 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, ev, z, def, first, stalled := stallLeaseRunner(t)
+	db, ev, z, def, first, stalled := stallLeaseRunner(t, "*/3 * * * * *")
 	var released sync.Once
 	release := func() { released.Do(func() { close(z.release) }) }
-	t.Cleanup(release) // before the instances stop: a failure must not hang on the zombie
+	t.Cleanup(release)            // before the instances stop: a failure must not hang on the zombie
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
 	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET lease_until = now() + interval '1 hour'
@@ -236,14 +236,14 @@ func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 }
 
 // stallLeaseRunner starts two instances with lease locks running a
-// zombieJob on a 3-second schedule with a 2 s lease, and returns once the
+// zombieJob on spec with a 2 s lease, and returns once the
 // first attempt runs, with that attempt and the instance running it.
-func stallLeaseRunner(t *testing.T) (db *pgtest.Database, ev *events, z *zombieJob, def Definition, first Run, runner *instance) {
+func stallLeaseRunner(t *testing.T, spec string) (db *pgtest.Database, ev *events, z *zombieJob, def Definition, first Run, runner *instance) {
 	ctx := context.Background()
 	db = pgtest.NewDatabase(t)
 	ev = &events{}
 	z = newZombie()
-	def = Definition{Name: "resume", Spec: "*/3 * * * * *", Version: 1, Lease: 2 * time.Second}
+	def = Definition{Name: "resume", Spec: spec, Version: 1, Lease: 2 * time.Second}
 	byHolder := map[string]*instance{}
 	for _, h := range []string{"a", "b"} {
 		in := newInstance(t, db, h, Config{LeaseLocks: true}, ev)
@@ -259,4 +259,33 @@ func stallLeaseRunner(t *testing.T) (db *pgtest.Database, ev *events, z *zombieJ
 		t.Fatal("no run started")
 	}
 	return db, ev, z, def, first, byHolder[first.Holder]
+}
+
+// A dead holder's run is taken over even while recording the schedule's
+// new instants fails (here every insert is refused; in the field, a
+// database too slow to answer within the lock's validity): the pass goes
+// on to start the runs it has read instead of giving up until a poll.
+func TestTakeoverWhileRecordingFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _, z, def, first, stalled := stallLeaseRunner(t, "* * * * * *")
+	var released sync.Once
+	release := func() { released.Do(func() { close(z.release) }) }
+	t.Cleanup(release)
+	if _, err := db.Pool.Exec(ctx, `
+		CREATE FUNCTION refuse_runs() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'new runs refused by the test'; END $$;
+		CREATE TRIGGER refuse_runs BEFORE INSERT ON pgclaim_schedule_runs
+		FOR EACH ROW EXECUTE FUNCTION refuse_runs()`); err != nil {
+		t.Fatal(err)
+	}
+	stalled.s.stalled.Store(true)
+	waitFor(t, def.Lease+time.Second+3*time.Second, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, def.Name) {
+			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
+				return r.Attempt == 2
+			}
+		}
+		return false
+	})
 }
