@@ -350,6 +350,7 @@ type harness struct {
 	sched  *schedule.Scheduler // pauses and resumes schedules
 	faults *faultLog
 	probe  Check
+	stalls stallWatch
 
 	mu       sync.Mutex
 	stopping bool // no more restarts of killed instances
@@ -489,6 +490,9 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, cfg.Duration)
 	go h.progress(faultCtx)
+	stallCtx, stopStalls := context.WithCancel(ctx)
+	defer stopStalls()
+	go h.stalls.run(stallCtx, h.pool)
 	var patWG sync.WaitGroup
 	sampleCtx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
@@ -541,6 +545,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 	h.stopAll()
 	stopSampler()
+	stopStalls()
 
 	var unexpected []string
 	incarnations := 0
@@ -570,6 +575,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		kills:          kills,
 		stops:          stops,
 		restarts:       restarts,
+		stalls:         h.stalls.spans(),
 		groupInstances: h.groupInstances(),
 		period:         cfg.Period,
 		maxAttempts:    cfg.worker().MaxAttempts,
@@ -600,6 +606,7 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		batches += fmt.Sprintf("%s %d", in.name, in.batches.Load())
 	}
 	stats = append(stats, Stat{Name: "batches seen", Value: batches})
+	stats = append(stats, Stat{Name: "database stalls", Value: h.stalls.summary()})
 	if h.bnc != nil {
 		if n := len(h.bnc.knownCrashes()); n > 0 {
 			// Not ours: an upstream bug of the packaged PgBouncer, which a

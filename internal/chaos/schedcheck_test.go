@@ -57,3 +57,26 @@ func TestSchedStopped(t *testing.T) {
 		}
 	})
 }
+
+// A stall covers the part of an interval it overlaps, once.
+func TestStalledWithin(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	s := func(from, to int) span {
+		return span{at.Add(time.Duration(from) * time.Second), at.Add(time.Duration(to) * time.Second)}
+	}
+	stalls := []span{s(-3, -1), s(1, 3), s(4, 6), s(9, 12)}
+	for _, c := range []struct {
+		from, to int
+		want     time.Duration
+	}{
+		{0, 10, 5 * time.Second},
+		{2, 5, 2 * time.Second},
+		{-2, 0, time.Second},
+		{6, 9, 0},
+		{13, 20, 0},
+	} {
+		if got := stalledWithin(stalls, at.Add(time.Duration(c.from)*time.Second), at.Add(time.Duration(c.to)*time.Second)); got != c.want {
+			t.Errorf("stalledWithin [%d s, %d s]: %s, want %s", c.from, c.to, got, c.want)
+		}
+	}
+}

@@ -81,6 +81,9 @@ CREATE INDEX chaos_sched_effects_idx ON chaos_sched_effects (schedule, instant);
 -- with one guessed from the host's clock (a renewal sent just before a
 -- SIGSTOP can run at a starved server seconds later, and extend the lease
 -- from then).
+-- The harness's stall probe (stall.go) updates its one row.
+CREATE TABLE chaos_probe (at timestamptz NOT NULL);
+INSERT INTO chaos_probe VALUES (now());
 CREATE TABLE chaos_sched_leases (
     schedule    text        NOT NULL,
     instant     timestamptz NOT NULL,
