@@ -337,7 +337,13 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		s.Close()
 		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 	}
-	if row.Stale {
+	// Only a claim that won the tick marks a dead holder's tick. A claim
+	// that took the lock only to find its tick claimed (row.Taken) took it
+	// in the instant between the winner's unlock and the commit of its
+	// finish, which its snapshot does not see: the "running" tick is the
+	// winner's own, finished. A real dead holder's tick is marked by the
+	// next claim that wins.
+	if row.Stale && row.Fence != 0 {
 		if err := g.abandonStale(ctx, s, name, p.LockClass, p.LockKey, row.Fence); err != nil {
 			return g.claimBroken(ctx, name, at, row.Fence, err)
 		}

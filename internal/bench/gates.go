@@ -28,7 +28,18 @@ type gateMech struct {
 	ticks       bool // the op is per tick: count each tick's runs
 	exclusive   bool // runs of the job never overlap (a lock is held while it runs)
 	setup       func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error)
+	// together: the contenders fire each tick at once and wait for one
+	// another before the next, as instances whose timers fire on the same
+	// second do; won/s is then ticks resolved per second. Otherwise each
+	// contender walks the ticks on its own, and a tick it reaches while
+	// another contender runs an earlier one is skipped as an overlap by
+	// all. Only with several contenders.
+	together bool
 }
+
+// gateTogether is the suffix of the mechanisms whose contenders fire each
+// tick together.
+const gateTogether = ", ticks fired together"
 
 // errHeldBaseline is what baseline ops return when the lock is taken.
 var errHeldBaseline = fmt.Errorf("%w: baseline lock held", gate.ErrSkipped)
@@ -38,50 +49,57 @@ func gateMechs() []gateMech {
 	run := func(job func(i int64), i int64) gate.Func {
 		return func(context.Context, gate.Run) error { job(i); return nil }
 	}
-	return []gateMech{
-		{"pgclaim", "gate.Once (ledger + advisory)", true, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
+	once := func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+		g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, i int64) error { return g.Once(ctx, name, at(i), run(job, i)) }, g.Close, nil
+	}
+	shed := func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+		holder := fmt.Sprintf("c%d", c)
+		return func(ctx context.Context, i int64) error {
+			took, err := shedlock.Lock(ctx, pool, name, holder, 30*time.Second)
 			if err != nil {
-				return nil, nil, err
+				return err
 			}
-			return func(ctx context.Context, i int64) error { return g.Once(ctx, name, at(i), run(job, i)) }, g.Close, nil
-		}},
-		{"pgclaim", "gate.Once, LedgerOnly", true, false, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+			if !took {
+				return errHeldBaseline
+			}
+			job(i)
+			return shedlock.Unlock(ctx, pool, name, holder, 0)
+		}, func() {}, nil
+	}
+	return []gateMech{
+		{group: "pgclaim", name: "gate.Once (ledger + advisory)", ticks: true, exclusive: true, setup: once},
+		{group: "pgclaim", name: "gate.Once (ledger + advisory)" + gateTogether, ticks: true, exclusive: true, setup: once, together: true},
+		{group: "pgclaim", name: "gate.Once, LedgerOnly", ticks: true, exclusive: false, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
 			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), LedgerOnly: true})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Once(ctx, name+"-ledger", at(i), run(job, i)) }, g.Close, nil
 		}},
-		{"pgclaim", "gate.Exclusive (advisory)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+		{group: "pgclaim", name: "gate.Exclusive (advisory)", ticks: false, exclusive: true, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
 			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Exclusive(ctx, name, run(job, i)) }, g.Close, nil
 		}},
-		{"pgclaim", "gate.Lease.Do (lease row)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+		{group: "pgclaim", name: "gate.Lease.Do (lease row)", ticks: false, exclusive: true, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
 			l, err := gate.NewLease(pool, name, gate.LeaseConfig{Holder: fmt.Sprintf("c%d", c), AtMost: 30 * time.Second})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return l.Do(ctx, run(job, i)) }, func() {}, nil
 		}},
-		{"baseline", "ShedLock-style lock table", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			holder := fmt.Sprintf("c%d", c)
-			return func(ctx context.Context, i int64) error {
-				took, err := shedlock.Lock(ctx, pool, name, holder, 30*time.Second)
-				if err != nil {
-					return err
-				}
-				if !took {
-					return errHeldBaseline
-				}
-				job(i)
-				return shedlock.Unlock(ctx, pool, name, holder, 0)
-			}, func() {}, nil
-		}},
-		{"baseline", "bare advisory lock (dedicated conn)", false, true, func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
+		{group: "baseline", name: "ShedLock-style lock table", exclusive: true, setup: shed},
+		// Counted per tick: a contender that arrives after the winner's
+		// unlock takes the lock again and runs the tick a second time
+		// (lockAtLeastFor = 0), which the report shows and does not fail.
+		{group: "baseline", name: "ShedLock-style lock table" + gateTogether, ticks: true, exclusive: true, setup: shed, together: true},
+		{group: "baseline", name: "bare advisory lock (dedicated conn)", ticks: false, exclusive: true, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
 			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				return nil, nil, err
@@ -144,7 +162,8 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	r.setup("each contender is an instance with its own pool (and own gate/lease object); the job does nothing")
 	r.setup("the ledger starts in steady state: %d finished ticks of 100 other jobs, analyzed", gateHistory)
 	r.setup("a cycle is acquire + run + release; contenders %v loop for %s in all on one name, in %d rounds that take turns with the other mechanisms", p.GateContenders, p.GateDuration, max(1, p.GateRounds))
-	r.setup("ledger mechanisms fire consecutive ticks (1 µs apart); every contender tries every tick, so with 8 contenders most attempts find the tick or lock taken")
+	r.setup("ledger mechanisms fire consecutive ticks (1 µs apart); every contender tries every tick, on its own: with 8 contenders most attempts find the tick claimed, or the job's lock held by the run of another tick, which skips that tick for everyone (an overlap a real schedule, ticks seconds apart, does not have)")
+	r.setup("%q rows: the contenders fire each tick at once and the next when all have returned, as instances whose timers fire on the same second do; won/s is ticks resolved per second, each by one run, and every tick must run (for the ShedLock-style table too, whose duplicates are shown, not failed)", gateTogether[2:])
 	r.setup("ShedLock-style: INSERT … ON CONFLICT (name) DO UPDATE … WHERE lock_until <= now(), then UPDATE lock_until = max(now(), locked_at + at_least) (at_least = 0): ShedLock's own SQL with usingDbTime()")
 	r.setup("checks: a tick runs at most once; two runs under one lock never overlap (LedgerOnly takes no lock: different ticks may overlap there, by design)")
 
@@ -156,9 +175,11 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	mechs := gateMechs()
 	type cell struct{ m, c int }
 	var cells []cell
-	for mi := range mechs {
-		for ci := range p.GateContenders {
-			cells = append(cells, cell{mi, ci})
+	for mi, m := range mechs {
+		for ci, c := range p.GateContenders {
+			if !m.together || c > 1 {
+				cells = append(cells, cell{mi, ci})
+			}
 		}
 	}
 	acc := make([]gateRaw, len(cells))
@@ -174,18 +195,23 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 			if err != nil {
 				return fmt.Errorf("%s, %d contenders: %w", m.name, c, err)
 			}
-			if round == 0 && cells[i].c == 0 {
+			if round == 0 && (cells[i].c == 0 || m.together) {
 				r.Profiles = append(r.Profiles, prof)
 			}
 			acc[i].merge(raw)
 		}
 	}
-	var dupTicks, overlaps int64
+	var dupTicks, overlaps, missed int64
 	for i, cl := range cells {
 		m, c, raw := mechs[cl.m], p.GateContenders[cl.c], acc[i]
 		res := raw.result(m, c)
-		dupTicks += raw.dups
+		if m.group == "baseline" && raw.dups > 0 {
+			r.note("%s, %d contenders: %d of %d ticks run twice or more (a contender arriving after the winner's unlock takes the lock again: lockAtLeastFor 0)", m.name, c, raw.dups, raw.won)
+		} else {
+			dupTicks += raw.dups
+		}
 		overlaps += raw.overlaps
+		missed += raw.missed
 		r.Results = append(r.Results, res)
 		tbl.Rows = append(tbl.Rows, []string{m.name, itoa(c), fmt.Sprintf("%d", res.Ops), fmt.Sprintf("%.0f", res.PerSecond),
 			fmt.Sprintf("%.0f", res.Extra["attempts_per_second"]), fmtUs(res.P50us), fmtUs(res.P99us),
@@ -194,6 +220,7 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	r.Tables = append(r.Tables, tbl)
 	r.check("gates: ticks run more than once", 0, dupTicks)
 	r.check("gates: jobs overlapping under one lock", 0, overlaps)
+	r.check("gates: ticks fired together that no contender ran", 0, missed)
 	ticks, err := scanInt64(ctx, admin, "SELECT count(*) FROM pgclaim_ticks WHERE outcome <> 'succeeded'")
 	if err != nil {
 		return err
@@ -206,6 +233,7 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 // gateRaw is what runs of one (mechanism, contenders) measured.
 type gateRaw struct {
 	won, tries, dups, overlaps int64
+	missed                     int64 // ticks fired together that no contender ran
 	elapsed                    time.Duration
 	wonLat, skipLat            []time.Duration
 }
@@ -215,6 +243,7 @@ func (g *gateRaw) merge(o gateRaw) {
 	g.tries += o.tries
 	g.dups += o.dups
 	g.overlaps += o.overlaps
+	g.missed += o.missed
 	g.elapsed += o.elapsed
 	g.wonLat = append(g.wonLat, o.wonLat...)
 	g.skipLat = append(g.skipLat, o.skipLat...)
@@ -233,6 +262,7 @@ func (g gateRaw) result(m gateMech, c int) Result {
 			"skip_p99_us":         us(ss.P99),
 			"duplicates":          float64(g.dups),
 			"overlaps":            float64(g.overlaps),
+			"missed":              float64(g.missed),
 		},
 	}
 }
@@ -302,41 +332,64 @@ func gateRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, m gat
 	}
 	var wonLat, skipLat latencies
 	end := e.prog.task(fmt.Sprintf("  gates: %s, %d contenders, %s", m.name, c, label), "cycles", 0, won.Load)
-	start := time.Now()
-	deadline := start.Add(d)
-	err := runGroup(c, func(ci int) error {
-		var ownWon, ownSkip []time.Duration
-		defer func() { wonLat.addAll(ownWon); skipLat.addAll(ownSkip) }()
-		for i := int64(0); time.Now().Before(deadline); i++ {
-			t0 := time.Now()
-			err := ops[ci](ctx, i)
-			dt := time.Since(t0)
-			tries.Add(1)
-			switch {
-			case err == nil:
-				won.Add(1)
-				ownWon = append(ownWon, dt)
-			case errors.Is(err, gate.ErrSkipped):
-				ownSkip = append(ownSkip, dt)
-			default:
-				return err
-			}
+	ownWon, ownSkip := make([][]time.Duration, c), make([][]time.Duration, c)
+	// try is contender ci's attempt at tick i.
+	try := func(ci int, i int64) error {
+		t0 := time.Now()
+		err := ops[ci](ctx, i)
+		dt := time.Since(t0)
+		tries.Add(1)
+		switch {
+		case err == nil:
+			won.Add(1)
+			ownWon[ci] = append(ownWon[ci], dt)
+		case errors.Is(err, gate.ErrSkipped):
+			ownSkip[ci] = append(ownSkip[ci], dt)
+		default:
+			return err
 		}
 		return nil
-	})
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	var err error
+	var fired int64
+	if m.together {
+		// Every contender fires tick i at once; the next tick when all
+		// have returned.
+		for ; err == nil && time.Now().Before(deadline); fired++ {
+			err = runGroup(c, func(ci int) error { return try(ci, fired) })
+		}
+	} else {
+		err = runGroup(c, func(ci int) error {
+			for i := int64(0); time.Now().Before(deadline); i++ {
+				if err := try(ci, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
 	el := time.Since(start)
 	end()
 	if err != nil {
 		return gateRaw{}, err
 	}
-	var dups int64
+	for ci := range c {
+		wonLat.addAll(ownWon[ci])
+		skipLat.addAll(ownSkip[ci])
+	}
+	var dups, missed int64
 	for _, n := range runs {
 		if n > 1 {
 			dups += int64(n - 1)
 		}
 	}
+	if m.together {
+		missed = fired - int64(len(runs))
+	}
 	return gateRaw{
-		won: won.Load(), tries: tries.Load(), dups: dups, overlaps: overlap.Load(), elapsed: el,
+		won: won.Load(), tries: tries.Load(), dups: dups, missed: missed, overlaps: overlap.Load(), elapsed: el,
 		wonLat: wonLat.d, skipLat: skipLat.d,
 	}, nil
 }

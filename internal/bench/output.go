@@ -325,6 +325,16 @@ func ratios(r *Report) []Ratio {
 			latency(n+" cycle latency / bare advisory lock", g, bare)
 		}
 	}
+	// gates: several contenders on one job, ticks fired together, against
+	// the ShedLock-style table's acquisitions with as many contenders.
+	for _, g := range results("gates") {
+		if g.Name != "gate.Once (ledger + advisory)"+gateTogether {
+			continue
+		}
+		if s, ok := find("gates", func(y Result) bool { return y.Name == "ShedLock-style lock table" && y.Workers == g.Workers }); ok {
+			throughput(fmt.Sprintf("gate.Once ticks/s, %d contenders firing together / ShedLock-style acquisitions/s, %d contenders", g.Workers, g.Workers), g, s)
+		}
+	}
 
 	// sweeper
 	if sw, ok := find("sweeper", func(x Result) bool { return x.Name == "claim.Sweeper" && x.Workers == 1 }); ok {

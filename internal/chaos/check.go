@@ -63,7 +63,7 @@ type checkParams struct {
 	kills                 []hit
 	stops                 []stop
 	restarts              []time.Time
-	stalls                []span // the database not answering the harness's probe (stall.go)
+	stalls                []span              // the database not answering the harness's probe (stall.go)
 	groupInstances        map[string][]string // schedule group → the instances running it
 	elections             []string
 	unexpected            []string

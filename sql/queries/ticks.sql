@@ -123,8 +123,12 @@ WHERE job = sqlc.arg(job)::text
 -- FinishTick and the advisory unlock in one statement, on the session that
 -- holds the lock. unlocked is false if the session did not hold the lock.
 -- The update runs in FROM, so the row is finished (and locked) before the
--- select list unlocks: an instance that takes the lock next waits for this
--- transaction and never sees the tick still running.
+-- select list unlocks. The unlock takes effect before this statement
+-- commits: a claim that takes the lock in between sees the tick still
+-- running in its snapshot (ClaimTick's stale). If that claim won its tick,
+-- AbandonTicks' update waits for this transaction, re-reads the row
+-- finished and marks nothing; a claim that found its tick taken does not
+-- look.
 WITH fin AS (
     UPDATE pgclaim_ticks
     SET finished_at = clock_timestamp(),
@@ -170,12 +174,18 @@ SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE
 FROM unnest(sqlc.arg(names)::text[]) WITH ORDINALITY AS u(n, ord);
 
 -- name: HeldTick :one
--- Whether the tick is claimed, and the job's latest running tick, whose
--- run holds the job's lock (none: an Exclusive run of the same name holds
--- it). Read before waiting for the lock (a claimed tick is not waited for:
--- its run may be what holds the lock), and after a claim found the lock
--- held elsewhere (a tick claimed meanwhile by a racing instance, not
--- committed when the claim looked, is a normal skip).
+-- Whether the tick is claimed, and the job's most recently started tick if
+-- it is still running: the run that holds the job's lock (none: an
+-- Exclusive run of the same name holds it). No tick of the job can be
+-- claimed while a run holds the lock, so the lock's run is the latest
+-- started; an older tick still marked running is a dead holder's, which
+-- the next claim marks abandoned. One index probe, where looking for the
+-- latest tick whose outcome is running would step back over every finished
+-- tick of the job when none runs. Read before waiting for the lock (a
+-- claimed tick is not waited for: its run may be what holds the lock), and
+-- after a claim found the lock held elsewhere (a tick claimed meanwhile by
+-- a racing instance, not committed when the claim looked, is a normal
+-- skip).
 SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
                WHERE t.job = sqlc.arg(job)::text AND t.fire_at = sqlc.arg(fire_at)::timestamptz)::boolean AS claimed,
        COALESCE(r.holder, '')::text AS holder,
@@ -183,7 +193,7 @@ SELECT EXISTS (SELECT 1 FROM pgclaim_ticks t
        r.started_at::timestamptz AS running_since
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
-    SELECT l.holder, l.fire_at, l.started_at FROM pgclaim_ticks l
-    WHERE l.job = sqlc.arg(job)::text AND l.outcome = 'running'
+    SELECT l.holder, l.fire_at, l.started_at, l.outcome FROM pgclaim_ticks l
+    WHERE l.job = sqlc.arg(job)::text
     ORDER BY l.started_at DESC LIMIT 1
-) AS r ON true;
+) AS r ON r.outcome = 'running';
