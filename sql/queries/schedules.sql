@@ -76,13 +76,16 @@ ORDER BY instant;
 -- Record due instants of a schedule, each pending (to run, not before its
 -- start_after; start_afters may be NULL or shorter: the missing ones start
 -- at once) or skipped (with its reason). An instant already recorded is left as it is; nothing is
--- recorded while the schedule is paused (read by this statement). Only the
+-- recorded while the schedule is paused (read by this statement). created_at
+-- (and a skipped row's finished_at) is statement_timestamp(): when this
+-- statement began, and read the pause, even if a conflicting row made it
+-- wait past a pause that committed meanwhile. Only the
 -- holder of the schedule's lock records: with a lease (lock_fence > 0) the
 -- statement checks it still holds it; a session lock is checked by
 -- running the statement on the lock's own session.
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
-       CASE WHEN u.state = 'pending' THEN u.start_after END, clock_timestamp(), CASE WHEN u.state = 'skipped' THEN clock_timestamp() END
+       CASE WHEN u.state = 'pending' THEN u.start_after END, statement_timestamp(), CASE WHEN u.state = 'skipped' THEN statement_timestamp() END
 FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
              unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason,
              unnest(sqlc.narg(start_afters)::timestamptz[]) AS start_after) AS u
@@ -109,9 +112,13 @@ ON CONFLICT DO NOTHING;
 -- the run late (not a backfilled one), measured from its start_after when
 -- it has one (a jittered instant); lag_us is how long after its instant
 -- this attempt started. A pending run does not start before start_after.
--- started_at, lateness and lag are read from clock_timestamp(), the
--- statement's own time: through the pool the claim runs in a transaction
--- whose BEGIN may come well before it, and now() would be that.
+-- started_at, lateness and lag are read from clock_timestamp(), when the
+-- run's row is updated (after any wait for its row lock): through the pool
+-- the claim runs in a transaction whose BEGIN may come well before it, and
+-- now() would be that. Not statement_timestamp() as for RecordInstants: a
+-- fenced write of the previous attempt that held the row lock commits
+-- before this claim takes effect, and the start must not read as earlier
+-- than that write.
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
