@@ -17,11 +17,15 @@ import (
 // closed, then returns nil: a runner that does not notice it lost its
 // run. Every later call succeeds at once. Each call is counted by attempt.
 type zombieJob struct {
-	first   atomic.Bool
-	started chan Run
-	release chan struct{}
-	calls   atomic.Int32
+	first    atomic.Bool
+	started  chan Run
+	release  chan struct{}
+	released sync.Once
+	calls    atomic.Int32
 }
+
+// free lets the blocked first call return (once; later calls do nothing).
+func (z *zombieJob) free() { z.released.Do(func() { close(z.release) }) }
 
 func newZombie() *zombieJob {
 	return &zombieJob{started: make(chan Run, 1), release: make(chan struct{})}
@@ -64,29 +68,11 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 	if n, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil || n != 1 {
 		t.Fatalf("the lock's session: ended %d: %v", n, err)
 	}
-	var done runRow
-	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
-		for _, r := range runsOf(t, db.Pool, def.Name) {
-			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
-				done = r
-				return true
-			}
-		}
-		return false
-	})
+	done := waitSucceeded(t, db, def.Name, first.Instant, 20*time.Second)
 	t.Logf("instant %v completed as attempt %d %s after its runner's session was terminated", first.Instant, done.Attempt, time.Since(killed).Round(time.Millisecond))
-	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
-		t.Fatalf("completed by %s as attempt %d fence %d; first attempt was %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
-	}
-	close(z.release) // the zombie completes late
-	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
-		for _, e := range ev.of(EventLost) {
-			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
-				return true
-			}
-		}
-		return false
-	})
+	checkTakenOver(t, done, first)
+	z.free() // the zombie completes late
+	waitRefused(t, ev, first)
 	for _, r := range runsOf(t, db.Pool, def.Name) {
 		if r.Instant.Equal(first.Instant) && (r.State != stateSucceeded || r.Attempt != 2 || *r.Fence != *done.Fence) {
 			t.Fatalf("after the late completion: %+v", r)
@@ -105,30 +91,12 @@ func TestLeaseStalledRunnerCannotComplete(t *testing.T) {
 	db, ev, z, def, first, stalled := stallLeaseRunner(t, "*/3 * * * * *")
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
-	var done runRow
-	waitFor(t, 20*time.Second, "attempt 2 to succeed", func() bool {
-		for _, r := range runsOf(t, db.Pool, def.Name) {
-			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
-				done = r
-				return true
-			}
-		}
-		return false
-	})
+	done := waitSucceeded(t, db, def.Name, first.Instant, 20*time.Second)
 	t.Logf("lease %s: taken over and completed %s after the runner stalled", def.Lease, time.Since(at).Round(time.Millisecond))
-	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
-		t.Fatalf("completed by %s as attempt %d fence %d; first attempt %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
-	}
-	close(z.release)
+	checkTakenOver(t, done, first)
+	z.free()
 	stalled.s.stalled.Store(false)
-	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
-		for _, e := range ev.of(EventLost) {
-			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
-				return true
-			}
-		}
-		return false
-	})
+	waitRefused(t, ev, first)
 	for _, r := range runsOf(t, db.Pool, def.Name) {
 		if r.Instant.Equal(first.Instant) && (r.State != stateSucceeded || r.Attempt != 2) {
 			t.Fatalf("after the late completion: %+v", r)
@@ -175,7 +143,7 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 	if failed.Attempt != 1 || !strings.Contains(deref(failed.Reason), "its holder "+first.Holder+" died") || !strings.Contains(deref(failed.Reason), "no attempts left") {
 		t.Fatalf("failed run: attempt %d reason %q", failed.Attempt, deref(failed.Reason))
 	}
-	close(z.release)
+	z.free()
 	waitFor(t, 10*time.Second, "the late completion refused", func() bool {
 		for _, e := range ev.of(EventLost) {
 			if e.Instant.Equal(first.Instant) && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
@@ -199,9 +167,7 @@ func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, ev, z, def, first, stalled := stallLeaseRunner(t, "*/3 * * * * *")
-	var released sync.Once
-	release := func() { released.Do(func() { close(z.release) }) }
-	t.Cleanup(release)            // before the instances stop: a failure must not hang on the zombie
+	t.Cleanup(z.free)             // before the instances stop: a failure must not hang on the zombie
 	stalled.s.stalled.Store(true) // no more renewals, as if the process were stopped
 	at := time.Now()
 	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET lease_until = now() + interval '1 hour'
@@ -209,30 +175,12 @@ func TestLeaseTakeoverAtLockExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	bound := def.Lease + time.Second + 3*time.Second // the lock's lease, a poll (Config.PollInterval), slack
-	var done runRow
-	waitFor(t, bound, "attempt 2 to succeed", func() bool {
-		for _, r := range runsOf(t, db.Pool, def.Name) {
-			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
-				done = r
-				return true
-			}
-		}
-		return false
-	})
+	done := waitSucceeded(t, db, def.Name, first.Instant, bound)
 	t.Logf("lease %s: taken over and completed %s after the runner stalled, its run's lease an hour ahead", def.Lease, time.Since(at).Round(time.Millisecond))
-	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
-		t.Fatalf("completed by %s as attempt %d fence %d; first attempt %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
-	}
-	release()
+	checkTakenOver(t, done, first)
+	z.free()
 	stalled.s.stalled.Store(false)
-	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
-		for _, e := range ev.of(EventLost) {
-			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
-				return true
-			}
-		}
-		return false
-	})
+	waitRefused(t, ev, first)
 }
 
 // stallLeaseRunner starts two instances with lease locks running a
@@ -269,9 +217,7 @@ func TestTakeoverWhileRecordingFails(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, _, z, def, first, stalled := stallLeaseRunner(t, "* * * * * *")
-	var released sync.Once
-	release := func() { released.Do(func() { close(z.release) }) }
-	t.Cleanup(release)
+	t.Cleanup(z.free)
 	if _, err := db.Pool.Exec(ctx, `
 		CREATE FUNCTION refuse_runs() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'new runs refused by the test'; END $$;
@@ -280,10 +226,45 @@ func TestTakeoverWhileRecordingFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	stalled.s.stalled.Store(true)
-	waitFor(t, def.Lease+time.Second+3*time.Second, "attempt 2 to succeed", func() bool {
-		for _, r := range runsOf(t, db.Pool, def.Name) {
-			if r.Instant.Equal(first.Instant) && r.State == stateSucceeded {
-				return r.Attempt == 2
+	if done := waitSucceeded(t, db, def.Name, first.Instant, def.Lease+time.Second+3*time.Second); done.Attempt != 2 {
+		t.Fatalf("succeeded at attempt %d, want 2", done.Attempt)
+	}
+}
+
+// waitSucceeded waits until the run of instant has succeeded, and returns
+// its row.
+func waitSucceeded(t *testing.T, db *pgtest.Database, name string, instant time.Time, within time.Duration) runRow {
+	t.Helper()
+	var done runRow
+	waitFor(t, within, "attempt 2 to succeed", func() bool {
+		for _, r := range runsOf(t, db.Pool, name) {
+			if r.Instant.Equal(instant) && r.State == stateSucceeded {
+				done = r
+				return true
+			}
+		}
+		return false
+	})
+	return done
+}
+
+// checkTakenOver fails unless done, the succeeded run, was completed by
+// another instance as attempt 2 with a higher fence than first.
+func checkTakenOver(t *testing.T, done runRow, first Run) {
+	t.Helper()
+	if done.Attempt != 2 || *done.Fence <= first.Fence || *done.Holder == first.Holder {
+		t.Fatalf("completed by %s as attempt %d fence %d; first attempt %s fence %d", *done.Holder, done.Attempt, *done.Fence, first.Holder, first.Fence)
+	}
+}
+
+// waitRefused waits until first's late completion is reported lost: the
+// run was taken over, and the completion changed nothing.
+func waitRefused(t *testing.T, ev *events, first Run) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the late completion to be refused", func() bool {
+		for _, e := range ev.of(EventLost) {
+			if e.Instant.Equal(first.Instant) && e.Fence == first.Fence && errors.Is(e.Err, ErrLost) && strings.Contains(e.Err.Error(), "changed nothing") {
+				return true
 			}
 		}
 		return false

@@ -330,14 +330,15 @@ func (c *checker) schedKilled(d *schedData) (Check, string, error) {
 					continue
 				}
 				if l > bound {
+					st := stalledWithin(p.stalls, kill.at, n.at)
 					switch {
 					case restartedWithin(p.restarts, kill.at.Add(-5*time.Second), n.at) || !c.otherUp(k.schedule, kill.holder, kill.at, kill.at.Add(bound)):
 						excused++
-					case l-stalledWithin(p.stalls, kill.at, n.at) <= bound:
+					case l-st <= bound:
 						stalled++
 					default:
 						ck.fail("%s: attempt %d of SIGKILLed %s followed by attempt %d (%s) %s after the kill, bound %s (the database stalled %s in between)",
-							fmtKey(k), a.attempt, kill.holder, n.attempt, n.instance, l.Round(time.Millisecond), bound, stalledWithin(p.stalls, kill.at, n.at).Round(time.Millisecond))
+							fmtKey(k), a.attempt, kill.holder, n.attempt, n.instance, l.Round(time.Millisecond), bound, st.Round(time.Millisecond))
 					}
 				}
 				lat = append(lat, l)

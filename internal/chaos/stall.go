@@ -26,10 +26,9 @@ type span struct{ from, to time.Time }
 // with every instance, was not answering a trivial statement, not a delay
 // of the code under test.
 type stallWatch struct {
-	mu      sync.Mutex
-	stalls  []span
-	probes  int
-	longest time.Duration
+	mu     sync.Mutex
+	stalls []span
+	probes int
 }
 
 func (w *stallWatch) run(ctx context.Context, pool *pgxpool.Pool) {
@@ -62,9 +61,8 @@ func (w *stallWatch) run(ctx context.Context, pool *pgxpool.Pool) {
 		end := time.Now()
 		w.mu.Lock()
 		w.probes++
-		if d := end.Sub(from); d > stallAfter {
+		if end.Sub(from) > stallAfter {
 			w.stalls = append(w.stalls, span{from, end})
-			w.longest = max(w.longest, d)
 		}
 		w.mu.Unlock()
 	}
@@ -81,15 +79,16 @@ func (w *stallWatch) spans() []span {
 func (w *stallWatch) summary() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var total time.Duration
+	var total, longest time.Duration
 	for _, s := range w.stalls {
 		total += s.to.Sub(s.from)
+		longest = max(longest, s.to.Sub(s.from))
 	}
 	if len(w.stalls) == 0 {
 		return fmt.Sprintf("%d probes, none waited over %s", w.probes, stallAfter)
 	}
 	return fmt.Sprintf("%d probes, %d waited over %s (longest %s, %s in all)", w.probes, len(w.stalls), stallAfter,
-		w.longest.Round(time.Millisecond), total.Round(time.Millisecond))
+		longest.Round(time.Millisecond), total.Round(time.Millisecond))
 }
 
 // stalledWithin is how much of [from, to] the stalls cover (overlapping
