@@ -52,6 +52,12 @@ const (
 	// with standbys blocked in pg_advisory_lock: the next in line gets it
 	// the moment the leader's session ends. It needs a direct connection
 	// (not a transaction-pooling PgBouncer). The default.
+	//
+	// Connections: each candidate holds one dedicated connection, taken
+	// out of the pool; the leader holds a second, opened once its term
+	// has started, on which it closes its term when its lock session ends
+	// (the successor waits for that close), and which it then keeps for
+	// its next campaign, for up to a minute.
 	Advisory Mechanism = iota
 
 	// LeaseRow holds a lease row in pgclaim_terms renewed every TTL/4 with
@@ -178,6 +184,55 @@ type Elector struct {
 
 	sem chan struct{}        // one campaign at a time
 	cur atomic.Pointer[term] // the term held or being ended; nil when none
+
+	// next (advisory variant) is the spare connection of the last term,
+	// once that term was closed on it: the next campaign waits for the
+	// lock on it instead of opening a connection (a backend started by the
+	// server just as the leadership changes hands). It is closed when no
+	// campaign takes it within spareIdle.
+	nextMu sync.Mutex
+	next   *lockcore.Session
+	nextT  *time.Timer
+}
+
+// spareIdle is how long the last term's spare connection is kept for the
+// next campaign.
+const spareIdle = time.Minute
+
+// keepNext keeps s for the next campaign, for at most spareIdle.
+func (e *Elector) keepNext(s *lockcore.Session) {
+	e.nextMu.Lock()
+	old := e.next
+	e.next = s
+	if e.nextT != nil {
+		e.nextT.Stop()
+	}
+	e.nextT = time.AfterFunc(spareIdle, func() {
+		if s := e.takeNext(); s != nil {
+			s.Close()
+		}
+	})
+	e.nextMu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+// takeNext returns the session kept by keepNext, if any and still open.
+func (e *Elector) takeNext() *lockcore.Session {
+	e.nextMu.Lock()
+	s := e.next
+	e.next = nil
+	if e.nextT != nil {
+		e.nextT.Stop()
+		e.nextT = nil
+	}
+	e.nextMu.Unlock()
+	if s != nil && !s.Alive() {
+		s.Close()
+		return nil
+	}
+	return s
 }
 
 // NewElector returns an Elector campaigning in the election called name
@@ -407,6 +462,9 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 		return nil, err
 	}
 	t.obsCtx = context.WithoutCancel(ctx)
+	if t.sess != nil {
+		t.openSpare()
+	}
 	t.keep()
 	e.cur.Store(t)
 	e.in.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
@@ -429,6 +487,16 @@ type term struct {
 	deferEnd bool
 	sess     *lockcore.Session // advisory variant: the connection holding the lock
 	sq       *store.Queries    // queries on sess
+
+	// spare (advisory variant) is a second dedicated connection, opened
+	// once the term has started, on which the term is closed when sess
+	// has ended: the pool may hold no idle connection then (sess was
+	// taken out of it), and the successor waits for the close, which
+	// would otherwise wait for a connect. nil until opened, and after
+	// takeSpare.
+	spareMu   sync.Mutex
+	spare     *lockcore.Session
+	spareDone bool // takeSpare was called: a spare opened later is closed
 
 	ctx    context.Context // cancelled when leadership ends
 	cancel context.CancelCauseFunc
@@ -539,6 +607,17 @@ func (t *term) end(ctx context.Context, reason string) error {
 		t.stopWatch()
 		<-t.watchEnd
 		e := t.e
+		spare := t.takeSpare()
+		spareUsed := false
+		defer func() {
+			switch {
+			case spare == nil:
+			case spareUsed && !t.crashed.Load():
+				e.keepNext(spare)
+			default:
+				spare.Close()
+			}
+		}()
 		if t.crashed.Load() {
 			if t.sess != nil {
 				t.sess.Close()
@@ -552,11 +631,22 @@ func (t *term) end(ctx context.Context, reason string) error {
 		ctx, cancel := context.WithTimeout(ctx, e.o.TTL)
 		defer cancel()
 		p := store.EndTermParams{Election: e.name, Term: t.fence, Reason: reason}
-		var err error
+		// On the term's session while it lives, else on the spare, else
+		// through the pool.
+		err := errors.New("no session")
 		if t.sess != nil && !t.sess.Conn.IsClosed() {
 			_, err = t.sq.EndTerm(ctx, p)
 		}
-		if t.sess == nil || t.sess.Conn.IsClosed() || err != nil {
+		if err != nil && spare != nil && !spare.Conn.IsClosed() {
+			sctx, cancel := context.WithTimeout(ctx, e.checkEvery())
+			_, err = store.New(oneTrip{spare.Conn}).EndTerm(sctx, p)
+			cancel()
+			spareUsed = err == nil
+			if err != nil {
+				e.o.Logger.DebugContext(ctx, "gate: close term on the spare connection failed; closing it through the pool", "name", e.name, "holder", e.o.Holder, "fence", t.fence, "error", err.Error())
+			}
+		}
+		if err != nil {
 			err = e.endTermRetrying(ctx, p)
 		}
 		if err != nil {
@@ -586,6 +676,40 @@ func (t *term) end(ctx context.Context, reason string) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// openSpare opens the term's spare connection in the background (advisory
+// variant). A failure leaves the term without one: its close then goes
+// through the pool, as it would for a server that restarted.
+func (t *term) openSpare() {
+	go func() {
+		ctx, cancel := context.WithTimeout(t.obsCtx, t.e.o.TTL)
+		defer cancel()
+		s, err := (&lockcore.Sessions{Pool: t.e.pool}).Get(ctx)
+		if err != nil {
+			t.e.o.Logger.DebugContext(ctx, "gate: open the term's spare connection", "name", t.e.name, "holder", t.e.o.Holder, "fence", t.fence, "error", err.Error())
+			return
+		}
+		t.spareMu.Lock()
+		done := t.spareDone
+		if !done {
+			t.spare = s
+		}
+		t.spareMu.Unlock()
+		if done {
+			s.Close()
+		}
+	}()
+}
+
+// takeSpare returns the spare connection (nil when none was opened) for
+// the caller to close, and has one opened later closed.
+func (t *term) takeSpare() *lockcore.Session {
+	t.spareMu.Lock()
+	defer t.spareMu.Unlock()
+	s := t.spare
+	t.spare, t.spareDone = nil, true
+	return s
 }
 
 // endTermRetrying closes a term through the pool. Failures (the server is

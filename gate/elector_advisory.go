@@ -68,9 +68,12 @@ func (o oneTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 }
 
 func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error) {
-	sess, err := (&lockcore.Sessions{Pool: e.pool}).Get(ctx)
-	if err != nil {
-		return nil, err
+	var err error
+	sess := e.takeNext()
+	if sess == nil {
+		if sess, err = (&lockcore.Sessions{Pool: e.pool}).Get(ctx); err != nil {
+			return nil, err
+		}
 	}
 	q := store.New(oneTrip{sess.Conn})
 	keep := false
@@ -126,6 +129,10 @@ wait:
 		row    store.StartAdvisoryTermRow
 		sent   time.Time
 		warned bool
+		// The old leader closes its term a round trip after it sees its
+		// session end, about when the server grants the lock here: look
+		// again soon, then less often.
+		poll = min(time.Millisecond, e.handoverPoll())
 	)
 	for {
 		supersede := time.Since(got) >= e.o.TTL
@@ -148,8 +155,9 @@ wait:
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(e.handoverPoll()):
+		case <-time.After(poll):
 		}
+		poll = min(2*poll, e.handoverPoll())
 	}
 	t := e.newTerm(row.Term, sent, deferEnd)
 	t.sess, t.sq = sess, q

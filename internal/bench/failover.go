@@ -30,6 +30,15 @@ const (
 	envElection = "PGCLAIM_BENCH_ELECTION"
 )
 
+// terminateRounds multiplies the rounds of the terminated-backend rows,
+// which take milliseconds each and vary more than the TTL-bound ones.
+const terminateRounds = 4
+
+// leaderSettle is how long a new leader leads before the next fault: a
+// leadership of a few hundred milliseconds at least, as in a service, not
+// faults back to back.
+const leaderSettle = 200 * time.Millisecond
+
 // pollEvery is the polling baseline's interval: the standby tries
 // pg_try_advisory_lock this often, and the leader checks its session.
 const pollEvery = 10 * time.Millisecond
@@ -267,13 +276,21 @@ func runFailover(ctx context.Context, e *env, p *params, r *ScenarioReport) erro
 	short := 500 * time.Millisecond
 	vs = append(vs,
 		foVariant{"pgclaim", "gate.Elector (advisory)", "advisory", short, "kill"},
+		foVariant{"pgclaim", "gate.Elector (advisory)", "advisory", time.Second, "kill"},
 		foVariant{"pgclaim", "gate.Elector (advisory)", "advisory", gate.DefaultTTL, "terminate"},
+		foVariant{"pgclaim", "gate.Elector (lease)", "lease", short, "kill"},
 		foVariant{"pgclaim", "gate.Elector (lease)", "lease", time.Second, "kill"},
+	)
+	if p.FailoverLong {
+		vs = append(vs, foVariant{"pgclaim", "gate.Elector (lease)", "lease", gate.DefaultTTL, "kill"})
+	}
+	vs = append(vs,
 		foVariant{"baseline", "standby polling pg_try_advisory_lock", "poll", 0, "kill"},
 		foVariant{"baseline", "standby polling pg_try_advisory_lock", "poll", 0, "terminate"},
 	)
-	r.setup("two child processes (this executable re-run) campaign for one election: a leader and a standby; %d rounds per row", p.FailoverRounds)
+	r.setup("two child processes (this executable re-run) campaign for one election: a leader and a standby; %d rounds per row, %d for a terminated backend (a few milliseconds each, and noisier)", p.FailoverRounds, terminateRounds*p.FailoverRounds)
 	r.setup("kill: the leader process gets SIGKILL; terminate: pg_terminate_backend on the leader's lock session (the process lives on and becomes the next standby)")
+	r.setup("each new leader leads %s before the next fault", leaderSettle)
 	r.setup("failover time: from just before the fault to the moment the standby's Campaign returns (its clock, same host)")
 	r.setup("gate.Elector (advisory): standbys block in pg_advisory_lock; a new leader waits for the old term to be closed, at most TTL (default %s)", gate.DefaultTTL)
 	r.setup("gate.Elector (lease): standbys try the lease every TTL/4")
@@ -283,7 +300,11 @@ func runFailover(ctx context.Context, e *env, p *params, r *ScenarioReport) erro
 		Columns: []string{"approach", "fault", "TTL", "rounds", "median", "max", "min", "old leader noticed (median)"}}
 	for i, v := range vs {
 		election := fmt.Sprintf("bench-election-%d", i)
-		res, err := failoverRun(ctx, e, admin, db.URL, v, election, p.FailoverRounds)
+		rounds := p.FailoverRounds
+		if v.fault == "terminate" {
+			rounds *= terminateRounds
+		}
+		res, err := failoverRun(ctx, e, admin, db.URL, v, election, rounds)
 		if err != nil {
 			return fmt.Errorf("%s (%s, %s): %w", v.name, v.fault, v.ttlText(), err)
 		}
@@ -417,6 +438,7 @@ WHERE locktype = 'advisory' AND granted AND classid = $1::bigint::oid AND objid 
 		if err := standbyWaiting(); err != nil {
 			return Result{}, err
 		}
+		time.Sleep(leaderSettle)
 		done++
 	}
 	s := summarize(times)

@@ -72,15 +72,9 @@ func (c *Sessions) Get(ctx context.Context) (*Session, error) {
 		s := c.idle[n-1]
 		c.idle = c.idle[:n-1]
 		c.mu.Unlock()
-		if time.Since(s.idleSince) >= checkIdleAfter {
-			// Reads what the server may have sent meanwhile (a FATAL
-			// from a terminated backend or a shutdown) without writing:
-			// a Ping would add a round trip to every Once.
-			//lint:ignore SA1019 a read-only liveness check is what is wanted here
-			if err := s.Conn.PgConn().CheckConn(); err != nil || s.Conn.IsClosed() {
-				s.Close()
-				continue
-			}
+		if time.Since(s.idleSince) >= checkIdleAfter && !s.Alive() {
+			s.Close()
+			continue
 		}
 		return s, nil
 	}
@@ -153,6 +147,14 @@ func (c *Sessions) Close() {
 	for _, s := range idle {
 		s.Close()
 	}
+}
+
+// Alive reads what the server may have sent an idle session (a FATAL from
+// a terminated backend or a shutdown) without writing, and reports whether
+// it is still open: a Ping would add a round trip to every use.
+func (s *Session) Alive() bool {
+	//lint:ignore SA1019 a read-only liveness check is what is wanted here
+	return s.Conn.PgConn().CheckConn() == nil && !s.Conn.IsClosed()
 }
 
 // Close closes the connection; the server then releases its locks.
