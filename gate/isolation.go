@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,27 +19,64 @@ import (
 //   - on the gate's dedicated lock connections (never returned to the pool)
 //     the session default is set to read committed once, when the
 //     connection is prepared (SessionSetup), at no cost per statement;
-//   - through the pool, each statement runs in its own explicit READ
-//     COMMITTED transaction, BEGIN, statement and COMMIT sent as one batch:
-//     one round trip, as before, and still one transaction per statement,
-//     so the Lease keeps working behind a transaction-pooling PgBouncer.
+//   - through the pool, each statement runs as its own transaction. On a
+//     connection whose session default is READ COMMITTED (asked once per
+//     connection, the first time the gate uses it) the statement is sent
+//     as it is: one plain round trip. On any other, it is sent in an
+//     explicit READ COMMITTED transaction, BEGIN, statement and COMMIT as
+//     one batch: one round trip too, and still one transaction per
+//     statement, so the Lease keeps working behind a transaction-pooling
+//     PgBouncer. A plain statement that fails with a serialization failure
+//     (the session's default was changed since it was asked; a statement
+//     failing so changed nothing) is sent again that way, and so is every
+//     later one on that connection.
 
-// readCommitted is a store.DBTX running each statement through pool in its
-// own READ COMMITTED transaction, in one round trip.
+// readCommitted is a store.DBTX running each statement through pool as its
+// own READ COMMITTED transaction (see above).
 type readCommitted struct{ pool *pgxpool.Pool }
 
 const (
 	beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 	commit             = "COMMIT"
+	// rcKey marks, in a pool connection's CustomData, whether its
+	// session's default isolation is read committed.
+	rcKey = "pgclaim.gate.read_committed"
 )
 
-// send acquires a connection and sends BEGIN, the statement and COMMIT as
-// one batch.
-func (r readCommitted) send(ctx context.Context, sql string, args []any) (*pgxpool.Conn, pgx.BatchResults, error) {
+// serializationFailure reports SQLSTATE 40001: the statement ran at
+// REPEATABLE READ or SERIALIZABLE, met a concurrent change, and was rolled
+// back.
+func serializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
+}
+
+// acquire takes a connection from the pool and reports whether its
+// session's default isolation is read committed (asked on its first use).
+func (r readCommitted) acquire(ctx context.Context) (*pgxpool.Conn, bool, error) {
 	c, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, false, err
 	}
+	data := c.Conn().PgConn().CustomData()
+	if rc, ok := data[rcKey].(bool); ok {
+		return c, rc, nil
+	}
+	var iso string
+	if err := c.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&iso); err != nil {
+		c.Release()
+		return nil, false, err
+	}
+	data[rcKey] = iso == "read committed"
+	return c, iso == "read committed", nil
+}
+
+// wrapFromNow marks c's session as not read committed by default.
+func wrapFromNow(c *pgxpool.Conn) { c.Conn().PgConn().CustomData()[rcKey] = false }
+
+// send sends BEGIN, the statement and COMMIT as one batch on c, which it
+// releases on error.
+func send(ctx context.Context, c *pgxpool.Conn, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommitted)
 	b.Queue(sql, args...)
@@ -46,9 +84,9 @@ func (r readCommitted) send(ctx context.Context, sql string, args []any) (*pgxpo
 	br := c.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		done(ctx, c, br)
-		return nil, nil, err
+		return nil, err
 	}
-	return c, br, nil
+	return br, nil
 }
 
 // done closes the batch and releases the connection; a transaction an error
@@ -67,7 +105,19 @@ func done(ctx context.Context, c *pgxpool.Conn, br pgx.BatchResults) error {
 }
 
 func (r readCommitted) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c, br, err := r.send(ctx, sql, args)
+	c, rc, err := r.acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if rc {
+		tag, err := c.Exec(ctx, sql, args...)
+		if !serializationFailure(err) {
+			c.Release()
+			return tag, err
+		}
+		wrapFromNow(c)
+	}
+	br, err := send(ctx, c, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -82,11 +132,7 @@ func (r readCommitted) Exec(ctx context.Context, sql string, args ...any) (pgcon
 }
 
 func (r readCommitted) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c, br, err := r.send(ctx, sql, args)
-	if err != nil {
-		return errRow{err}
-	}
-	return &rcRow{ctx: ctx, c: c, br: br}
+	return rcRow{r: r, ctx: ctx, sql: sql, args: args}
 }
 
 // Query is not used by the gate's statements through the pool (none
@@ -95,25 +141,38 @@ func (r readCommitted) Query(ctx context.Context, sql string, args ...any) (pgx.
 	return r.pool.Query(ctx, sql, args...)
 }
 
-// rcRow scans the statement's row, then reads the COMMIT's result.
+// rcRow sends its statement when scanned.
 type rcRow struct {
-	ctx context.Context
-	c   *pgxpool.Conn
-	br  pgx.BatchResults
+	r    readCommitted
+	ctx  context.Context
+	sql  string
+	args []any
 }
 
-func (r *rcRow) Scan(dest ...any) error {
-	err := r.br.QueryRow().Scan(dest...)
-	if err == nil {
-		_, err = r.br.Exec()
+func (q rcRow) Scan(dest ...any) error {
+	c, rc, err := q.r.acquire(q.ctx)
+	if err != nil {
+		return err
 	}
-	derr := done(r.ctx, r.c, r.br)
+	if rc {
+		err := c.QueryRow(q.ctx, q.sql, q.args...).Scan(dest...)
+		if !serializationFailure(err) {
+			c.Release()
+			return err // pgx.ErrNoRows stays comparable
+		}
+		wrapFromNow(c)
+	}
+	br, err := send(q.ctx, c, q.sql, q.args)
+	if err != nil {
+		return err
+	}
+	err = br.QueryRow().Scan(dest...)
+	if err == nil {
+		_, err = br.Exec()
+	}
+	derr := done(q.ctx, c, br)
 	if err != nil {
 		return err // pgx.ErrNoRows stays comparable
 	}
 	return derr
 }
-
-type errRow struct{ err error }
-
-func (e errRow) Scan(...any) error { return e.err }

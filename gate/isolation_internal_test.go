@@ -3,7 +3,9 @@ package gate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,5 +46,82 @@ func TestReadCommittedBatch(t *testing.T) {
 	}
 	if s := pool.Stat(); s.TotalConns() != 1 || s.IdleConns() != 1 {
 		t.Errorf("pool: %d connections, %d idle; want the one connection reused and idle", s.TotalConns(), s.IdleConns())
+	}
+}
+
+// A statement sent plain, on a connection whose session default was read
+// committed when the gate asked, but was changed since, fails with a
+// serialization failure where it meets a concurrent change: it is sent
+// again in a READ COMMITTED transaction (the failure changed nothing), and
+// so is every later statement on that connection.
+func TestReadCommittedAfterSessionChange(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	pool := db.NewPool(t)
+	rc := readCommitted{pool}
+	if _, err := rc.Exec(ctx, "CREATE TABLE rc_row (id int PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.Exec(ctx, "INSERT INTO rc_row VALUES (1, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's one connection, asked already, now defaults to repeatable read.
+	if _, err := pool.Exec(ctx, "SET default_transaction_isolation = 'repeatable read'"); err != nil {
+		t.Fatal(err)
+	}
+	other := db.NewPool(t)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "UPDATE rc_row SET n = n + 1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	var backend int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		var n int
+		err := rc.QueryRow(ctx, "UPDATE rc_row SET n = n + 10 WHERE id = 1 RETURNING n").Scan(&n)
+		if err == nil && n != 11 {
+			err = fmt.Errorf("n = %d after the update; want 11", n)
+		}
+		res <- err
+	}()
+	waitLockWait(t, db.Pool, backend)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-res; err != nil {
+		t.Fatalf("update after a concurrent change: %v; want it re-run at read committed", err)
+	}
+	var iso string
+	if err := rc.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil || iso != "read committed" {
+		t.Fatalf("the next statement ran at %q (%v); want read committed", iso, err)
+	}
+}
+
+// waitLockWait waits until backend waits for a lock.
+func waitLockWait(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, backend int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting bool
+		if err := pool.QueryRow(context.Background(), "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1", backend).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d never waited for the row", backend)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

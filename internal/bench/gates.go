@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,13 +45,18 @@ const gateTogether = ", ticks fired together"
 // errHeldBaseline is what baseline ops return when the lock is taken.
 var errHeldBaseline = fmt.Errorf("%w: baseline lock held", gate.ErrSkipped)
 
+// quiet is the gates' logger: the baselines log nothing, and a gate's
+// default logger (slog.Default) writes a line per finished run, which
+// costs the client a write to stderr each cycle.
+var quiet = slog.New(slog.DiscardHandler)
+
 func gateMechs() []gateMech {
 	const name = "bench-job"
 	run := func(job func(i int64), i int64) gate.Func {
 		return func(context.Context, gate.Run) error { job(i); return nil }
 	}
 	once := func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-		g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
+		g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), Logger: quiet})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -74,21 +80,21 @@ func gateMechs() []gateMech {
 		{group: "pgclaim", name: "gate.Once (ledger + advisory)", ticks: true, exclusive: true, setup: once},
 		{group: "pgclaim", name: "gate.Once (ledger + advisory)" + gateTogether, ticks: true, exclusive: true, setup: once, together: true},
 		{group: "pgclaim", name: "gate.Once, LedgerOnly", ticks: true, exclusive: false, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), LedgerOnly: true})
+			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), LedgerOnly: true, Logger: quiet})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Once(ctx, name+"-ledger", at(i), run(job, i)) }, g.Close, nil
 		}},
 		{group: "pgclaim", name: "gate.Exclusive (advisory)", ticks: false, exclusive: true, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c)})
+			g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("c%d", c), Logger: quiet})
 			if err != nil {
 				return nil, nil, err
 			}
 			return func(ctx context.Context, i int64) error { return g.Exclusive(ctx, name, run(job, i)) }, g.Close, nil
 		}},
 		{group: "pgclaim", name: "gate.Lease.Do (lease row)", ticks: false, exclusive: true, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
-			l, err := gate.NewLease(pool, name, gate.LeaseConfig{Holder: fmt.Sprintf("c%d", c), AtMost: 30 * time.Second})
+			l, err := gate.NewLease(pool, name, gate.LeaseConfig{Holder: fmt.Sprintf("c%d", c), AtMost: 30 * time.Second, Logger: quiet})
 			if err != nil {
 				return nil, nil, err
 			}

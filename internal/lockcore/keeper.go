@@ -140,11 +140,12 @@ type RenewConfig struct {
 
 // Renew starts a Keeper renewing a lease row every c.Every until it is
 // stopped, ctx ends, or the lease is lost. Renewals run with ctx's values
-// (not its cancellation), each bounded by the validity.
+// (not its cancellation), each bounded by the validity. Its goroutine
+// starts with the first renewal: a lease released sooner costs none.
 func Renew(ctx context.Context, c RenewConfig, onLost func(error)) *Keeper {
 	values := context.WithoutCancel(ctx)
-	return keep(ctx, 0, func(stop context.Context) error {
-		timer := time.NewTimer(c.Every)
+	return keep(ctx, c.Every, func(stop context.Context) error {
+		timer := time.NewTimer(0)
 		defer timer.Stop()
 		for {
 			select {
