@@ -26,7 +26,7 @@ import (
 )
 
 // Scenarios lists the scenario names in the order they run.
-var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "schedules"}
+var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "instances", "schedules"}
 
 // Config configures a benchmark run.
 type Config struct {
@@ -86,6 +86,13 @@ type params struct {
 	ScaleNoIndexMax     int64
 	ScaleNoIndexSamples int
 
+	// instances: each count of instance processes in turn, each for
+	// InstanceWindow, on a table of InstanceRows PAUSED rows.
+	Instances      []int
+	InstanceRows   int
+	InstanceWindow time.Duration
+	InstanceProcs  int // GOMAXPROCS of each instance process
+
 	// schedules: SchedInstances schedulers; the idle phase with
 	// SchedSchedules yearly schedules, the due-every-second phases (the
 	// scheduler, then gate.Once on a timer) once per SchedBusySchedules
@@ -112,7 +119,7 @@ func fullParams() *params {
 
 		FieldInstances: []int{2, 8},
 		BulkRepeats:    3,
-		Compare:        []point{{8, 1}, {8, 100}},
+		Compare:        []point{{8, 1}, {2, 100}, {8, 100}},
 		CompareRepeats: 3,
 		WorkerRows:     50_000,
 
@@ -135,6 +142,11 @@ func fullParams() *params {
 		ScaleSamples:        200,
 		ScaleNoIndexMax:     1_000_000,
 		ScaleNoIndexSamples: 20,
+
+		Instances:      []int{8, 32, 64},
+		InstanceRows:   1_000_000,
+		InstanceWindow: 10 * time.Second,
+		InstanceProcs:  1,
 
 		SchedInstances:     8,
 		SchedSchedules:     200,
@@ -177,6 +189,11 @@ func quickParams() *params {
 		ScaleSamples:        50,
 		ScaleNoIndexMax:     100_000,
 		ScaleNoIndexSamples: 5,
+
+		Instances:      []int{2, 8},
+		InstanceRows:   100_000,
+		InstanceWindow: 3 * time.Second,
+		InstanceProcs:  1,
 
 		SchedInstances:     4,
 		SchedSchedules:     25,
@@ -326,6 +343,7 @@ var scenarioFuncs = map[string]struct {
 	"sweeper":   {"Stale sweeper: stuck PROCESSING rows moved to FAILED", runSweeper},
 	"failover":  {"Failover: time until a standby process leads", runFailover},
 	"scale":     {"Scale: claim latency as the table grows, 1,000 claimable rows", runScale},
+	"instances": {"Instances: claim throughput and gate costs with many instance processes against one server", runInstances},
 	"schedules": {"Schedules: the scheduler's idle cost, cost per instant and wake-up lag, against gate.Once", runSchedules},
 }
 

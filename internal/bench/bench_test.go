@@ -53,6 +53,11 @@ func tinyParams() *params {
 		ScaleNoIndexMax:     10_000,
 		ScaleNoIndexSamples: 3,
 
+		Instances:      []int{2},
+		InstanceRows:   20_000,
+		InstanceWindow: 1500 * time.Millisecond,
+		InstanceProcs:  1,
+
 		SchedInstances:     2,
 		SchedSchedules:     5,
 		SchedBusySchedules: []int{5},
@@ -241,10 +246,21 @@ func TestQuickRun(t *testing.T) {
 		}
 	}
 
-	// Failover measured every round.
+	// Failover measured every round (more of them for a terminated backend).
 	for _, r := range rep.Scenarios[4].Results {
-		if r.Ops != 2 || r.P50us <= 0 {
-			t.Errorf("failover: %+v", r)
+		want := int64(2)
+		if strings.HasSuffix(r.Name, "/ terminate") {
+			want *= terminateRounds
+		}
+		if r.Ops != want || r.P50us <= 0 {
+			t.Errorf("failover: %d rounds, want %d: %+v", r.Ops, want, r)
+		}
+	}
+
+	// Instances: every count ran, with claims and ticks.
+	for _, r := range scenario(t, rep, "instances").Results {
+		if r.PerSecond <= 0 || r.Extra["ticks_run"] <= 0 || r.Extra["server_connections_peak"] <= 0 {
+			t.Errorf("instances: result without figures: %+v", r)
 		}
 	}
 
@@ -306,4 +322,16 @@ func TestUnknownScenario(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `"nope"`) {
 		t.Fatalf("err = %v, want one naming the unknown scenario", err)
 	}
+}
+
+// scenario returns the report of the named scenario.
+func scenario(t *testing.T, rep *Report, name string) *ScenarioReport {
+	t.Helper()
+	for _, s := range rep.Scenarios {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no scenario %q in the report", name)
+	return nil
 }

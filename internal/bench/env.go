@@ -148,6 +148,22 @@ func (e *env) database(ctx context.Context) (*pgtest.Database, error) {
 }
 
 // pool opens a pool of up to n connections on db; the caller closes it.
+// scratch returns a fresh database for a scenario and a pool of n
+// connections on it; done closes the pool and drops the database.
+func (e *env) scratch(ctx context.Context, n int) (db *pgtest.Database, pool *pgxpool.Pool, done func(), err error) {
+	if db, err = e.database(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = e.pool(ctx, db, n); err != nil {
+		db.Drop(context.WithoutCancel(ctx))
+		return nil, nil, nil, err
+	}
+	return db, pool, func() {
+		pool.Close()
+		db.Drop(context.WithoutCancel(ctx))
+	}, nil
+}
+
 func (e *env) pool(ctx context.Context, db *pgtest.Database, n int) (*pgxpool.Pool, error) {
 	return openPool(ctx, db.URL, n)
 }

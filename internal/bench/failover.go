@@ -23,7 +23,7 @@ import (
 // started with these environment variables set; MaybeRunChild turns the
 // process into the child.
 const (
-	envChild    = "PGCLAIM_BENCH_CHILD" // "failover"
+	envChild    = "PGCLAIM_BENCH_CHILD" // "failover" or "instance"
 	envMode     = "PGCLAIM_BENCH_MODE"  // advisory | lease | poll
 	envTTL      = "PGCLAIM_BENCH_TTL"
 	envURL      = "PGCLAIM_BENCH_URL"
@@ -43,15 +43,17 @@ const leaderSettle = 200 * time.Millisecond
 // pg_try_advisory_lock this often, and the leader checks its session.
 const pollEvery = 10 * time.Millisecond
 
-// MaybeRunChild runs a failover child process and exits when the process
-// was started as one by the failover scenario (an environment variable says
-// so); otherwise it returns at once. Call it first thing in main (or in
-// TestMain) of every program that runs the benchmarks.
+// MaybeRunChild runs a child process of the failover or instances
+// scenario and exits when the process was started as one (an environment
+// variable says so); otherwise it returns at once. Call it first thing in
+// main (or in TestMain) of every program that runs the benchmarks.
 func MaybeRunChild() {
-	if os.Getenv(envChild) != "failover" {
-		return
+	switch os.Getenv(envChild) {
+	case "failover":
+		os.Exit(runChild())
+	case "instance":
+		os.Exit(runInstanceChild())
 	}
-	os.Exit(runChild())
 }
 
 // childOut writes the child's events to stdout, one line each:
@@ -258,16 +260,11 @@ func (c *child) kill() {
 // runFailover kills the leader process (SIGKILL) or terminates its backend
 // and measures the time until a standby process reports that it leads.
 func runFailover(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
-	db, err := e.database(ctx)
+	db, admin, done, err := e.scratch(ctx, 2)
 	if err != nil {
 		return err
 	}
-	defer db.Drop(context.WithoutCancel(ctx))
-	admin, err := e.pool(ctx, db, 2)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
+	defer done()
 
 	var vs []foVariant
 	if p.FailoverLong {

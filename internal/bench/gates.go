@@ -137,16 +137,11 @@ func gateMechs() []gateMech {
 // runGates measures acquire+release cycles of every gate mechanism and of
 // the baselines, with one contender and with several on one name.
 func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
-	db, err := e.database(ctx)
+	db, admin, done, err := e.scratch(ctx, 2)
 	if err != nil {
 		return err
 	}
-	defer db.Drop(context.WithoutCancel(ctx))
-	admin, err := e.pool(ctx, db, 2)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
+	defer done()
 	if _, err := admin.Exec(ctx, shedlock.DDL); err != nil {
 		return err
 	}

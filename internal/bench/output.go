@@ -377,6 +377,10 @@ func ratios(r *Report) []Ratio {
 				last.P50us/first.P50us, fmtUs(last.P50us), fmtUs(first.P50us))
 		}
 	}
+	// instances: the most instance processes against the fewest
+	if in := results("instances"); len(in) >= 2 {
+		throughput(fmt.Sprintf("claim rows/s, %d instance processes / %d", in[len(in)-1].Workers, in[0].Workers), in[len(in)-1], in[0])
+	}
 	// schedules: the scheduler against gate.Once on a timer, same instances
 	// and jobs
 	for _, sc := range results("schedules") {

@@ -35,16 +35,11 @@ var scaleTable = claim.Table{
 // and measures ClaimBatch latency at each size with and without the
 // partial index.
 func runScale(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
-	db, err := e.database(ctx)
+	db, pool, done, err := e.scratch(ctx, 4)
 	if err != nil {
 		return err
 	}
-	defer db.Drop(context.WithoutCancel(ctx))
-	pool, err := e.pool(ctx, db, 4)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer done()
 	if _, err := pool.Exec(ctx, scaleDDL); err != nil {
 		return err
 	}

@@ -47,16 +47,11 @@ FROM generate_series(1, $1::bigint) AS g`, []any{n}},
 // runSweeper sweeps a table of stale rows with one and with two sweepers
 // at once, and beside them moves the same rows with one giant UPDATE.
 func runSweeper(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
-	db, err := e.database(ctx)
+	db, pool, done, err := e.scratch(ctx, 6)
 	if err != nil {
 		return err
 	}
-	defer db.Drop(context.WithoutCancel(ctx))
-	pool, err := e.pool(ctx, db, 6)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer done()
 	if _, err := pool.Exec(ctx, sweepDDL); err != nil {
 		return err
 	}
