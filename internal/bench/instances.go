@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	childproc "github.com/pgclaim/pgclaim/internal/child"
 )
 
@@ -24,6 +25,7 @@ import (
 const (
 	envInstance = "PGCLAIM_BENCH_INSTANCE" // the instance's number
 	envJob      = "PGCLAIM_BENCH_JOB"      // the gate job's name
+	envLedger   = "PGCLAIM_BENCH_LEDGER"   // "1": gate.Config.LedgerOnly (behind PgBouncer)
 )
 
 const (
@@ -66,7 +68,7 @@ func runInstanceChild() int {
 		out.emit("error", oneLine(err.Error()))
 		return 1
 	}
-	g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("i%d", idx), Logger: quiet})
+	g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("i%d", idx), Logger: quiet, LedgerOnly: os.Getenv(envLedger) == "1"})
 	if err != nil {
 		out.emit("error", oneLine(err.Error()))
 		return 1
@@ -203,16 +205,42 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.setup("N instance processes (this executable re-run), each with its own pool of %d connections and one gate.Gate; they start together and run for %s", instancePoolConns, p.InstanceWindow)
 	r.setup("each instance: one claim loop (ClaimBatch(%d), then FinishBatch and the effects in one transaction) on one table of %d PAUSED rows, and gate.Once on one shared job every %s (every instance fires every tick)", instanceBatch, p.InstanceRows, instanceTick)
 	r.setup("each instance runs with GOMAXPROCS=%d, as a service in a container of that many CPUs (all of them share this machine's cores with the server)", p.InstanceProcs)
-	r.setup("a tick that no instance ran must have been skipped loudly: reported held (gate.HeldError, logged at warn) because the previous tick's run still held the job's lock")
+	r.setup("a tick that no instance ran must have been skipped loudly: claimed and recorded with its outcome (lost: the run's lock session was not confirmed in time, logged at error), or reported held (gate.HeldError, logged at warn) because the previous tick's run still held the job's lock")
 	r.setup("server connections: the database's backends (pg_stat_activity), sampled every 100 ms, peak; each instance holds its pool's connections and one dedicated lock connection taken out of it (pool connections + 1)")
 
 	tbl := Table{Title: "Instances: claim throughput and gate.Once against one server",
-		Columns: []string{"instances", "rows/s", "claim p50", "gate.Once won p50", "skip p50", "ticks run / due", "skipped held (loud)", "server connections (peak)", "per instance"}}
-	var dups, missing, unrun, errs int64
+		Columns: []string{"instances", "rows/s", "claim p50", "gate.Once won p50", "skip p50", "ticks succeeded / due", "other outcomes (recorded)", "skipped held (loud)", "server connections (peak)", "per instance"}}
+	type variant struct {
+		n   int
+		bnc *bouncer.Bouncer // nil: straight to the server
+	}
+	var vs []variant
 	for _, n := range p.Instances {
-		res, row, prof, counts, err := instancesRun(ctx, e, admin, db.URL, p, n)
+		vs = append(vs, variant{n: n})
+	}
+	if _, err := bouncer.Find(); err != nil {
+		r.note("PgBouncer rows not run: %v", err)
+	} else {
+		b, err := bouncer.Start(ctx, db.Server.URL(), db.Name)
 		if err != nil {
-			return fmt.Errorf("%d instances: %w", n, err)
+			return err
+		}
+		defer b.Stop()
+		for _, n := range p.Instances {
+			vs = append(vs, variant{n: n, bnc: b})
+		}
+		r.setup("behind PgBouncer (transaction pooling, default_pool_size 20): the same instances through one PgBouncer, their gates LedgerOnly (session advisory locks cannot live behind it)")
+	}
+	var dups, missing, unrun, errs int64
+	for _, v := range vs {
+		url, label := db.URL, strconv.Itoa(v.n)
+		if v.bnc != nil {
+			url, label = v.bnc.URL(db.Name, "bench-instance"), strconv.Itoa(v.n)+", PgBouncer"
+		}
+		n := v.n
+		res, row, prof, counts, err := instancesRun(ctx, e, admin, url, p, n, label, v.bnc != nil)
+		if err != nil {
+			return fmt.Errorf("%s instances: %w", label, err)
 		}
 		if len(prof.Statements) > 0 {
 			r.Profiles = append(r.Profiles, prof)
@@ -227,19 +255,23 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.Tables = append(r.Tables, tbl)
 	r.check("instances: rows with more than one effect", 0, dups)
 	r.check("instances: rows done without an effect, or left PROCESSING", 0, missing)
-	r.check("instances: ticks due in the window that no instance ran, and none reported held", 0, unrun)
+	r.check("instances: ticks due in the window that no instance claimed, and none reported held", 0, unrun)
 	r.check("instances: gate errors other than a skip", 0, errs)
 	return nil
 }
 
 type instanceCounts struct{ dups, lost, unrun, errs int64 }
 
-func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int) (Result, []string, Profile, instanceCounts, error) {
+func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int, label string, ledger bool) (Result, []string, Profile, instanceCounts, error) {
 	var counts instanceCounts
 	if err := resetPush(ctx, admin, p.InstanceRows); err != nil {
 		return Result{}, nil, Profile{}, counts, err
 	}
-	job := fmt.Sprintf("bench-instances-%d", n)
+	job := "bench-instances-" + strings.ReplaceAll(label, ", ", "-")
+	ledgerEnv := "0"
+	if ledger {
+		ledgerEnv = "1"
+	}
 	type kid struct {
 		proc  *childproc.Process
 		lines chan string
@@ -253,12 +285,12 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 			<-k.proc.Done()
 		}
 	}()
-	end := e.prog.task(fmt.Sprintf("  instances: %d", n), "started", int64(n), func() int64 { return int64(len(kids)) })
+	end := e.prog.task("  instances: "+label, "started", int64(n), func() int64 { return int64(len(kids)) })
 	for i := range n {
 		k := &kid{lines: make(chan string, 64)}
 		proc, err := childproc.Start(childproc.Config{
 			Env: []string{envChild + "=instance", envURL + "=" + url, envInstance + "=" + strconv.Itoa(i), envJob + "=" + job,
-				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs)},
+				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs), envLedger + "=" + ledgerEnv},
 			Stdout:   func(line []byte) { k.lines <- string(line) },
 			StderrTo: os.Stderr,
 		})
@@ -357,7 +389,7 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 	}
 	stopSampling()
 	<-sampled
-	prof := ph.end(ctx, fmt.Sprintf("%d instances", n), 6)
+	prof := ph.end(ctx, label+" instances", 6)
 
 	var rows, won, tried, errsN int64
 	var claimP50, onceP50, skipP50 []time.Duration
@@ -377,7 +409,7 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 		}
 	}
 	if firstErr != "" {
-		e.prog.logf("instances: %d: first gate error: %s", n, firstErr)
+		e.prog.logf("instances: %s: first gate error: %s", label, firstErr)
 	}
 	c, err := countEffects(ctx, admin)
 	if err != nil {
@@ -410,17 +442,41 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 	}
 	var silent int64
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM generate_series($1::timestamptz, $2::timestamptz, $3::interval) AS t
-WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at = t AND k.outcome = 'succeeded')
+WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at = t)
   AND NOT (t = ANY($5::timestamptz[]))`, from, to, instanceTick.String(), job, heldTimes(held)).Scan(&silent); err != nil {
 		return Result{}, nil, Profile{}, counts, err
 	}
 	counts.unrun = silent
+	// A claimed tick whose run did not succeed is recorded with its
+	// outcome (lost: the lock's session was not confirmed in time).
+	var others []string
+	rows2, err := admin.Query(ctx, `SELECT outcome, count(*) FROM pgclaim_ticks WHERE job = $1 AND fire_at BETWEEN $2 AND $3 AND outcome <> 'succeeded' GROUP BY outcome ORDER BY outcome`, job, from, to)
+	if err != nil {
+		return Result{}, nil, Profile{}, counts, err
+	}
+	for rows2.Next() {
+		var o string
+		var c int64
+		if err := rows2.Scan(&o, &c); err != nil {
+			rows2.Close()
+			return Result{}, nil, Profile{}, counts, err
+		}
+		others = append(others, fmt.Sprintf("%d %s", c, o))
+	}
+	rows2.Close()
+	if err := rows2.Err(); err != nil {
+		return Result{}, nil, Profile{}, counts, err
+	}
+	recorded := "-"
+	if len(others) > 0 {
+		recorded = strings.Join(others, ", ")
+	}
 
 	if elapsed < p.InstanceWindow*9/10 {
-		e.prog.logf("instances: %d: the table ran out of rows after %s of %s", n, elapsed.Round(time.Millisecond), p.InstanceWindow)
+		e.prog.logf("instances: %s: the table ran out of rows after %s of %s", label, elapsed.Round(time.Millisecond), p.InstanceWindow)
 	}
 	perSec := float64(rows) / elapsed.Seconds()
-	res := Result{Group: "pgclaim", Name: fmt.Sprintf("%d instances", n), Workers: n, Batch: instanceBatch,
+	res := Result{Group: "pgclaim", Name: label + " instances", Workers: n, Batch: instanceBatch,
 		Ops: rows, Unit: "rows", Seconds: elapsed.Seconds(), PerSecond: perSec,
 		P50us: us(median(claimP50)),
 		Extra: map[string]float64{
@@ -432,8 +488,8 @@ WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at =
 	if n > 0 {
 		per = fmt.Sprintf("%.1f", float64(peak.Load())/float64(n))
 	}
-	row := []string{strconv.Itoa(n), fmt.Sprintf("%.0f", perSec), fmtUs(res.P50us), fmtUs(res.Extra["once_won_p50_us"]),
-		fmtUs(res.Extra["once_skip_p50_us"]), fmt.Sprintf("%d / %d", ran, due), strconv.Itoa(len(held)), strconv.FormatInt(peak.Load(), 10), per}
+	row := []string{label, fmt.Sprintf("%.0f", perSec), fmtUs(res.P50us), fmtUs(res.Extra["once_won_p50_us"]),
+		fmtUs(res.Extra["once_skip_p50_us"]), fmt.Sprintf("%d / %d", ran, due), recorded, strconv.Itoa(len(held)), strconv.FormatInt(peak.Load(), 10), per}
 	return res, row, prof, counts, nil
 }
 

@@ -378,8 +378,19 @@ func ratios(r *Report) []Ratio {
 		}
 	}
 	// instances: the most instance processes against the fewest
-	if in := results("instances"); len(in) >= 2 {
-		throughput(fmt.Sprintf("claim rows/s, %d instance processes / %d", in[len(in)-1].Workers, in[0].Workers), in[len(in)-1], in[0])
+	var direct, pooled []Result
+	for _, x := range results("instances") {
+		if strings.Contains(x.Name, "PgBouncer") {
+			pooled = append(pooled, x)
+		} else {
+			direct = append(direct, x)
+		}
+	}
+	if len(direct) >= 2 {
+		throughput(fmt.Sprintf("claim rows/s, %d instance processes / %d", direct[len(direct)-1].Workers, direct[0].Workers), direct[len(direct)-1], direct[0])
+	}
+	if len(pooled) >= 2 {
+		throughput(fmt.Sprintf("claim rows/s behind PgBouncer, %d instance processes / %d", pooled[len(pooled)-1].Workers, pooled[0].Workers), pooled[len(pooled)-1], pooled[0])
 	}
 	// schedules: the scheduler against gate.Once on a timer, same instances
 	// and jobs

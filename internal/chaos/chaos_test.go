@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -38,7 +39,7 @@ func runHarness(t *testing.T, cfg Config) *Result {
 			t.Skip(err)
 		}
 	} else if cfg.Faults == nil && !cfg.NoFaults || containsFault(cfg.Faults, FaultBouncer) {
-		if _, err := findBouncer(); err != nil {
+		if _, err := bouncer.Find(); err != nil {
 			if os.Getenv("CI") == "true" {
 				t.Fatal(err)
 			}
@@ -193,7 +194,7 @@ func TestCheckerCatchesBrokenWorkers(t *testing.T) {
 // transaction pooling and refuse with gate.ErrPooler; the lease variants
 // work through the same PgBouncer.
 func TestAdvisoryRefusesBehindPgBouncer(t *testing.T) {
-	if _, err := findBouncer(); err != nil {
+	if _, err := bouncer.Find(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
 		}
@@ -202,11 +203,11 @@ func TestAdvisoryRefusesBehindPgBouncer(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := startBouncer(ctx, db.Server.URL(), db.Name)
+	b, err := bouncer.Start(ctx, db.Server.URL(), db.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.stop()
+	defer b.Stop()
 	c := probePooler(ctx, b.URL(db.Name, "chaos-probe"))
 	if c.Checked != 5 || c.Violations != 0 {
 		t.Fatalf("probe behind PgBouncer: %d checked, %d violations: %v", c.Checked, c.Violations, c.Examples)

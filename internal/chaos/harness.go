@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 )
@@ -344,7 +345,7 @@ type harness struct {
 	srv    *pgtest.Server
 	db     *pgtest.Database
 	pool   *pgxpool.Pool
-	bnc    *bouncer
+	bnc    *bouncer.Bouncer
 	pat    *patroniRun // Config.Patroni
 	insts  []*instance
 	sched  *schedule.Scheduler // pauses and resumes schedules
@@ -424,14 +425,14 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	}
 
 	if cfg.Bouncer > 0 {
-		if h.bnc, err = startBouncer(ctx, h.srv.URL(), h.db.Name); err != nil {
+		if h.bnc, err = bouncer.Start(ctx, h.srv.URL(), h.db.Name); err != nil {
 			return nil, err
 		}
-		defer h.bnc.stop()
+		defer h.bnc.Stop()
 		h.probe = probePooler(ctx, h.bnc.URL(h.db.Name, harnessAppName))
 		sctx, stopSupervise := context.WithCancel(ctx)
 		defer stopSupervise()
-		go h.bnc.supervise(sctx, h.logf)
+		go h.bnc.Supervise(sctx, h.logf)
 	}
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6368616f73))
@@ -553,9 +554,9 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 		incarnations += len(in.incarnations())
 		unexpected = append(unexpected, in.unexpectedExits()...)
 	}
-	if h.bnc != nil && h.bnc.exited() {
+	if h.bnc != nil && h.bnc.Exited() {
 		// Not a modelled fault: the instances behind it were cut off.
-		unexpected = append(unexpected, "pgbouncer exited during the run: "+h.bnc.logTail())
+		unexpected = append(unexpected, "pgbouncer exited during the run: "+h.bnc.LogTail())
 	}
 	h.faults.mu.Lock()
 	faulted := false
@@ -608,11 +609,11 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	stats = append(stats, Stat{Name: "batches seen", Value: batches})
 	stats = append(stats, Stat{Name: "database stalls", Value: h.stalls.summary()})
 	if h.bnc != nil {
-		if n := len(h.bnc.knownCrashes()); n > 0 {
+		if n := len(h.bnc.KnownCrashes()); n > 0 {
 			// Not ours: an upstream bug of the packaged PgBouncer, which a
 			// service manager restarts. The instances behind it were cut off
 			// meanwhile, as with a terminated backend.
-			stats = append(stats, Stat{Name: "pgbouncer", Value: fmt.Sprintf("exited %d time(s) on its own state checks (PgBouncer's known bugs, e.g. pgbouncer/pgbouncer#822 and #801) and was started again on the same port: %s", n, strings.Join(h.bnc.knownCrashes(), "; "))})
+			stats = append(stats, Stat{Name: "pgbouncer", Value: fmt.Sprintf("exited %d time(s) on its own state checks (PgBouncer's known bugs, e.g. pgbouncer/pgbouncer#822 and #801) and was started again on the same port: %s", n, strings.Join(h.bnc.KnownCrashes(), "; "))})
 		}
 	}
 	res = &Result{

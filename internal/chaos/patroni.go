@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	pgclaim "github.com/pgclaim/pgclaim"
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	"github.com/pgclaim/pgclaim/internal/child"
 )
 
@@ -156,7 +157,7 @@ func startPatroni(ctx context.Context, logDir string, sync bool, logf func(strin
 		return nil, err
 	}
 	c := &patroniCluster{bins: bins, logDir: logDir, sync: sync, logf: logf, http: &http.Client{Timeout: time.Second}}
-	if c.cred, err = postgresCred("Patroni"); err != nil {
+	if c.cred, err = bouncer.PostgresCred("Patroni"); err != nil {
 		return nil, err
 	}
 	if c.dir, err = os.MkdirTemp("", "chaos-patroni-"); err != nil {
@@ -269,8 +270,8 @@ func (c *patroniCluster) started(name string, cmd *exec.Cmd) {
 func (c *patroniCluster) startEtcd(ctx context.Context) error {
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
-		client, err1 := freePort()
-		peer, err2 := freePort()
+		client, err1 := bouncer.FreePort()
+		peer, err2 := bouncer.FreePort()
 		if err := errors.Join(err1, err2); err != nil {
 			last = err
 			continue
@@ -339,8 +340,8 @@ func (c *patroniCluster) newNode(i int) (*patroniNode, error) {
 		return nil, err
 	}
 	var err1, err2 error
-	n.pgPort, err1 = freePort()
-	n.restPort, err2 = freePort()
+	n.pgPort, err1 = bouncer.FreePort()
+	n.restPort, err2 = bouncer.FreePort()
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package chaos
+package bouncer
 
 import (
 	"context"
@@ -30,17 +30,17 @@ func TestBouncerSupervise(t *testing.T) {
 			if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			b := &bouncer{dir: dir, bin: script, iniPath: filepath.Join(dir, "pgbouncer.ini")}
+			b := &Bouncer{dir: dir, bin: script, iniPath: filepath.Join(dir, "pgbouncer.ini")}
 			if err := b.start(); err != nil {
 				t.Fatal(err)
 			}
-			defer b.kill()
+			defer b.Kill()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			supervised := make(chan struct{})
-			go func() { defer close(supervised); b.supervise(ctx, t.Logf) }()
+			go func() { defer close(supervised); b.Supervise(ctx, t.Logf) }()
 			deadline := time.Now().Add(10 * time.Second)
-			for time.Now().Before(deadline) && len(b.knownCrashes()) < tc.known {
+			for time.Now().Before(deadline) && len(b.KnownCrashes()) < tc.known {
 				time.Sleep(20 * time.Millisecond)
 			}
 			if !tc.exited {
@@ -48,11 +48,11 @@ func TestBouncerSupervise(t *testing.T) {
 			} else {
 				<-supervised
 			}
-			if got := len(b.knownCrashes()); got != tc.known {
+			if got := len(b.KnownCrashes()); got != tc.known {
 				t.Fatalf("known crashes %d, want %d", got, tc.known)
 			}
-			if got := b.exited(); got != tc.exited {
-				t.Fatalf("exited() = %v, want %v", got, tc.exited)
+			if got := b.Exited(); got != tc.exited {
+				t.Fatalf("Exited() = %v, want %v", got, tc.exited)
 			}
 		})
 	}

@@ -1,4 +1,8 @@
-package chaos
+// Package bouncer starts PgBouncer in transaction pooling mode on loopback
+// in front of one database, for the chaos harness and the benchmarks, and
+// supervises it: PgBouncer 1.18 (Debian 12) aborts on two of its own state
+// checks under faults, and is started again on the same port then.
+package bouncer
 
 import (
 	"context"
@@ -21,12 +25,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrNoBouncer is returned when the pgbouncer binary cannot be found.
-var ErrNoBouncer = errors.New("chaos: pgbouncer not found (apt-get install pgbouncer, or set PGBOUNCER)")
+// ErrNotFound is returned when the pgbouncer binary cannot be found.
+var ErrNotFound = errors.New("bouncer: pgbouncer not found (apt-get install pgbouncer, or set PGBOUNCER)")
 
-// bouncer is a PgBouncer in transaction pooling mode started on loopback in
+// Bouncer is a PgBouncer in transaction pooling mode started on loopback in
 // front of one database.
-type bouncer struct {
+type Bouncer struct {
 	dir     string
 	port    int
 	bin     string
@@ -52,9 +56,9 @@ type bouncer struct {
 // 0" (pgbouncer/pgbouncer#801, open).
 var knownCrash = regexp.MustCompile(`FATAL @src/\S+ in function \w+\(\): .*bad (\w+ )?state: \d+`)
 
-// findBouncer returns the pgbouncer binary: $PGBOUNCER, PATH, or the
+// Find returns the pgbouncer binary: $PGBOUNCER, PATH, or the
 // Debian location.
-func findBouncer() (string, error) {
+func Find() (string, error) {
 	if p := os.Getenv("PGBOUNCER"); p != "" {
 		return p, nil
 	}
@@ -64,14 +68,14 @@ func findBouncer() (string, error) {
 	if _, err := os.Stat("/usr/sbin/pgbouncer"); err == nil {
 		return "/usr/sbin/pgbouncer", nil
 	}
-	return "", ErrNoBouncer
+	return "", ErrNotFound
 }
 
-// startBouncer starts PgBouncer in front of database dbName of the server
+// Start starts PgBouncer in front of database dbName of the server
 // whose connection string is serverURL. As root it runs as the postgres
 // user, since PgBouncer refuses to run as root.
-func startBouncer(ctx context.Context, serverURL, dbName string) (*bouncer, error) {
-	bin, err := findBouncer()
+func Start(ctx context.Context, serverURL, dbName string) (*Bouncer, error) {
+	bin, err := Find()
 	if err != nil {
 		return nil, err
 	}
@@ -84,17 +88,17 @@ func startBouncer(ctx context.Context, serverURL, dbName string) (*bouncer, erro
 	if userName == "" {
 		userName = "postgres"
 	}
-	cred, err := postgresCred("pgbouncer")
+	cred, err := PostgresCred("pgbouncer")
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "chaos-pgbouncer-")
+	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
 		return nil, err
 	}
-	b := &bouncer{dir: dir, bin: bin, cred: cred}
-	fail := func(err error) (*bouncer, error) {
-		b.stop()
+	b := &Bouncer{dir: dir, bin: bin, cred: cred}
+	fail := func(err error) (*Bouncer, error) {
+		b.Stop()
 		return nil, err
 	}
 	if cred != nil {
@@ -106,7 +110,7 @@ func startBouncer(ctx context.Context, serverURL, dbName string) (*bouncer, erro
 		return fail(err)
 	}
 	for attempt := 0; attempt < 5; attempt++ {
-		if b.port, err = freePort(); err != nil {
+		if b.port, err = FreePort(); err != nil {
 			continue
 		}
 		ini := fmt.Sprintf(`[databases]
@@ -138,20 +142,20 @@ pidfile = %s
 		if err = b.waitReady(ctx, dbName); err == nil {
 			return b, nil
 		}
-		b.kill()
+		b.Kill()
 		b.mu.Lock()
 		b.stopping = false
 		b.mu.Unlock()
 	}
-	return fail(fmt.Errorf("chaos: pgbouncer did not start: %w; log: %s", err, b.logTail()))
+	return fail(fmt.Errorf("bouncer: pgbouncer did not start: %w; log: %s", err, b.LogTail()))
 }
 
 // start starts the PgBouncer process on b's configuration.
-func (b *bouncer) start() error {
+func (b *Bouncer) start() error {
 	cmd := exec.Command(b.bin, b.iniPath)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: b.cred}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("chaos: start pgbouncer: %w", err)
+		return fmt.Errorf("bouncer: start pgbouncer: %w", err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -166,7 +170,7 @@ func (b *bouncer) start() error {
 }
 
 // ownLog is what the current process wrote to the log (b.mu held).
-func (b *bouncer) ownLog() string {
+func (b *Bouncer) ownLog() string {
 	data, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
 	if int64(len(data)) >= b.logFrom {
 		data = data[b.logFrom:]
@@ -174,11 +178,11 @@ func (b *bouncer) ownLog() string {
 	return string(data)
 }
 
-// supervise watches PgBouncer until ctx ends: an exit on PgBouncer's known
+// Supervise watches PgBouncer until ctx ends: an exit on PgBouncer's known
 // bugs (knownCrash) is recorded and PgBouncer started again on the same
 // port, as a service manager would; any other unexpected exit is left
 // for the run's report (exited).
-func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
+func (b *Bouncer) Supervise(ctx context.Context, logf func(string, ...any)) {
 	for {
 		b.mu.Lock()
 		done := b.done
@@ -208,15 +212,17 @@ func (b *bouncer) supervise(ctx context.Context, logf func(string, ...any)) {
 				break
 			}
 			logf("%v; trying again", err)
-			if !sleepCtx(ctx, 500*time.Millisecond) {
+			select {
+			case <-ctx.Done():
 				return
+			case <-time.After(500 * time.Millisecond):
 			}
 		}
 	}
 }
 
-// knownCrashes returns the log lines of the exits on PgBouncer's known bugs.
-func (b *bouncer) knownCrashes() []string {
+// KnownCrashes returns the log lines of the exits on PgBouncer's known bugs.
+func (b *Bouncer) KnownCrashes() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Clone(b.known)
@@ -234,12 +240,12 @@ func lastLineMatching(log string, re *regexp.Regexp) string {
 
 // URL returns a connection string to dbName through the bouncer, with the
 // settings a pgx client needs under transaction pooling.
-func (b *bouncer) URL(dbName, appName string) string {
+func (b *Bouncer) URL(dbName, appName string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&application_name=%s&default_query_exec_mode=exec&connect_timeout=5",
 		b.port, dbName, appName)
 }
 
-func (b *bouncer) waitReady(ctx context.Context, dbName string) error {
+func (b *Bouncer) waitReady(ctx context.Context, dbName string) error {
 	deadline := time.Now().Add(15 * time.Second)
 	var last error
 	b.mu.Lock()
@@ -252,7 +258,7 @@ func (b *bouncer) waitReady(ctx context.Context, dbName string) error {
 		default:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(cctx, b.URL(dbName, harnessAppName))
+		conn, err := pgx.Connect(cctx, b.URL(dbName, "pgbouncer-ready"))
 		if err == nil {
 			var one int
 			err = conn.QueryRow(cctx, "SELECT 1").Scan(&one)
@@ -268,7 +274,8 @@ func (b *bouncer) waitReady(ctx context.Context, dbName string) error {
 	return last
 }
 
-func (b *bouncer) logTail() string {
+// LogTail returns the end of PgBouncer's log.
+func (b *Bouncer) LogTail() string {
 	data, _ := os.ReadFile(filepath.Join(b.dir, "pgbouncer.log"))
 	if len(data) > 2000 {
 		data = data[len(data)-2000:]
@@ -276,9 +283,9 @@ func (b *bouncer) logTail() string {
 	return strings.TrimSpace(string(data))
 }
 
-// exited reports whether PgBouncer exited unexpectedly (before kill or
-// stop) and was not started again (see supervise).
-func (b *bouncer) exited() bool {
+// Exited reports whether PgBouncer exited unexpectedly (before kill or
+// stop) and was not started again (see Supervise).
+func (b *Bouncer) Exited() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.crashed {
@@ -289,14 +296,15 @@ func (b *bouncer) exited() bool {
 	}
 	select {
 	case <-b.done:
-		// Exited; supervise (if it runs) has not decided yet, or never will.
+		// Exited; Supervise (if it runs) has not decided yet, or never will.
 		return lastLineMatching(b.ownLog(), knownCrash) == ""
 	default:
 		return false
 	}
 }
 
-func (b *bouncer) kill() {
+// Kill stops PgBouncer (SIGTERM, then SIGKILL after 5 s), keeping its files.
+func (b *Bouncer) Kill() {
 	b.mu.Lock()
 	b.stopping = true
 	cmd, done := b.cmd, b.done
@@ -314,30 +322,31 @@ func (b *bouncer) kill() {
 	}
 }
 
-// stop stops PgBouncer and removes its files.
-func (b *bouncer) stop() {
-	b.kill()
+// Stop stops PgBouncer and removes its files.
+func (b *Bouncer) Stop() {
+	b.Kill()
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
 }
 
-// postgresCred is the postgres user's credential when this process runs as
+// PostgresCred is the postgres user's credential when this process runs as
 // root (PostgreSQL, PgBouncer and Patroni refuse to run as root), else nil.
-func postgresCred(what string) (*syscall.Credential, error) {
+func PostgresCred(what string) (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
 	pu, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, fmt.Errorf("chaos: running as root and there is no postgres user to run %s as", what)
+		return nil, fmt.Errorf("bouncer: running as root and there is no postgres user to run %s as", what)
 	}
 	uid, _ := strconv.Atoi(pu.Uid)
 	gid, _ := strconv.Atoi(pu.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port free on loopback now.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
