@@ -138,10 +138,15 @@
 // lease takeover, a term close), which REPEATABLE READ and SERIALIZABLE
 // turn into SQLSTATE 40001 failures. So every statement runs at READ
 // COMMITTED: the lock connections the gate owns set it as their session
-// default when they are prepared, and a statement through the pool is sent
-// as BEGIN ISOLATION LEVEL READ COMMITTED, the statement and COMMIT in one
-// batch (one round trip, one transaction). A skipped claim is ErrSkipped, a
-// lease held elsewhere ErrHeld, at every level.
+// default when they are prepared. Through the pool, the gate asks each
+// connection's default once, on its first use: where it is read committed
+// a statement is sent as it is; elsewhere it is sent as BEGIN ISOLATION
+// LEVEL READ COMMITTED, the statement and COMMIT in one batch (one round
+// trip, one transaction). A plain statement that fails with a
+// serialization failure, on a session whose default was changed since, is
+// sent again that way (it changed nothing), as is every later one there. A
+// skipped claim is ErrSkipped, a lease held elsewhere ErrHeld, at every
+// level.
 //
 // # Observing
 //

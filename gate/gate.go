@@ -88,8 +88,8 @@ func checkSchema(log *slog.Logger, q *store.Queries, names ...string) error {
 }
 
 // named is what a Lease and an Elector are built on: a pool, the queries
-// through it (each statement in its own READ COMMITTED transaction) and the
-// lock or election name.
+// through it (each statement its own READ COMMITTED transaction; see
+// isolation.go) and the lock or election name.
 type named struct {
 	pool *pgxpool.Pool
 	q    *store.Queries
