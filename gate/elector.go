@@ -208,7 +208,13 @@ func (e *Elector) keepNext(s *lockcore.Session) {
 		e.nextT.Stop()
 	}
 	e.nextT = time.AfterFunc(spareIdle, func() {
-		if s := e.takeNext(); s != nil {
+		e.nextMu.Lock()
+		mine := e.next == s // not taken, nor replaced by a later term's
+		if mine {
+			e.next, e.nextT = nil, nil
+		}
+		e.nextMu.Unlock()
+		if mine {
 			s.Close()
 		}
 	})
