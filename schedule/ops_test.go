@@ -66,6 +66,12 @@ func TestPauseStopsAllResume(t *testing.T) {
 	var skipped int
 	for _, r := range runsOf(t, db.Pool, def.Name) {
 		if r.State == stateSkipped {
+			if !r.Missed && strings.HasPrefix(deref(r.Reason), "overlap: ") {
+				// A run that outlived its second on a loaded machine:
+				// the next instant is skipped by the overlap policy, not
+				// the pause.
+				continue
+			}
 			skipped++
 			if r.Missed || !strings.HasPrefix(deref(r.Reason), "paused: ") {
 				t.Errorf("skipped %v: missed %v reason %q", r.Instant, r.Missed, deref(r.Reason))
