@@ -603,9 +603,18 @@ func (s *Scheduler) startNext(ctx context.Context, h held, e *entry, st *stored,
 
 // claim moves o to running as its next attempt (a compare-and-swap on its
 // state and fence); nil when it was moved meanwhile.
+//
+// Once sent, the claim is not cut off by ctx (the scheduler stopping): the
+// server may have committed it already, and the run would then be recorded
+// running by an instance that never runs it. Its answer is awaited (within
+// the lock's validity); a claim that lands after ctx ended is handed back
+// by begin and finish, its job never called.
 func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o openRun) (*attemptRun, error) {
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
 	var row store.ClaimRunRow
-	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
+	err := h.do(context.WithoutCancel(ctx), func(ctx context.Context, q *store.Queries, g guard) error {
 		var err error
 		row, err = q.ClaimRun(ctx, store.ClaimRunParams{
 			Holder: s.holder, LeaseUs: us(st.def.Lease), Schedule: e.name, Instant: ts(o.instant),
@@ -659,6 +668,10 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 	job := e.job
 	go func() {
 		defer close(a.done)
+		if err := context.Cause(jctx); err != nil {
+			a.err = err // claimed as the scheduler stopped: handed back unrun
+			return
+		}
 		a.err = callJob(jctx, job, run)
 	}()
 }

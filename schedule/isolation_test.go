@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,7 @@ func TestAnyIsolation(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(4 * time.Second)
+			stopped := time.Now()
 			for _, in := range ins {
 				in.stop()
 			}
@@ -56,6 +58,10 @@ func TestAnyIsolation(t *testing.T) {
 				t.Fatalf("%d runs", len(rows))
 			}
 			for _, r := range rows {
+				if r.Instant.After(stopped.Add(-time.Second)) && (r.State == stateSucceeded ||
+					r.State == stateRetrying && r.Reason != nil && strings.Contains(*r.Reason, "interrupted")) {
+					continue // an attempt the stop interrupted, handed back (and maybe run again)
+				}
 				if r.State != stateSucceeded || r.Attempt != 1 {
 					t.Errorf("%v %s: state %s attempt %d reason %q", r.Instant, r.Kind, r.State, r.Attempt, deref(r.Reason))
 				}
