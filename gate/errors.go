@@ -10,7 +10,12 @@ import "time"
 // errors.Is(err, ErrSkipped) hold for it as for every held skip.
 //
 // A tick claimed already by another instance (the usual skip) is not a
-// HeldError: it wraps ErrSkipped only.
+// HeldError: it wraps ErrSkipped only. That includes a tick whose winner
+// holds the lock but has not yet committed its claim when Once looks
+// (instances firing one tick together): Once waits for that claim to end
+// before it decides. A HeldError says the tick was not in the ledger at
+// that moment; an instance firing it later, once the lock is free, may
+// still claim and run it.
 type HeldError struct {
 	// Name is the job's name.
 	Name string

@@ -77,10 +77,16 @@ func wrapFromNow(c *pgxpool.Conn) { c.Conn().PgConn().CustomData()[rcKey] = fals
 // send sends BEGIN, the statement and COMMIT as one batch on c, which it
 // releases on error.
 func send(ctx context.Context, c *pgxpool.Conn, sql string, args []any) (pgx.BatchResults, error) {
+	return sendEnded(ctx, c, sql, args, commit)
+}
+
+// sendEnded sends BEGIN, the statement and end (COMMIT or ROLLBACK) as one
+// batch on c, which it releases on error.
+func sendEnded(ctx context.Context, c *pgxpool.Conn, sql string, args []any, end string) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommitted)
 	b.Queue(sql, args...)
-	b.Queue(commit)
+	b.Queue(end)
 	br := c.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		done(ctx, c, br)
@@ -166,13 +172,62 @@ func (q rcRow) Scan(dest ...any) error {
 	if err != nil {
 		return err
 	}
-	err = br.QueryRow().Scan(dest...)
+	return scanEnded(q.ctx, c, br, dest)
+}
+
+// scanEnded scans the row of a batch's statement into dest, reads the
+// batch's end and releases c. pgx.ErrNoRows is returned as it is, so it
+// stays comparable.
+func scanEnded(ctx context.Context, c *pgxpool.Conn, br pgx.BatchResults, dest []any) error {
+	err := br.QueryRow().Scan(dest...)
 	if err == nil {
 		_, err = br.Exec()
 	}
-	derr := done(q.ctx, c, br)
+	derr := done(ctx, c, br)
 	if err != nil {
-		return err // pgx.ErrNoRows stays comparable
+		return err
 	}
 	return derr
+}
+
+// rolledBack is a store.DBTX for probes: it sends each statement through
+// pool in a READ COMMITTED transaction that is always rolled back, BEGIN,
+// the statement and ROLLBACK as one batch (one round trip), so nothing it
+// writes is ever committed. Only QueryRow is supported.
+type rolledBack struct{ pool *pgxpool.Pool }
+
+const rollback = "ROLLBACK"
+
+var errProbeOnly = errors.New("gate: a probe runs one row-returning statement only")
+
+func (r rolledBack) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errProbeOnly
+}
+
+func (r rolledBack) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errProbeOnly
+}
+
+func (r rolledBack) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return probeRow{r: r, ctx: ctx, sql: sql, args: args}
+}
+
+// probeRow sends its statement when scanned.
+type probeRow struct {
+	r    rolledBack
+	ctx  context.Context
+	sql  string
+	args []any
+}
+
+func (q probeRow) Scan(dest ...any) error {
+	c, err := q.r.pool.Acquire(q.ctx)
+	if err != nil {
+		return err
+	}
+	br, err := sendEnded(q.ctx, c, q.sql, q.args, rollback)
+	if err != nil {
+		return err
+	}
+	return scanEnded(q.ctx, c, br, dest)
 }

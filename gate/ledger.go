@@ -86,6 +86,7 @@ func (c Config) instance() instance {
 type Gate struct {
 	pool      *pgxpool.Pool
 	q         *store.Queries
+	probe     *store.Queries // statements rolled back (rolledBack)
 	opts      instance
 	tolerance time.Duration
 	wait      time.Duration
@@ -126,6 +127,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	return &Gate{
 		pool:      pool,
 		q:         q,
+		probe:     store.New(rolledBack{pool}),
 		opts:      opts,
 		tolerance: tol,
 		wait:      cfg.LockWait,
@@ -440,7 +442,19 @@ var errLockBusy = fmt.Errorf("%w: the job's lock is held by another run; this ti
 // level with the run holding the lock (the job's latest running tick), when
 // the ledger shows one.
 func (g *Gate) heldSkip(ctx context.Context, name string, at time.Time) error {
-	h, err := g.q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: pgtype.Timestamptz{Time: at, Valid: true}})
+	ts := pgtype.Timestamptz{Time: at, Valid: true}
+	// The lock's holder may be this tick's winner, between taking the lock
+	// and committing its claim, which no snapshot shows yet: the probe
+	// waits for such a claim to end. Without it, instances firing one tick
+	// together reported it held, "not run", while it ran.
+	claimed, err := g.probe.ProbeTick(ctx, store.ProbeTickParams{Job: name, FireAt: ts})
+	if err == nil && claimed {
+		return g.skipped(ctx, name, at, errTaken)
+	}
+	h, herr := g.q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: ts})
+	if err == nil {
+		err = herr
+	}
 	if err == nil && h.Claimed {
 		return g.skipped(ctx, name, at, errTaken)
 	}

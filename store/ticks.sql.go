@@ -369,6 +369,37 @@ func (q *Queries) MissingRelations(ctx context.Context, names []string) ([]strin
 	return missing, err
 }
 
+const probeTick = `-- name: ProbeTick :one
+WITH ins AS (
+    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
+    VALUES ($1::text, $2::timestamptz, '', 0)
+    ON CONFLICT (job, fire_at) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins) = 0 AS claimed
+`
+
+type ProbeTickParams struct {
+	Job    string
+	FireAt pgtype.Timestamptz
+}
+
+// Whether the tick is claimed, once every claim of it still in flight has
+// ended: an insert of the tick meets a claim's uncommitted insert of the
+// same key in the primary key and waits for its transaction, which a read
+// of the ledger would not see. claimed: the insert met the tick. Only ever
+// sent inside a transaction that is rolled back (gate's rolledBack), so
+// the row it inserts when the tick is not claimed never commits. Read
+// after a claim found the job's lock held elsewhere and the tick not in
+// its snapshot: the lock's holder may be the tick's winner, between taking
+// the lock and committing its claim.
+func (q *Queries) ProbeTick(ctx context.Context, arg ProbeTickParams) (bool, error) {
+	row := q.db.QueryRow(ctx, probeTick, arg.Job, arg.FireAt)
+	var claimed bool
+	err := row.Scan(&claimed)
+	return claimed, err
+}
+
 const pruneTicks = `-- name: PruneTicks :execrows
 DELETE FROM pgclaim_ticks
 WHERE started_at < now() - $1::bigint * interval '1 microsecond'

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
@@ -45,6 +46,8 @@ type instanceReport struct {
 	onceP50, onceSkipP50  time.Duration
 	onceErrors            int64
 	firstError            string
+	firstTick             time.Time // the first tick the instance fired
+	outcomes              string    // per tick from firstTick: w won, t taken, h held, k skewed, e error, - not fired
 	windowStart, windowTo time.Time
 }
 
@@ -107,6 +110,7 @@ func runInstanceChild() int {
 			won, skipped []time.Duration
 			tried, errs  atomic.Int64
 			fired        sync.WaitGroup
+			outcome      = map[time.Time]byte{}
 		)
 		fire := func(at time.Time) {
 			t0 := time.Now()
@@ -115,12 +119,23 @@ func runInstanceChild() int {
 			tried.Add(1)
 			mu.Lock()
 			defer mu.Unlock()
+			o := byte('e')
+			defer func() { outcome[at] = o }()
 			switch {
 			case err == nil:
+				o = 'w'
 				won = append(won, d)
-			case errors.Is(err, gate.ErrSkipped):
-				skipped = append(skipped, d)
 			case errors.As(err, new(*gate.HeldError)):
+				o = 'h'
+			case errors.Is(err, gate.ErrSkipped):
+				o = 't'
+				skipped = append(skipped, d)
+			case errors.Is(err, gate.ErrClockSkew):
+				o = 'k'
+			}
+			switch {
+			case err == nil, o == 't':
+			case o == 'h':
 				// The job's lock was held by another tick's run, still
 				// running: this tick is run nowhere, and said so (the
 				// gate logs it at warn). The parent counts such ticks.
@@ -151,6 +166,20 @@ func runInstanceChild() int {
 			}()
 		}
 		fired.Wait()
+		for at := range outcome {
+			if rep.firstTick.IsZero() || at.Before(rep.firstTick) {
+				rep.firstTick = at
+			}
+		}
+		var b strings.Builder
+		for at := rep.firstTick; !rep.firstTick.IsZero() && at.Before(until); at = at.Add(instanceTick) {
+			if o, ok := outcome[at]; ok {
+				b.WriteByte(o)
+			} else {
+				b.WriteByte('-')
+			}
+		}
+		rep.outcomes = b.String()
 		rep.onceWon, rep.onceTried, rep.onceErrors = int64(len(won)), tried.Load(), errs.Load()
 		rep.onceP50, rep.onceSkipP50 = summarize(won).P50, summarize(skipped).P50
 	}()
@@ -164,17 +193,17 @@ func runInstanceChild() int {
 	rep.rows, rep.batches, rep.lost, rep.claimP50, rep.claimFor = cr.rows, cr.batches, cr.lost, cr.lat.P50, cr.elapsed
 	out.emit("done", rep.rows, rep.batches, rep.lost, rep.claimP50.Nanoseconds(), rep.claimFor.Nanoseconds(),
 		rep.onceWon, rep.onceTried, rep.onceP50.Nanoseconds(), rep.onceSkipP50.Nanoseconds(), rep.onceErrors,
-		strconv.Quote(rep.firstError))
+		rep.firstTick.UnixNano(), "x"+rep.outcomes, strconv.Quote(rep.firstError))
 	return 0
 }
 
 // parseInstanceDone reads a child's "done" line.
 func parseInstanceDone(line string) (instanceReport, error) {
 	f := strings.Fields(line)
-	if len(f) < 12 || f[0] != "done" {
+	if len(f) < 14 || f[0] != "done" || !strings.HasPrefix(f[12], "x") {
 		return instanceReport{}, fmt.Errorf("bad report %q", line)
 	}
-	n := make([]int64, 10)
+	n := make([]int64, 11)
 	for i := range n {
 		v, err := strconv.ParseInt(f[i+1], 10, 64)
 		if err != nil {
@@ -182,12 +211,16 @@ func parseInstanceDone(line string) (instanceReport, error) {
 		}
 		n[i] = v
 	}
-	first, _ := strconv.Unquote(strings.Join(f[11:], " "))
-	return instanceReport{
+	first, _ := strconv.Unquote(strings.Join(f[13:], " "))
+	rep := instanceReport{
 		rows: n[0], batches: n[1], lost: n[2], claimP50: time.Duration(n[3]), claimFor: time.Duration(n[4]),
 		onceWon: n[5], onceTried: n[6], onceP50: time.Duration(n[7]), onceSkipP50: time.Duration(n[8]),
-		onceErrors: n[9], firstError: first,
-	}, nil
+		onceErrors: n[9], firstError: first, outcomes: f[12][1:],
+	}
+	if n[10] != 0 {
+		rep.firstTick = time.Unix(0, n[10])
+	}
+	return rep, nil
 }
 
 // runInstances starts each count of instance processes in turn against one
@@ -447,6 +480,9 @@ WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at =
 		return Result{}, nil, Profile{}, counts, err
 	}
 	counts.unrun = silent
+	if silent > 0 {
+		describeUnrun(ctx, e, admin, label, job, from, to, held, reps)
+	}
 	// A claimed tick whose run did not succeed is recorded with its
 	// outcome (lost: the lock's session was not confirmed in time).
 	var others []string
@@ -500,4 +536,33 @@ func heldTimes(held map[int64]bool) []time.Time {
 		out = append(out, time.Unix(0, ns))
 	}
 	return out
+}
+
+// describeUnrun logs each tick of [from, to] that no instance claimed and
+// none reported held, with what each instance's Once returned for it.
+func describeUnrun(ctx context.Context, e *env, admin *pgxpool.Pool, label, job string, from, to time.Time, held map[int64]bool, reps []instanceReport) {
+	rows, err := admin.Query(ctx, `SELECT t FROM generate_series($1::timestamptz, $2::timestamptz, $3::interval) AS t
+WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at = t)
+  AND NOT (t = ANY($5::timestamptz[]))`, from, to, instanceTick.String(), job, heldTimes(held))
+	if err != nil {
+		return
+	}
+	ticks, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return
+	}
+	for _, at := range ticks {
+		seen := map[byte]int{}
+		for _, rep := range reps {
+			o := byte('-')
+			if !rep.firstTick.IsZero() && !at.Before(rep.firstTick) {
+				if i := int(at.Sub(rep.firstTick) / instanceTick); i < len(rep.outcomes) {
+					o = rep.outcomes[i]
+				}
+			}
+			seen[o]++
+		}
+		e.prog.logf("instances: %s: tick %s (%s into the window) unclaimed; instances' Once: %d won, %d taken, %d held, %d skewed, %d error, %d not fired",
+			label, at.UTC().Format("15:04:05.000"), at.Sub(from).Round(time.Millisecond), seen['w'], seen['t'], seen['h'], seen['k'], seen['e'], seen['-'])
+	}
 }

@@ -197,3 +197,21 @@ LEFT JOIN LATERAL (
     WHERE l.job = sqlc.arg(job)::text
     ORDER BY l.started_at DESC LIMIT 1
 ) AS r ON r.outcome = 'running';
+
+-- name: ProbeTick :one
+-- Whether the tick is claimed, once every claim of it still in flight has
+-- ended: an insert of the tick meets a claim's uncommitted insert of the
+-- same key in the primary key and waits for its transaction, which a read
+-- of the ledger would not see. claimed: the insert met the tick. Only ever
+-- sent inside a transaction that is rolled back (gate's rolledBack), so
+-- the row it inserts when the tick is not claimed never commits. Read
+-- after a claim found the job's lock held elsewhere and the tick not in
+-- its snapshot: the lock's holder may be the tick's winner, between taking
+-- the lock and committing its claim.
+WITH ins AS (
+    INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
+    VALUES (sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, '', 0)
+    ON CONFLICT (job, fire_at) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ins) = 0 AS claimed;
