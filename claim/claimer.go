@@ -50,6 +50,24 @@ type Config struct {
 	// trusted SQL: never build it from user input; pass values as
 	// parameters $1, $2, ... bound by ClaimBatch's args.
 	Where string
+	// Spread makes ClaimBatch start at a random claimable row rather than
+	// at the first in key order: it samples a few pages of the table
+	// (TABLESAMPLE SYSTEM) for a claimable row, takes rows in key order
+	// from there, and goes on from the first row when it reaches the last
+	// (from the first row, as without Spread, when the sample finds none).
+	// Many claimers (many instances of a service) then take rows from
+	// different parts of a backlog. Without it every claim starts at the
+	// same first rows, where it steps over the rows other claims hold
+	// locked and over the index entries of rows claimed a moment ago, a
+	// walk that grows with the number of claimers (docs/BENCHMARKS.md,
+	// "instances": at 64 instance processes, 3.1× the rows per second).
+	// Rows are then not claimed in key order, and how long a row waits is
+	// not bounded by its place in that order: each batch of n reaches it
+	// with a chance of about n in the number of claimable rows. It helps
+	// where claimable rows make up much of the table; where they are few
+	// among many finished rows, most samples find none. It cannot be
+	// combined with Order. Default: false.
+	Spread bool
 	// Logger receives what the claimer and the workers and sweepers built
 	// on it log, each record with the context of the call it is about:
 	// claims and releases at Debug; lost claims, failed work, swept rows
@@ -238,6 +256,8 @@ func New[K any](db DBTX, tbl Table, cfg Config) (*Claimer[K], error) {
 		return nil, t.needs("Table.LeaseUntil", t.leaseUntil, "Config.Lease")
 	case cfg.Lease > 0 && cfg.Lease < time.Microsecond:
 		return nil, invalid("Config.Lease", "must be at least 1µs")
+	case cfg.Spread && strings.TrimSpace(cfg.Order) != "":
+		return nil, invalid("Config.Spread", "cannot be combined with Config.Order: a spread claim takes rows in key order from a random row")
 	}
 	n, err := countParams(cfg.Where)
 	if err != nil {

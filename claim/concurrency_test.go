@@ -18,6 +18,17 @@ const concRows = 10000
 // effect per row. Every row must end DONE with exactly one effect.
 func TestBatchClaimFinishExactlyOnce(t *testing.T) {
 	t.Parallel()
+	batchExactlyOnce(t, Config{From: "PAUSED", To: "PROCESSING"})
+}
+
+// The same with Config.Spread: batches start at random rows and wrap
+// around; the last rows are found however the pivots fell.
+func TestBatchClaimFinishExactlyOnceSpread(t *testing.T) {
+	t.Parallel()
+	batchExactlyOnce(t, Config{From: "PAUSED", To: "PROCESSING", Spread: true})
+}
+
+func batchExactlyOnce(t *testing.T, cfg Config) {
 	ctx := testCtx(t)
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", concRows)
@@ -31,7 +42,9 @@ func TestBatchClaimFinishExactlyOnce(t *testing.T) {
 	for w := range workers {
 		pool := db.NewPool(t)
 		holder := fmt.Sprintf("w%d", w)
-		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder})
+		cfg := cfg
+		cfg.Holder = holder
+		c, err := New[int64](pool, jobsTable, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -196,11 +196,16 @@ func drainBatches(ctx context.Context, pool *pgxpool.Pool, workers, batch int, d
 // pgclaimOps uses claim.Claimer: ClaimBatch, then FinishBatch inside the
 // transaction that writes the effects.
 func pgclaimOps(pool *pgxpool.Pool) (func(w int) batchOps, error) {
-	if _, err := claim.New[int64](pool, pushTable, claim.Config{From: "PAUSED", To: "PROCESSING"}); err != nil {
+	return pgclaimOpsSpread(pool, false)
+}
+
+// pgclaimOpsSpread is pgclaimOps with claim.Config.Spread as given.
+func pgclaimOpsSpread(pool *pgxpool.Pool, spread bool) (func(w int) batchOps, error) {
+	if _, err := claim.New[int64](pool, pushTable, claim.Config{From: "PAUSED", To: "PROCESSING", Spread: spread}); err != nil {
 		return nil, err
 	}
 	return func(w int) batchOps {
-		c, _ := claim.New[int64](pool, pushTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("bench-w%d", w)})
+		c, _ := claim.New[int64](pool, pushTable, claim.Config{From: "PAUSED", To: "PROCESSING", Holder: fmt.Sprintf("bench-w%d", w), Spread: spread})
 		var held []claim.Claim[int64]
 		return batchOps{
 			claim: func(ctx context.Context, n int) ([]int64, []int64, error) {

@@ -2,10 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +29,7 @@ const (
 	envInstance = "PGCLAIM_BENCH_INSTANCE" // the instance's number
 	envJob      = "PGCLAIM_BENCH_JOB"      // the gate job's name
 	envLedger   = "PGCLAIM_BENCH_LEDGER"   // "1": gate.Config.LedgerOnly (behind PgBouncer)
+	envSpread   = "PGCLAIM_BENCH_SPREAD"   // "1": claim.Config.Spread
 )
 
 const (
@@ -66,7 +69,7 @@ func runInstanceChild() int {
 		return 1
 	}
 	defer pool.Close()
-	ops, err := pgclaimOps(pool)
+	ops, err := pgclaimOpsSpread(pool, os.Getenv(envSpread) == "1")
 	if err != nil {
 		out.emit("error", oneLine(err.Error()))
 		return 1
@@ -239,17 +242,21 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.setup("each instance: one claim loop (ClaimBatch(%d), then FinishBatch and the effects in one transaction) on one table of %d PAUSED rows, and gate.Once on one shared job every %s (every instance fires every tick)", instanceBatch, p.InstanceRows, instanceTick)
 	r.setup("each instance runs with GOMAXPROCS=%d, as a service in a container of that many CPUs (all of them share this machine's cores with the server)", p.InstanceProcs)
 	r.setup("a tick that no instance ran must have been skipped loudly: claimed and recorded with its outcome (lost: the run's lock session was not confirmed in time, logged at error), or reported held (gate.HeldError, logged at warn) because the previous tick's run still held the job's lock")
+	r.setup("Spread rows: the same, each instance's claimer with claim.Config.Spread (each batch starts at a random claimable row, sampled)")
 	r.setup("server connections: the database's backends (pg_stat_activity), sampled every 100 ms, peak; each instance holds its pool's connections and one dedicated lock connection taken out of it (pool connections + 1)")
 
 	tbl := Table{Title: "Instances: claim throughput and gate.Once against one server",
 		Columns: []string{"instances", "rows/s", "claim p50", "gate.Once won p50", "skip p50", "ticks succeeded / due", "other outcomes (recorded)", "skipped held (loud)", "server connections (peak)", "per instance"}}
 	type variant struct {
-		n   int
-		bnc *bouncer.Bouncer // nil: straight to the server
+		n      int
+		bnc    *bouncer.Bouncer // nil: straight to the server
+		spread bool             // claim.Config.Spread
 	}
 	var vs []variant
-	for _, n := range p.Instances {
-		vs = append(vs, variant{n: n})
+	for _, spread := range []bool{false, true} {
+		for _, n := range p.Instances {
+			vs = append(vs, variant{n: n, spread: spread})
+		}
 	}
 	if _, err := bouncer.Find(); err != nil {
 		r.note("PgBouncer rows not run: %v", err)
@@ -259,8 +266,10 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 			return err
 		}
 		defer b.Stop()
-		for _, n := range p.Instances {
-			vs = append(vs, variant{n: n, bnc: b})
+		for _, spread := range []bool{false, true} {
+			for _, n := range p.Instances {
+				vs = append(vs, variant{n: n, bnc: b, spread: spread})
+			}
 		}
 		r.setup("behind PgBouncer (transaction pooling, default_pool_size 20): the same instances through one PgBouncer, their gates LedgerOnly (session advisory locks cannot live behind it)")
 	}
@@ -270,8 +279,11 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 		if v.bnc != nil {
 			url, label = v.bnc.URL(db.Name, "bench-instance"), strconv.Itoa(v.n)+", PgBouncer"
 		}
+		if v.spread {
+			label += ", Spread"
+		}
 		n := v.n
-		res, row, prof, counts, err := instancesRun(ctx, e, admin, url, p, n, label, v.bnc != nil)
+		res, row, prof, counts, err := instancesRun(ctx, e, admin, url, p, n, label, v.bnc != nil, v.spread)
 		if err != nil {
 			return fmt.Errorf("%s instances: %w", label, err)
 		}
@@ -280,6 +292,7 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 		}
 		r.Results = append(r.Results, res)
 		tbl.Rows = append(tbl.Rows, row)
+		r.note("%s instances: %s", label, counts.active)
 		dups += counts.dups
 		missing += counts.lost
 		unrun += counts.unrun
@@ -293,18 +306,38 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	return nil
 }
 
-type instanceCounts struct{ dups, lost, unrun, errs int64 }
+type instanceCounts struct {
+	dups, lost, unrun, errs int64
+	active                  string // the backends executing a statement, on average, by what they waited for
+}
 
-func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int, label string, ledger bool) (Result, []string, Profile, instanceCounts, error) {
+// describeActive says how many backends were executing a statement on
+// average over samples, and what they were waiting for (CPU: running, or
+// waiting for a core).
+func describeActive(active map[string]int64, samples int64) string {
+	if samples == 0 {
+		return "not sampled"
+	}
+	var total int64
+	kinds := make([]string, 0, len(active))
+	for k, n := range active {
+		total += n
+		kinds = append(kinds, k)
+	}
+	slices.SortFunc(kinds, func(a, b string) int { return cmp.Compare(active[b], active[a]) })
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %.1f", k, float64(active[k])/float64(samples)))
+	}
+	return fmt.Sprintf("%.1f backends executing on average (%s)", float64(total)/float64(samples), strings.Join(parts, ", "))
+}
+
+func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int, label string, ledger, spread bool) (Result, []string, Profile, instanceCounts, error) {
 	var counts instanceCounts
 	if err := resetPush(ctx, admin, p.InstanceRows); err != nil {
 		return Result{}, nil, Profile{}, counts, err
 	}
 	job := "bench-instances-" + strings.ReplaceAll(label, ", ", "-")
-	ledgerEnv := "0"
-	if ledger {
-		ledgerEnv = "1"
-	}
 	type kid struct {
 		proc  *childproc.Process
 		lines chan string
@@ -323,7 +356,7 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 		k := &kid{lines: make(chan string, 64)}
 		proc, err := childproc.Start(childproc.Config{
 			Env: []string{envChild + "=instance", envURL + "=" + url, envInstance + "=" + strconv.Itoa(i), envJob + "=" + job,
-				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs), envLedger + "=" + ledgerEnv},
+				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs), envLedger + "=" + boolEnv(ledger), envSpread + "=" + boolEnv(spread)},
 			Stdout:   func(line []byte) { k.lines <- string(line) },
 			StderrTo: os.Stderr,
 		})
@@ -385,14 +418,32 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 	}
 	// Sample the database's backends while the instances run.
 	var peak atomic.Int64
+	active := map[string]int64{} // active backends by wait event type, summed over samples
+	var samples int64
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
 		for sampleCtx.Err() == nil {
 			var c int64
-			if err := admin.QueryRow(sampleCtx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", dbName).Scan(&c); err == nil && c > peak.Load() {
-				peak.Store(c)
+			var kinds []string
+			var ns []int64
+			err := admin.QueryRow(sampleCtx, `SELECT count(*),
+       coalesce(array_agg(w) FILTER (WHERE w IS NOT NULL), '{}'), coalesce(array_agg(n) FILTER (WHERE w IS NOT NULL), '{}')
+FROM (SELECT pid, NULL::text AS w, NULL::bigint AS n FROM pg_stat_activity WHERE datname = $1
+      UNION ALL
+      SELECT NULL, coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*) FROM pg_stat_activity
+      WHERE datname = $1 AND state = 'active' AND pid <> pg_backend_pid() GROUP BY 2) x
+WHERE pid IS NOT NULL OR w IS NOT NULL`, dbName).Scan(&c, &kinds, &ns)
+			if err == nil {
+				c -= int64(len(kinds))
+				if c > peak.Load() {
+					peak.Store(c)
+				}
+				samples++
+				for i, k := range kinds {
+					active[k] += ns[i]
+				}
 			}
 			select {
 			case <-sampleCtx.Done():
@@ -480,6 +531,7 @@ WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at =
 		return Result{}, nil, Profile{}, counts, err
 	}
 	counts.unrun = silent
+	counts.active = describeActive(active, samples)
 	if silent > 0 {
 		describeUnrun(ctx, e, admin, label, job, from, to, held, reps)
 	}
@@ -565,4 +617,12 @@ WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at =
 		e.prog.logf("instances: %s: tick %s (%s into the window) unclaimed; instances' Once: %d won, %d taken, %d held, %d skewed, %d error, %d not fired",
 			label, at.UTC().Format("15:04:05.000"), at.Sub(from).Round(time.Millisecond), seen['w'], seen['t'], seen['h'], seen['k'], seen['e'], seen['-'])
 	}
+}
+
+// boolEnv is "1" for true, "0" for false.
+func boolEnv(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }

@@ -377,20 +377,27 @@ func ratios(r *Report) []Ratio {
 				last.P50us/first.P50us, fmtUs(last.P50us), fmtUs(first.P50us))
 		}
 	}
-	// instances: the most instance processes against the fewest
-	var direct, pooled []Result
+	// instances: the most instance processes against the fewest, for each
+	// way in (straight or behind PgBouncer) and each claim (Spread or not)
+	type way struct{ pooled, spread bool }
+	byWay := map[way][]Result{}
 	for _, x := range results("instances") {
-		if strings.Contains(x.Name, "PgBouncer") {
-			pooled = append(pooled, x)
-		} else {
-			direct = append(direct, x)
+		w := way{strings.Contains(x.Name, "PgBouncer"), strings.Contains(x.Name, "Spread")}
+		byWay[w] = append(byWay[w], x)
+	}
+	for _, w := range []way{{false, false}, {true, false}, {false, true}, {true, true}} {
+		xs := byWay[w]
+		if len(xs) < 2 {
+			continue
 		}
-	}
-	if len(direct) >= 2 {
-		throughput(fmt.Sprintf("claim rows/s, %d instance processes / %d", direct[len(direct)-1].Workers, direct[0].Workers), direct[len(direct)-1], direct[0])
-	}
-	if len(pooled) >= 2 {
-		throughput(fmt.Sprintf("claim rows/s behind PgBouncer, %d instance processes / %d", pooled[len(pooled)-1].Workers, pooled[0].Workers), pooled[len(pooled)-1], pooled[0])
+		what := "claim rows/s"
+		if w.pooled {
+			what += " behind PgBouncer"
+		}
+		if w.spread {
+			what += ", Config.Spread"
+		}
+		throughput(fmt.Sprintf("%s, %d instance processes / %d", what, xs[len(xs)-1].Workers, xs[0].Workers), xs[len(xs)-1], xs[0])
 	}
 	// schedules: the scheduler against gate.Once on a timer, same instances
 	// and jobs
