@@ -77,7 +77,11 @@ func TestIsolationWorker(t *testing.T) {
 			for i := range stats {
 				holder := fmt.Sprintf("w%d", i)
 				pool := levelPool(t, db, level, 6)
-				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 600 * time.Millisecond})
+				// A lease long enough that a heartbeat is confirmed within
+				// three quarters of it on a loaded machine (at 600 ms one
+				// claim in a CI run went unconfirmed, its work stopped as
+				// designed, and its row was counted lost).
+				c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: holder, Lease: 2 * time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}
