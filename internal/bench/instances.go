@@ -524,17 +524,19 @@ WHERE pid IS NOT NULL OR w IS NOT NULL`, dbName).Scan(&c, &kinds, &ns)
 			}
 		}
 	}
-	var silent int64
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM generate_series($1::timestamptz, $2::timestamptz, $3::interval) AS t
+	rows1, err := admin.Query(ctx, `SELECT t FROM generate_series($1::timestamptz, $2::timestamptz, $3::interval) AS t
 WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at = t)
-  AND NOT (t = ANY($5::timestamptz[]))`, from, to, instanceTick.String(), job, heldTimes(held)).Scan(&silent); err != nil {
+  AND NOT (t = ANY($5::timestamptz[]))`, from, to, instanceTick.String(), job, heldTimes(held))
+	if err != nil {
 		return Result{}, nil, Profile{}, counts, err
 	}
-	counts.unrun = silent
-	counts.active = describeActive(active, samples)
-	if silent > 0 {
-		describeUnrun(ctx, e, admin, label, job, from, to, held, reps)
+	unrun, err := pgx.CollectRows(rows1, pgx.RowTo[time.Time])
+	if err != nil {
+		return Result{}, nil, Profile{}, counts, err
 	}
+	counts.unrun = int64(len(unrun))
+	counts.active = describeActive(active, samples)
+	describeUnrun(e, label, from, unrun, reps)
 	// A claimed tick whose run did not succeed is recorded with its
 	// outcome (lost: the lock's session was not confirmed in time).
 	var others []string
@@ -590,19 +592,9 @@ func heldTimes(held map[int64]bool) []time.Time {
 	return out
 }
 
-// describeUnrun logs each tick of [from, to] that no instance claimed and
-// none reported held, with what each instance's Once returned for it.
-func describeUnrun(ctx context.Context, e *env, admin *pgxpool.Pool, label, job string, from, to time.Time, held map[int64]bool, reps []instanceReport) {
-	rows, err := admin.Query(ctx, `SELECT t FROM generate_series($1::timestamptz, $2::timestamptz, $3::interval) AS t
-WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at = t)
-  AND NOT (t = ANY($5::timestamptz[]))`, from, to, instanceTick.String(), job, heldTimes(held))
-	if err != nil {
-		return
-	}
-	ticks, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-	if err != nil {
-		return
-	}
+// describeUnrun logs each tick of unrun (ticks that no instance claimed
+// and none reported held) with what each instance's Once returned for it.
+func describeUnrun(e *env, label string, from time.Time, ticks []time.Time, reps []instanceReport) {
 	for _, at := range ticks {
 		seen := map[byte]int{}
 		for _, rep := range reps {
