@@ -123,32 +123,30 @@ func runInstanceChild() int {
 			mu.Lock()
 			defer mu.Unlock()
 			o := byte('e')
-			defer func() { outcome[at] = o }()
 			switch {
 			case err == nil:
 				o = 'w'
 				won = append(won, d)
 			case errors.As(err, new(*gate.HeldError)):
-				o = 'h'
-			case errors.Is(err, gate.ErrSkipped):
-				o = 't'
-				skipped = append(skipped, d)
-			case errors.Is(err, gate.ErrClockSkew):
-				o = 'k'
-			}
-			switch {
-			case err == nil, o == 't':
-			case o == 'h':
 				// The job's lock was held by another tick's run, still
 				// running: this tick is run nowhere, and said so (the
 				// gate logs it at warn). The parent counts such ticks.
+				// (A HeldError wraps ErrSkipped: this case comes first.)
+				o = 'h'
 				skipped = append(skipped, d)
 				out.emit("held", at.UnixNano())
+			case errors.Is(err, gate.ErrSkipped):
+				o = 't'
+				skipped = append(skipped, d)
 			default:
+				if errors.Is(err, gate.ErrClockSkew) {
+					o = 'k'
+				}
 				if errs.Add(1) == 1 {
 					rep.firstError = oneLine(err.Error())
 				}
 			}
+			outcome[at] = o
 		}
 		next := time.Now().Truncate(instanceTick).Add(instanceTick)
 		for {
