@@ -234,7 +234,7 @@ func (st *Stall) toServer(dst io.Writer, src io.Reader, held chan struct{}) {
 		return
 	}
 	var names []string // statements whose text matches
-	bound, mine := false, false
+	bound, armed := false, false
 	for {
 		header, body, err := readMessage(src)
 		if err != nil {
@@ -252,20 +252,17 @@ func (st *Stall) toServer(dst io.Writer, src io.Reader, held chan struct{}) {
 				}
 			}
 		case 'S': // Sync: the server answers now
-			if bound && !mine {
-				st.once.Do(func() { mine = true; close(held) })
+			if bound { // only the first such execution, on any connection, stalls
+				st.once.Do(func() { armed = true; close(held) })
 			}
 			bound = false
 		}
 		if _, err := dst.Write(append(header, body...)); err != nil {
 			return
 		}
-		if mine && header[0] == 'S' {
-			select {
-			case <-st.stalled:
-			default:
-				close(st.stalled)
-			}
+		if armed { // the Sync that armed the stall has gone to the server
+			armed = false
+			close(st.stalled)
 		}
 	}
 }
