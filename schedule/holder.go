@@ -35,6 +35,14 @@ const (
 // recordChunk is how many instants one statement records.
 const recordChunk = 512
 
+// pendingRead is how many of a schedule's oldest pending runs one pass of
+// its runner reads (with every running and retrying run, and the oldest
+// pending run that can start now, wherever it is): a backlog of thousands
+// (a catch-up, a backfill) costs each pass the same as a short one. A
+// pending run further back whose jittered start comes before those read
+// is started by the poll's kick, a poll interval later at most.
+const pendingRead = 32
+
 // maxReason bounds the error text recorded as a run's reason.
 const maxReason = 2000
 
@@ -141,7 +149,7 @@ func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []
 		if st, err = loadSchedule(ctx, q, name); err != nil {
 			return err
 		}
-		rows, err := q.OpenRuns(ctx, name)
+		rows, err := q.OpenRuns(ctx, store.OpenRunsParams{Schedule: name, PendingLimit: pendingRead})
 		if err != nil {
 			return fmt.Errorf("schedule: %q: read open runs: %w", name, err)
 		}

@@ -63,14 +63,35 @@ WHERE name = sqlc.arg(name)::text;
 -- name: OpenRuns :many
 -- A schedule's unfinished runs, oldest first, with whether each can be
 -- taken now: a pending run past its start_after, a retry whose time has
--- come, a running one whose lease has expired.
-SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
-       ((state = 'pending' AND (start_after IS NULL OR start_after <= now()))
-        OR (state = 'retrying' AND next_attempt_at <= now())
-        OR (state = 'running' AND lease_until <= now()))::boolean AS ready
-FROM pgclaim_schedule_runs
-WHERE schedule = sqlc.arg(schedule)::text AND state IN ('pending', 'running', 'retrying')
-ORDER BY instant;
+-- come, a running one whose lease has expired. Every running and retrying
+-- run is returned, but of the pending ones only the oldest pending_limit
+-- and the oldest that can start now: a backlog of pending runs (a catch-up,
+-- a backfill) is read a few rows at a time, not whole on every pass of the
+-- runner, which would make working it off quadratic in its length.
+SELECT o.instant, o.kind, o.state, o.attempt, o.fence, o.holder, o.lease_until, o.next_attempt_at, o.start_after, o.ready
+FROM (
+    (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+            ((state = 'retrying' AND next_attempt_at <= now())
+             OR (state = 'running' AND lease_until <= now()))::boolean AS ready
+     FROM pgclaim_schedule_runs
+     WHERE schedule = sqlc.arg(schedule)::text AND state IN ('running', 'retrying'))
+    UNION
+    (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+            (start_after IS NULL OR start_after <= now())::boolean AS ready
+     FROM pgclaim_schedule_runs
+     WHERE schedule = sqlc.arg(schedule)::text AND state = 'pending'
+     ORDER BY instant
+     LIMIT sqlc.arg(pending_limit)::int)
+    UNION
+    (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
+            true AS ready
+     FROM pgclaim_schedule_runs
+     WHERE schedule = sqlc.arg(schedule)::text AND state = 'pending'
+       AND (start_after IS NULL OR start_after <= now())
+     ORDER BY instant
+     LIMIT 1)
+) AS o
+ORDER BY o.instant;
 
 -- name: RecordInstants :execrows
 -- Record due instants of a schedule, each pending (to run, not before its
