@@ -118,7 +118,7 @@ func newNamed[O namedConfig[O]](pool *pgxpool.Pool, name string, opts O, tables 
 	if err != nil {
 		return named{}, opts, err
 	}
-	q := store.New(readCommitted{pool})
+	q := store.New(lockcore.ReadCommitted{Pool: pool})
 	if err := checkSchema(o.instance().Logger, q, tables...); err != nil {
 		return named{}, opts, err
 	}

@@ -119,7 +119,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if tol == 0 {
 		tol = DefaultSkewTolerance
 	}
-	q := store.New(readCommitted{pool})
+	q := store.New(lockcore.ReadCommitted{Pool: pool})
 	opts := cfg.instance().withDefaults()
 	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq", "pgclaim_fence()"); err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	return &Gate{
 		pool:      pool,
 		q:         q,
-		probe:     store.New(rolledBack{pool}),
+		probe:     store.New(lockcore.RolledBack{Pool: pool}),
 		opts:      opts,
 		tolerance: tol,
 		wait:      cfg.LockWait,

@@ -67,7 +67,7 @@
 // decision reads now() from the server), or until a notification or a
 // poll says a run waits. No busy polling: besides the instants, an idle
 // instance sends one statement per Config.PollInterval (default 1 s) for
-// all its schedules, on its listening connection (through the pool, in a
+// all its schedules, on its listening connection (through the pool, as a
 // transaction of its own, with Config.LeaseLocks or while that connection
 // is down).
 //
@@ -241,8 +241,15 @@
 //
 // # Isolation
 //
-// Every statement the package sends through the pool runs in an explicit
-// READ COMMITTED transaction, and the lock and listening connections set
-// their session default to read committed (store.SessionSetup), whatever
-// default_transaction_isolation the database, role or pool sets.
+// Every statement the package sends through the pool runs at READ
+// COMMITTED, and the lock and listening connections set their session
+// default to read committed (store.SessionSetup), whatever
+// default_transaction_isolation the database, role or pool sets. The
+// runner's statements through the pool (a lease's, a run's renewal, an
+// outcome, the poll) are each a transaction of their own: sent plain, one
+// round trip, on a connection whose session default is read committed
+// (asked once per connection), and otherwise as BEGIN ISOLATION LEVEL READ
+// COMMITTED, the statement and COMMIT in one round trip. The operations
+// (Register, Pause, Backfill, ...) run in explicit READ COMMITTED
+// transactions.
 package schedule

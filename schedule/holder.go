@@ -117,7 +117,7 @@ func (s *Scheduler) attend(ctx context.Context, e *entry) result {
 		// than leave the attempt to their poll.
 		nctx, cancel := lockcore.ReleaseContext(ctx)
 		defer cancel()
-		if err := s.tx(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, e.name) }); err != nil {
+		if err := s.stmts(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, e.name) }); err != nil {
 			s.log.WarnContext(ctx, "schedule: notify the hand-back (the poll will find it)", "schedule", e.name, "error", err)
 		}
 	}
@@ -657,7 +657,7 @@ func (s *Scheduler) begin(ctx context.Context, e *entry, a *attemptRun, lease ti
 	a.start = time.Now()
 	run := a.run
 	a.stopKeep = s.keep(ctx, "run's lease", run.Schedule, a.start, lease, func(ctx context.Context) error {
-		return s.tx(ctx, func(q *store.Queries) error {
+		return s.stmts(ctx, func(q *store.Queries) error {
 			_, err := q.RenewRun(ctx, store.RenewRunParams{LeaseUs: us(lease), Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence})
 			return err
 		})
@@ -767,7 +767,7 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 		// session: a statement there that hits its deadline ends the
 		// session, and with it the lock.
 		rctx, cancel := lockcore.ReleaseContext(ctx)
-		err = s.tx(rctx, func(q *store.Queries) error { return write(rctx, q) })
+		err = s.stmts(rctx, func(q *store.Queries) error { return write(rctx, q) })
 		cancel()
 		if err == nil || errors.Is(err, pgx.ErrNoRows) || !transient(err) || h == nil || lost != nil || h.cause() != nil {
 			break

@@ -287,7 +287,7 @@ func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Durat
 	ctx, cancel := context.WithTimeout(ctx, validFor(lease, false))
 	defer cancel()
 	sent := time.Now()
-	err := l.s.tx(ctx, func(q *store.Queries) error {
+	err := l.s.stmts(ctx, func(q *store.Queries) error {
 		r, err := q.AcquireLease(ctx, store.AcquireLeaseParams{Name: lockName(name), Holder: l.s.holder, AtMostUs: us(lease)})
 		fence = r.Fence
 		return err
@@ -300,7 +300,7 @@ func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Durat
 	}
 	h := &leaseHeld{l: l, name: lockName(name), fence: fence, valid: validFor(lease, false), lostc: make(chan struct{})}
 	h.stop = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
-		return l.s.tx(ctx, func(q *store.Queries) error {
+		return l.s.stmts(ctx, func(q *store.Queries) error {
 			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: fence, AtMostUs: us(lease)})
 			return err
 		})
@@ -338,7 +338,7 @@ func (h *leaseHeld) do(ctx context.Context, fn func(ctx context.Context, q *stor
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.valid)
 	defer cancel()
-	return h.l.s.tx(ctx, func(q *store.Queries) error { return fn(ctx, q, guard{name: h.name, fence: h.fence}) })
+	return h.l.s.stmts(ctx, func(q *store.Queries) error { return fn(ctx, q, guard{name: h.name, fence: h.fence}) })
 }
 
 func (h *leaseHeld) release() {
@@ -350,7 +350,7 @@ func (h *leaseHeld) release() {
 	// runs out by itself.
 	ctx, cancel := context.WithTimeout(context.Background(), h.valid)
 	defer cancel()
-	_ = h.l.s.tx(ctx, func(q *store.Queries) error {
+	_ = h.l.s.stmts(ctx, func(q *store.Queries) error {
 		_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})
 		return err
 	})

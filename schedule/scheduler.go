@@ -79,6 +79,7 @@ type Config struct {
 type Scheduler struct {
 	pool   *pgxpool.Pool
 	q      *store.Queries // outside transactions: reads only
+	rc     *store.Queries // each statement its own READ COMMITTED transaction (stmts)
 	holder string
 	log    *slog.Logger
 	hooks  Hooks
@@ -137,7 +138,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		cfg.Grace = 30 * time.Second
 	}
 	s := &Scheduler{
-		pool: pool, q: store.New(pool), holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
+		pool: pool, q: store.New(pool), rc: store.New(lockcore.ReadCommitted{Pool: pool}), holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
 		entries: map[string]*entry{}, changed: make(chan struct{}, 1),
 	}
 	if cfg.LeaseLocks {
@@ -154,6 +155,16 @@ func (s *Scheduler) tx(ctx context.Context, fn func(q *store.Queries) error) err
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		return fn(store.New(tx))
 	})
+}
+
+// stmts runs fn's statements through the pool, each as its own READ
+// COMMITTED transaction (lockcore.ReadCommitted): one round trip each,
+// where tx costs two more (BEGIN, COMMIT). For statements that need not
+// commit together: each of the runner's statements stands alone (a lease
+// check or a fence in its own WHERE), and at READ COMMITTED each statement
+// of a transaction reads its own snapshot anyway.
+func (s *Scheduler) stmts(_ context.Context, fn func(q *store.Queries) error) error {
+	return fn(s.rc)
 }
 
 // Register stores def by the version rule and makes this scheduler run the
@@ -390,7 +401,7 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 	if conn != nil {
 		err = read(conn)
 	} else {
-		err = s.tx(ctx, read)
+		err = s.stmts(ctx, read)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -412,7 +423,7 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 // listen receives the notifications of Pause, Resume, Trigger and
 // hand-backs on a dedicated connection and passes the schedule names to
 // kicks; every Config.PollInterval of quiet it polls on that connection
-// too (one round trip, where the pool costs three). A lost connection is
+// too (one round trip, as through the pool). A lost connection is
 // reopened after a second; Run's loop polls through the pool meanwhile.
 func (s *Scheduler) listen(ctx context.Context, kicks chan<- string) {
 	for ctx.Err() == nil {

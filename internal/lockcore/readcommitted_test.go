@@ -1,4 +1,4 @@
-package gate
+package lockcore
 
 import (
 	"context"
@@ -25,7 +25,7 @@ func TestReadCommittedBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := db.NewPool(t)
-	rc := readCommitted{pool}
+	rc := ReadCommitted{Pool: pool}
 	var pgErr *pgconn.PgError
 	if _, err := rc.Exec(ctx, "SELECT 1/0"); !errors.As(err, &pgErr) || pgErr.Code != "22012" {
 		t.Fatalf("Exec: %v; want division_by_zero", err)
@@ -59,7 +59,7 @@ func TestReadCommittedAfterSessionChange(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	pool := db.NewPool(t)
-	rc := readCommitted{pool}
+	rc := ReadCommitted{Pool: pool}
 	if _, err := rc.Exec(ctx, "CREATE TABLE rc_row (id int PRIMARY KEY, n int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
@@ -123,5 +123,73 @@ func waitLockWait(t *testing.T, pool interface {
 			t.Fatalf("backend %d never waited for the row", backend)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Query through ReadCommitted, on a connection defaulting to serializable
+// (wrapped) and to read committed (plain): the rows come back, a
+// set-returning update is committed once they are read, a failing
+// statement returns its error, and the connection goes back to the pool
+// idle every time.
+func TestReadCommittedQuery(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"serializable", "read committed"} {
+		t.Run(level, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewDatabase(t)
+			ctx := context.Background()
+			if _, err := db.Pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" SET default_transaction_isolation = '"+level+"'"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Pool.Exec(ctx, "CREATE TABLE rc_set (id int PRIMARY KEY, n int NOT NULL); INSERT INTO rc_set SELECT g, 0 FROM generate_series(1, 3) g"); err != nil {
+				t.Fatal(err)
+			}
+			pool := db.NewPool(t)
+			rc := ReadCommitted{Pool: pool}
+			rows, err := rc.Query(ctx, "UPDATE rc_set SET n = n + 1 RETURNING id, current_setting('transaction_isolation')")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []int
+			for rows.Next() {
+				var id int
+				var iso string
+				if err := rows.Scan(&id, &iso); err != nil {
+					t.Fatal(err)
+				}
+				if iso != "read committed" {
+					t.Fatalf("row %d read at %q; want read committed", id, iso)
+				}
+				ids = append(ids, id)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			rows.Close()
+			if len(ids) != 3 {
+				t.Fatalf("%d rows, want 3", len(ids))
+			}
+			var sum int
+			if err := db.Pool.QueryRow(ctx, "SELECT sum(n) FROM rc_set").Scan(&sum); err != nil || sum != 3 {
+				t.Fatalf("sum %d (%v) after the update; want 3, committed", sum, err)
+			}
+			rows, err = rc.Query(ctx, "SELECT 1/(id - 2) FROM rc_set ORDER BY id")
+			if err == nil {
+				for rows.Next() {
+				}
+				err = rows.Err()
+				rows.Close()
+			}
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "22012" {
+				t.Fatalf("failing query: %v; want division_by_zero", err)
+			}
+			if s := pool.Stat(); s.TotalConns() != 1 || s.IdleConns() != 1 {
+				t.Errorf("pool: %d connections, %d idle; want the one connection reused and idle", s.TotalConns(), s.IdleConns())
+			}
+			if _, err := rc.Exec(ctx, "SELECT 1"); err != nil {
+				t.Fatalf("the connection after the failure: %v", err)
+			}
+		})
 	}
 }
