@@ -98,7 +98,9 @@ type params struct {
 	// scheduler, then gate.Once on a timer) once per SchedBusySchedules
 	// size. Each phase starts up for SchedWarmup (the idle one up to
 	// SchedSettle more, until its statement rate settles), then is
-	// measured for SchedIdle or SchedBusy.
+	// measured for SchedIdle or SchedBusy. The catch-up phases work off a
+	// backlog of each SchedBacklogs size, one instance, with session and
+	// with lease locks.
 	SchedInstances     int
 	SchedSchedules     int
 	SchedBusySchedules []int
@@ -106,6 +108,7 @@ type params struct {
 	SchedSettle        time.Duration
 	SchedIdle          time.Duration
 	SchedBusy          time.Duration
+	SchedBacklogs      []int
 }
 
 type point struct{ Workers, Batch int }
@@ -155,6 +158,7 @@ func fullParams() *params {
 		SchedSettle:        60 * time.Second,
 		SchedIdle:          20 * time.Second,
 		SchedBusy:          20 * time.Second,
+		SchedBacklogs:      []int{50, 2000},
 	}
 }
 
@@ -202,6 +206,7 @@ func quickParams() *params {
 		SchedSettle:        10 * time.Second,
 		SchedIdle:          4 * time.Second,
 		SchedBusy:          5 * time.Second,
+		SchedBacklogs:      []int{50, 500},
 	}
 }
 

@@ -269,7 +269,11 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 			return fmt.Errorf("%d schedules: no instants measured (scheduler %d, gate.Once %d)", bk, busy.instants, once.instants)
 		}
 	}
-	r.Tables = append([]Table{tbl, evt}, r.Tables...)
+	cu, err := catchUpTable(ctx, db.URL, p.SchedBacklogs, r)
+	if err != nil {
+		return err
+	}
+	r.Tables = append([]Table{tbl, evt, cu}, r.Tables...)
 	// No instance dies here: a job called twice for one instant is an
 	// effect that happened twice.
 	r.check("schedules: instants whose job ran more than once (no instance died)", 0, dups)
@@ -280,6 +284,101 @@ func runSchedules(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.note("statements per run count every instance's statements: the runner's (record, claim, finish) and the try-locks of the instances that find the lock held; when instants are recorded skipped (overtaken by the next one) their statements count too")
 	r.note("no row: gate.Once leaves no trace of a tick no instance reached in time; the scheduler records every due instant, run or skipped with its reason")
 	return nil
+}
+
+// catchUpTable measures how fast one instance works off a backlog of
+// pending runs of each size (backfilled instants of a yearly schedule, as a
+// long outage leaves a catch-up), with session locks and with lease locks,
+// and the ratio of the largest backlog's rate to the smallest's: a runner
+// whose cost per run grows with the backlog falls behind further the more
+// it has to catch up.
+func catchUpTable(ctx context.Context, url string, sizes []int, r *ScenarioReport) (Table, error) {
+	r.setup("catch-up: one instance, one yearly schedule with a backlog of %v pending runs (backfilled, so none is due meanwhile); runs/s = backlog / time from Run until the job has been called for every one; the job records its call and returns", sizes)
+	t := Table{Title: "Catch-up: one instance working off a backlog of pending runs",
+		Columns: []string{"locks", "backlog", "seconds", "runs/s", "statements/run", "vs smallest backlog"}}
+	for _, lease := range []bool{false, true} {
+		locks := "session advisory"
+		if lease {
+			locks = "lease (Config.LeaseLocks)"
+		}
+		var first float64
+		for i, n := range sizes {
+			name := fmt.Sprintf("catch-up-%d-lease-%v", n, lease)
+			d, stmts, err := catchUpRun(ctx, url, name, n, lease)
+			if err != nil {
+				return t, fmt.Errorf("catch-up, %s locks, backlog %d: %w", locks, n, err)
+			}
+			rate := float64(n) / d.Seconds()
+			if i == 0 {
+				first = rate
+			}
+			t.Rows = append(t.Rows, []string{locks, fmt.Sprintf("%d", n), fmt.Sprintf("%.2f", d.Seconds()), fmt.Sprintf("%.0f", rate),
+				fmt.Sprintf("%.1f", float64(stmts)/float64(n)), fmt.Sprintf("%.2f×", rate/first)})
+			r.Results = append(r.Results, Result{Group: "pgclaim", Name: "schedule.Scheduler, catch-up, " + locks, Workers: 1, Ops: int64(n), Unit: "runs/s",
+				Seconds: d.Seconds(), PerSecond: rate, Extra: map[string]float64{"backlog": float64(n)}})
+		}
+	}
+	return t, nil
+}
+
+// catchUpRun backfills n instants of a new yearly schedule name and times
+// one scheduler working them off; it returns the time and the statements
+// sent.
+func catchUpRun(ctx context.Context, url, name string, n int, lease bool) (time.Duration, int64, error) {
+	in, err := openCountedPool(ctx, url, schedPoolConns)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer in.pool.Close()
+	s, err := schedule.New(in.pool, schedule.Config{Holder: "catch-up", LeaseLocks: lease, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return 0, 0, err
+	}
+	var ran atomic.Int64
+	all := make(chan struct{})
+	job := func(context.Context, schedule.Run) error {
+		if ran.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}
+	if err := s.Register(ctx, schedule.Definition{Name: name, Spec: "0 0 1 1 *", Version: 1}, job); err != nil {
+		return 0, 0, err
+	}
+	var now time.Time
+	if err := in.pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return 0, 0, err
+	}
+	res, err := s.Backfill(ctx, name, schedule.BackfillOptions{From: now.AddDate(-n-1, 0, 0), To: now, Max: n})
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(res.Instants) != n {
+		return 0, 0, fmt.Errorf("backfilled %d instants, want %d", len(res.Instants), n)
+	}
+	if _, err := in.pool.Exec(ctx, "ANALYZE pgclaim_schedule_runs"); err != nil {
+		return 0, 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	base := in.count.n.Load()
+	start := time.Now()
+	go func() { done <- s.Run(rctx) }()
+	var d time.Duration
+	select {
+	case <-all:
+		d = time.Since(start)
+	case <-time.After(10 * time.Minute):
+		err = fmt.Errorf("%d of %d runs after 10 min", ran.Load(), n)
+	case err = <-done:
+		err = fmt.Errorf("scheduler stopped after %d of %d runs: %w", ran.Load(), n, err)
+	}
+	stmts := in.count.n.Load() - base
+	cancel()
+	if rerr := <-done; err == nil && rerr != nil && !errors.Is(rerr, context.Canceled) {
+		err = rerr
+	}
+	return d, stmts, err
 }
 
 // ledger is what the runs of a phase's schedules say.
