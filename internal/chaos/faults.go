@@ -230,11 +230,21 @@ func (h *harness) schedulePauseFault(ctx context.Context, r float64) {
 	h.faults.paused[name] = true
 	h.faults.mu.Unlock()
 	if err := h.sched.Pause(qctx, name, "chaos: paused mid-run", harnessAppName); err != nil {
-		h.logf("pause schedule %s: %v", name, err)
-		h.faults.mu.Lock()
-		delete(h.faults.paused, name)
-		h.faults.mu.Unlock()
-		return
+		// A pause whose answer did not come (a deadline on a starved
+		// server, a restart) may have committed: left so, the schedule
+		// would stay paused, its instants unrecorded, and the pause not
+		// in chaos_sched_pauses. Look, and resume it as any other.
+		var paused bool
+		retry(context.WithoutCancel(ctx), func(ctx context.Context) error {
+			return h.pool.QueryRow(ctx, `SELECT coalesce(paused AND paused_by = $2, false) FROM pgclaim_schedules WHERE name = $1`, name, harnessAppName).Scan(&paused)
+		})
+		h.logf("pause schedule %s: %v (committed: %v)", name, err, paused)
+		if !paused {
+			h.faults.mu.Lock()
+			delete(h.faults.paused, name)
+			h.faults.mu.Unlock()
+			return
+		}
 	}
 	midRun := running != ""
 	h.faults.add(FaultSchedule, midRun)
