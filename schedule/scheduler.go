@@ -282,6 +282,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	active := map[string]bool{}
 	wake := map[string]time.Time{} // zero: wake now
 	kicked := map[string]bool{}
+	again := map[string]bool{} // kicked while being attended: attend once more
 	poll := time.NewTicker(s.cfg.PollInterval)
 	defer poll.Stop()
 	timer := time.NewTimer(time.Hour)
@@ -293,7 +294,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		for _, e := range entries {
 			if active[e.name] {
 				if kicked[e.name] {
+					// The runner sees the poke if it is waiting on a run;
+					// an attend that is past its look and about to return
+					// does not, so the schedule is attended again once it
+					// has returned.
 					delete(kicked, e.name)
+					again[e.name] = true
 					select {
 					case e.poke <- struct{}{}:
 					default:
@@ -347,6 +353,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		case r := <-results:
 			delete(active, r.name)
 			wake[r.name] = r.wake
+			if again[r.name] {
+				delete(again, r.name)
+				kicked[r.name] = true
+			}
 		}
 		if !timer.Stop() {
 			select {
