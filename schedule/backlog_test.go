@@ -101,16 +101,7 @@ func TestBacklogReadInPieces(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDatabase(t)
 	tr := &openRunsTracer{explain: db.Pool, maxRows: map[string]int64{}, scanned: map[string]int64{}}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, db, tr)
 
 	for _, lease := range []bool{false, true} {
 		s, err := New(pool, Config{Holder: fmt.Sprintf("lease=%v", lease), LeaseLocks: lease, Logger: testLogger(t)})

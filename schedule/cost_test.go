@@ -24,18 +24,24 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQ
 func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func countedPool(t *testing.T, db *pgtest.Database) (*pgxpool.Pool, *counter) {
+	c := &counter{}
+	return tracedPool(t, db, c), c
+}
+
+// tracedPool opens a pool on db whose connections report to tracer.
+func tracedPool(t *testing.T, db *pgtest.Database, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &counter{}
-	cfg.ConnConfig.Tracer = c
+	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return pool, c
+	return pool
 }
 
 // The cost of the scheduler, logged (not asserted): statements per second
