@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DBTX is what every operation runs on: *pgxpool.Pool, *pgx.Conn and
@@ -101,9 +100,8 @@ type Claim[K any] struct {
 // them, fenced by each claim's fencing token (Claim.Fence). It is safe for concurrent use. Every method runs on
 // the DBTX the claimer is bound to; WithTx binds a copy to a transaction.
 type Claimer[K any] struct {
-	db   DBTX
-	plan []any // prefix for statements that need custom plans: see planArgs
-	c    *core
+	db DBTX
+	c  *core
 }
 
 // core is the immutable part shared by a Claimer and its WithTx copies.
@@ -133,33 +131,6 @@ func DefaultHolder() string {
 		h = "unknown"
 	}
 	return h + ":" + strconv.Itoa(os.Getpid())
-}
-
-// planArgs returns the arguments to put first for statements that pick rows
-// by state (batch claims and sweeps). Under pgx's default mode, prepared
-// statements are cached per connection, and after a few executions the
-// server may switch to a generic plan, which cannot use a partial index such
-// as "(id) WHERE state = 'PAUSED'" and would rescan finished rows on every
-// batch. Running them as unnamed statements (QueryExecModeCacheDescribe)
-// makes the server plan each execution with the actual values. A connection
-// configured with another mode (describe-exec, exec, simple protocol) already
-// plans every execution, and is left alone.
-func planArgs(db DBTX) []any {
-	var cfg *pgx.ConnConfig
-	switch d := db.(type) {
-	case *pgxpool.Pool:
-		cfg = d.Config().ConnConfig
-	case *pgx.Conn:
-		cfg = d.Config()
-	case pgx.Tx:
-		if conn := d.Conn(); conn != nil {
-			cfg = conn.Config()
-		}
-	}
-	if cfg != nil && cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
-		return nil
-	}
-	return []any{pgx.QueryExecModeCacheDescribe}
 }
 
 // logger returns l, or when l is nil slog.Default(): the default for every
@@ -278,7 +249,7 @@ func New[K any](db DBTX, tbl Table, cfg Config) (*Claimer[K], error) {
 	}
 	c.log = logger(c.log)
 	c.build(cfg)
-	return &Claimer[K]{db: db, plan: planArgs(db), c: c}, nil
+	return &Claimer[K]{db: db, c: c}, nil
 }
 
 // micros converts d to whole microseconds for an interval parameter.
@@ -304,7 +275,7 @@ func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
 // that claims, finishes, extends or releases rows others may touch with
 // pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, as the Worker does.
 func (c *Claimer[K]) WithTx(db DBTX) *Claimer[K] {
-	return &Claimer[K]{db: db, plan: planArgs(db), c: c.c}
+	return &Claimer[K]{db: db, c: c.c}
 }
 
 // Verify checks that the table exists with the configured columns, each of
@@ -326,7 +297,7 @@ func (c *Claimer[K]) Verify(ctx context.Context) error {
 // and attempts+1. It returns ErrNotClaimed when the row was not in From
 // (another holder won, or there is no such row).
 func (c *Claimer[K]) Claim(ctx context.Context, key K) (Claim[K], error) {
-	args := c.c.sqlClaim.bind(nil, key)
+	args := c.c.sqlClaim.bind(key)
 	cl := Claim[K]{Key: key}
 	var attempts int64
 	start := time.Now()
@@ -363,7 +334,7 @@ func (c *Claimer[K]) claimBatch(ctx context.Context, n int, where []any) ([]Clai
 	if len(where) != c.c.whereParams {
 		return nil, invalid("ClaimBatch: args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(where)))
 	}
-	args := c.c.sqlBatch.bind(c.plan, append(slices.Clip(where), n)...)
+	args := c.c.sqlBatch.bind(append(slices.Clip(where), n)...)
 	start := time.Now()
 	out := make([]Claim[K], 0, n)
 	err := c.stmt(ctx, func(db DBTX) error {
@@ -461,7 +432,7 @@ func (c *Claimer[K]) finishWith(ctx context.Context, cl Claim[K], state string, 
 // returns ErrLost, reported as lost, when it touched no row.
 func (c *Claimer[K]) finish(ctx context.Context, op string, cl Claim[K], ev Event, logs []record, q *query, vals ...any) error {
 	start := time.Now()
-	args := q.bind(nil, vals...)
+	args := q.bind(vals...)
 	var tag pgconn.CommandTag
 	err := c.stmt(ctx, func(db DBTX) (err error) {
 		tag, err = db.Exec(ctx, q.text, args...)
@@ -551,7 +522,7 @@ func (c *Claimer[K]) matchClaims(ctx context.Context, q *query, cls []Claim[K], 
 		for i, at := range round {
 			keys[i], fences[i] = cls[at].Key, cls[at].Fence
 		}
-		args := q.bind(nil, append([]any{keys, fences}, vals...)...)
+		args := q.bind(append([]any{keys, fences}, vals...)...)
 		var matched []int
 		err := c.stmt(ctx, func(db DBTX) error {
 			matched = matched[:0]
@@ -594,7 +565,7 @@ func (c *Claimer[K]) Extend(ctx context.Context, cl Claim[K], d time.Duration) (
 	if d < time.Microsecond {
 		return time.Time{}, invalid("Extend: d", "must be positive")
 	}
-	args := c.c.sqlExtend.bind(nil, cl.Key, cl.Fence, micros(d))
+	args := c.c.sqlExtend.bind(cl.Key, cl.Fence, micros(d))
 	var until time.Time
 	start := time.Now()
 	err := c.stmt(ctx, func(db DBTX) error {

@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -182,10 +183,6 @@ func TestExecModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantPlan := mode == pgx.QueryExecModeCacheStatement
-			if got := len(c.plan) == 1; got != wantPlan {
-				t.Errorf("custom-plan prefix %v, want %v", c.plan, wantPlan)
-			}
 			if err := c.Verify(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -327,5 +324,36 @@ func TestFinishBatchPairs(t *testing.T) {
 	}
 	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`); n != 6 {
 		t.Fatalf("%d rows DONE, want 6", n)
+	}
+}
+
+// States are written into the batch claim's and the sweeper's text as
+// literals: one with a quote in it is quoted, and selects its rows.
+func TestStateWithQuote(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 5)
+	const waiting, working = "it's waiting", `it's "working"`
+	mustExec(t, db.Pool, `UPDATE jobs SET state = $1 WHERE id <= 3`, waiting)
+	c, err := New[int64](db.Pool, jobsTable, Config{From: waiting, To: working, Holder: "q", Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := c.ClaimBatch(ctx, 10)
+	if err != nil || len(cls) != 3 {
+		t.Fatalf("ClaimBatch: %d claims, %v; want the 3 rows in %q", len(cls), err, waiting)
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE state = $1`, working)
+	sw, err := NewSweeper(c, SweeperConfig[int64]{Failed: "it's failed", BatchSize: 10, SkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	swept, err := sw.Sweep(ctx)
+	if err != nil || len(swept) != 3 {
+		t.Fatalf("Sweep: %d rows, %v; want 3", len(swept), err)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'it''s failed'`); n != 3 {
+		t.Fatalf("%d rows swept to the failed state; want 3", n)
 	}
 }

@@ -119,11 +119,13 @@
 //	CREATE INDEX ON push_requests (id) WHERE status = 'PAUSED';             -- ClaimBatch (index the Order columns)
 //	CREATE INDEX ON push_requests (claimed_at) WHERE status = 'PROCESSING'; -- Sweeper
 //
-// Under pgx's default exec mode these two statements are sent as unnamed
-// prepared statements, so that the server plans them with the actual states
-// every time and can use the partial indexes (a cached generic plan cannot);
-// do not set plan_cache_mode = force_generic_plan for their sessions. Every
-// pgx exec mode works, including the simple protocol.
+// The states these two statements select by (Config.From, and Config.To
+// for the sweeper) are written into their text as literals, so that any
+// plan of theirs can use the partial indexes: under pgx's default exec mode
+// they are prepared statements like the others, and the generic plan the
+// server caches after a few executions finds the rows through the index, as
+// a plan made for the values does. Every pgx exec mode works, including
+// the simple protocol.
 //
 // Every other statement — over the claims a caller holds, or the rows a
 // batch claim or sweep has just locked — finds its rows through the key's

@@ -55,11 +55,10 @@ type query struct {
 	args []any
 }
 
-// bind returns the arguments to run q with: prefix (see planArgs), then q's
-// arguments with each in(i) replaced by vals[i].
-func (q *query) bind(prefix []any, vals ...any) []any {
-	out := make([]any, 0, len(prefix)+len(q.args))
-	out = append(out, prefix...)
+// bind returns the arguments to run q with: q's arguments with each in(i)
+// replaced by vals[i].
+func (q *query) bind(vals ...any) []any {
+	out := make([]any, 0, len(q.args))
 	for _, a := range q.args {
 		if i, ok := a.(in); ok {
 			a = vals[i]
@@ -157,7 +156,15 @@ func (c *core) build(cfg Config) {
 	for i := range c.whereParams {
 		q.arg(in(i))
 	}
-	from = q.arg(c.from)
+	// The state is written into the text, not bound: so the plan the
+	// server caches for the statement (a generic plan, after a few
+	// executions) can use a partial index "WHERE state = 'PAUSED'", as a
+	// plan made for the value would. A parameter cannot prove an index's
+	// predicate, and a generic plan with one walks past every row already
+	// claimed or finished on each batch. The states are configuration,
+	// quoted as literals; the literal takes the column's type (an enum, a
+	// domain) as a parameter would.
+	from = quoteLiteral(c.from)
 	limit := q.arg(in(c.whereParams))
 	set = c.claimSet(&q)
 	// The selection locks the rows; the update finds them by key (see
@@ -372,7 +379,9 @@ func (s *Sweeper[K]) build() {
 	for _, a := range cfg.Args {
 		q.arg(a)
 	}
-	processing := q.arg(s.c.c.to)
+	// Written into the text for the plan's sake, as the batch claim's
+	// state is (see core.build).
+	processing := quoteLiteral(s.c.c.to)
 	limit := q.arg(s.batch)
 	var staleAfter string
 	if cfg.StaleAfter > 0 {

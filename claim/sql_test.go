@@ -206,32 +206,28 @@ UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(
   arg 2: string "PROCESSING"
 == ClaimBatch (<nil>)
 WITH pgclaim_c AS (
-  SELECT "id" FROM "jobs" WHERE "state" = $1 ORDER BY "id" LIMIT $2 FOR UPDATE SKIP LOCKED
+  SELECT "id" FROM "jobs" WHERE "state" = 'PAUSED' ORDER BY "id" LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp()
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1) IS TRUE
+UPDATE "jobs" AS pgclaim_t SET "state" = $2, "claimed_at" = statement_timestamp()
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PAUSED') IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."claimed_at", 0::bigint, 0::bigint
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PAUSED"
-  arg 2: int 10
-  arg 3: string "PROCESSING"
+  arg 0: int 10
+  arg 1: string "PROCESSING"
 == Sweep 0 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "jobs"
-  WHERE "state" = $1 AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')
+  WHERE "state" = 'PROCESSING' AND "claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')
   ORDER BY "claimed_at"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "jobs" AS pgclaim_t SET "state" = $4
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')) IS TRUE
-RETURNING pgclaim_t."id", pgclaim_t."state"::text, 0::bigint, ''::text, pgclaim_t."claimed_at", 0::bigint, ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $5 || ' ago' || ' (' || 'claim' || ')')
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 100
-  arg 3: int64 300000000
-  arg 4: string "FAILED"
-  arg 5: string "5m0s"
+UPDATE "jobs" AS pgclaim_t SET "state" = $3
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND pgclaim_t."claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')) IS TRUE
+RETURNING pgclaim_t."id", pgclaim_t."state"::text, 0::bigint, ''::text, pgclaim_t."claimed_at", 0::bigint, ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $4 || ' ago' || ' (' || 'claim' || ')')
+  arg 0: int 100
+  arg 1: int64 300000000
+  arg 2: string "FAILED"
+  arg 3: string "5m0s"
 `
 const goldenAllColumns = `== Claim (claim: not claimed: row is not in the From state)
 UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond') WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
@@ -242,17 +238,15 @@ UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_time
   arg 4: int64 30000000
 == ClaimBatch (<nil>)
 WITH pgclaim_c AS (
-  SELECT "id" FROM "app"."jobs" WHERE "state" = $1 AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+  SELECT "id" FROM "app"."jobs" WHERE "state" = 'PAUSED' AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($5::bigint * interval '1 microsecond')
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1) IS TRUE
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = $2, "claimed_at" = statement_timestamp(), "claimed_by" = $3, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = statement_timestamp() + ($4::bigint * interval '1 microsecond')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PAUSED') IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PAUSED"
-  arg 2: int 10
-  arg 3: string "PROCESSING"
-  arg 4: string "h1"
-  arg 5: int64 30000000
+  arg 0: int 10
+  arg 1: string "PROCESSING"
+  arg 2: string "h1"
+  arg 3: int64 30000000
 == Finish (claim: claim lost: row is no longer held with this token)
 UPDATE "app"."jobs" SET "state" = $1 WHERE "id" = $2 AND ("state" = $3 AND "fence" = $4) IS TRUE
   arg 0: string "DONE"
@@ -329,82 +323,74 @@ SELECT width_bucket(pgclaim_t."fence", $2::bigint[]) FROM "app"."jobs" AS pgclai
 == Sweep 0 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "app"."jobs"
-  WHERE "state" = $1 AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))
+  WHERE "state" = 'PROCESSING' AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))
   ORDER BY "claimed_at"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN statement_timestamp() + ($8::bigint * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $5 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($6::bigint * interval '1 microsecond')) IS TRUE) THEN $4 WHEN true THEN $3 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $5 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($6::bigint * interval '1 microsecond')) IS TRUE) THEN statement_timestamp() + ($7::bigint * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $8 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($9::bigint * interval '1 microsecond') THEN ', claimed more than ' || $10 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 100
-  arg 3: int64 300000000
-  arg 4: string "FAILED"
-  arg 5: string "PAUSED"
-  arg 6: int 3
-  arg 7: int64 86400000000
-  arg 8: int64 10000000
-  arg 9: string "5m0s"
-  arg 10: int64 86400000000
-  arg 11: string "24h0m0s"
+  arg 0: int 100
+  arg 1: int64 300000000
+  arg 2: string "FAILED"
+  arg 3: string "PAUSED"
+  arg 4: int 3
+  arg 5: int64 86400000000
+  arg 6: int64 10000000
+  arg 7: string "5m0s"
+  arg 8: int64 86400000000
+  arg 9: string "24h0m0s"
 == Sweep 1 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "app"."jobs"
-  WHERE "state" = $1 AND "lease_until" < statement_timestamp()
+  WHERE "state" = 'PROCESSING' AND "lease_until" < statement_timestamp()
   ORDER BY "claimed_at"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = $3, "reason" = ('claim: swept: ' || 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND pgclaim_t."lease_until" < statement_timestamp()) IS TRUE
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = $2, "reason" = ('claim: swept: ' || 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND pgclaim_t."lease_until" < statement_timestamp()) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 50
-  arg 3: string "FAILED"
+  arg 0: int 50
+  arg 1: string "FAILED"
 == Sweep 2 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "app"."jobs"
-  WHERE "state" = $1 AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))
+  WHERE "state" = 'PROCESSING' AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))
   ORDER BY "claimed_at"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $7 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $5 THEN $4 WHEN true THEN $3 ELSE pgclaim_t."state" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $6 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 100
-  arg 3: int64 300000000
-  arg 4: string "FAILED"
-  arg 5: string "PAUSED"
-  arg 6: int 3
-  arg 7: string "5m0s"
+  arg 0: int 100
+  arg 1: int64 300000000
+  arg 2: string "FAILED"
+  arg 3: string "PAUSED"
+  arg 4: int 3
+  arg 5: string "5m0s"
 == Sweep 3 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "app"."jobs"
-  WHERE "state" = $1 AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))
+  WHERE "state" = 'PROCESSING' AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))
   ORDER BY "claimed_at"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 THEN statement_timestamp() + (LEAST($7::bigint << LEAST(GREATEST(COALESCE(pgclaim_t."attempts", 0) - 1, 0), $8::int)::int, $9::bigint) * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $10 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $1 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
+UPDATE "app"."jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $5 THEN $4 WHEN true THEN $3 ELSE pgclaim_t."state" END, "retry_at" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $5 THEN statement_timestamp() + (LEAST($6::bigint << LEAST(GREATEST(COALESCE(pgclaim_t."attempts", 0) - 1, 0), $7::int)::int, $8::bigint) * interval '1 microsecond') ELSE pgclaim_t."retry_at" END, "reason" = ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($2::bigint * interval '1 microsecond')))) IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, pgclaim_t."reason"
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 100
-  arg 3: int64 300000000
-  arg 4: string "FAILED"
-  arg 5: string "PAUSED"
-  arg 6: int 5
-  arg 7: int64 1000000
-  arg 8: int 6
-  arg 9: int64 60000000
-  arg 10: string "5m0s"
+  arg 0: int 100
+  arg 1: int64 300000000
+  arg 2: string "FAILED"
+  arg 3: string "PAUSED"
+  arg 4: int 5
+  arg 5: int64 1000000
+  arg 6: int 6
+  arg 7: int64 60000000
+  arg 8: string "5m0s"
 `
 const goldenWhere = `== Claim (claim: not claimed: row is not in the From state)
 UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(), "claimed_by" = $4, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL WHERE pgclaim_t."id" = $1 AND (pgclaim_t."state" = $2) IS TRUE RETURNING pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
@@ -414,18 +400,16 @@ UPDATE "jobs" AS pgclaim_t SET "state" = $3, "claimed_at" = statement_timestamp(
   arg 3: string "h1"
 == ClaimBatch (<nil>)
 WITH pgclaim_c AS (
-  SELECT "id" FROM "jobs" WHERE "state" = $3 AND (tenant = $1 AND priority > $2) ORDER BY "id" LIMIT $4 FOR UPDATE SKIP LOCKED
+  SELECT "id" FROM "jobs" WHERE "state" = 'PAUSED' AND (tenant = $1 AND priority > $2) ORDER BY "id" LIMIT $3 FOR UPDATE SKIP LOCKED
 )
-UPDATE "jobs" AS pgclaim_t SET "state" = $5, "claimed_at" = statement_timestamp(), "claimed_by" = $6, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $3) IS TRUE
+UPDATE "jobs" AS pgclaim_t SET "state" = $4, "claimed_at" = statement_timestamp(), "claimed_by" = $5, "fence" = pgclaim_fence(), "attempts" = COALESCE(pgclaim_t."attempts", 0) + 1, "lease_until" = NULL
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PAUSED') IS TRUE
 RETURNING pgclaim_t."id", pgclaim_t."claimed_at", pgclaim_t."fence", pgclaim_t."attempts"::bigint
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "acme"
-  arg 2: int 5
-  arg 3: string "PAUSED"
-  arg 4: int 10
-  arg 5: string "PROCESSING"
-  arg 6: string "h1"
+  arg 0: string "acme"
+  arg 1: int 5
+  arg 2: int 10
+  arg 3: string "PROCESSING"
+  arg 4: string "h1"
 == Finish (claim: claim lost: row is no longer held with this token)
 UPDATE "jobs" SET "state" = $1 WHERE "id" = $2 AND ("state" = $3 AND "fence" = $4) IS TRUE
   arg 0: string "DONE"
@@ -496,26 +480,24 @@ SELECT width_bucket(pgclaim_t."fence", $2::bigint[]) FROM "jobs" AS pgclaim_t WH
 == Sweep 0 (<nil>)
 WITH pgclaim_c AS (
   SELECT "id" FROM "jobs"
-  WHERE "state" = $2 AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($4::bigint * interval '1 microsecond'))) AND (tenant = $1)
+  WHERE "state" = 'PROCESSING' AND ("lease_until" < statement_timestamp() OR ("lease_until" IS NULL AND "claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond'))) AND (tenant = $1)
   ORDER BY "claimed_at"
-  LIMIT $3
+  LIMIT $2
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $7 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($8::bigint * interval '1 microsecond')) IS TRUE) THEN $6 WHEN true THEN $5 ELSE pgclaim_t."state" END
-WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = $2 AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($4::bigint * interval '1 microsecond')))) IS TRUE
-RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $9 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($10::bigint * interval '1 microsecond') THEN ', claimed more than ' || $11 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "acme"
-  arg 2: string "PROCESSING"
-  arg 3: int 10
-  arg 4: int64 60000000
-  arg 5: string "FAILED"
-  arg 6: string "PAUSED"
-  arg 7: int 2
+UPDATE "jobs" AS pgclaim_t SET "state" = CASE WHEN COALESCE(pgclaim_t."attempts", 0) < $6 AND NOT ((pgclaim_t."claimed_at" < statement_timestamp() - ($7::bigint * interval '1 microsecond')) IS TRUE) THEN $5 WHEN true THEN $4 ELSE pgclaim_t."state" END
+WHERE pgclaim_t."id" = ANY(ARRAY(SELECT "id" FROM pgclaim_c)) AND (pgclaim_t."state" = 'PROCESSING' AND (pgclaim_t."lease_until" < statement_timestamp() OR (pgclaim_t."lease_until" IS NULL AND pgclaim_t."claimed_at" < statement_timestamp() - ($3::bigint * interval '1 microsecond')))) IS TRUE
+RETURNING pgclaim_t."id", pgclaim_t."state"::text, pgclaim_t."fence", COALESCE(pgclaim_t."claimed_by"::text, ''), pgclaim_t."claimed_at", pgclaim_t."attempts"::bigint, ('claim: swept: ' || CASE WHEN pgclaim_t."lease_until" IS NOT NULL THEN 'lease expired at ' || to_char(pgclaim_t."lease_until" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') ELSE 'claimed at ' || to_char(pgclaim_t."claimed_at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $8 || ' ago' END || CASE WHEN pgclaim_t."claimed_at" < statement_timestamp() - ($9::bigint * interval '1 microsecond') THEN ', claimed more than ' || $10 || ' ago' ELSE '' END || ' (' || COALESCE('claim by ' || pgclaim_t."claimed_by", 'claim') || COALESCE(', fence ' || pgclaim_t."fence", '') || COALESCE(', attempt ' || pgclaim_t."attempts", '') || ')')
+  arg 0: string "acme"
+  arg 1: int 10
+  arg 2: int64 60000000
+  arg 3: string "FAILED"
+  arg 4: string "PAUSED"
+  arg 5: int 2
+  arg 6: int64 3600000000
+  arg 7: string "1m0s"
   arg 8: int64 3600000000
-  arg 9: string "1m0s"
-  arg 10: int64 3600000000
-  arg 11: string "1h0m0s"
+  arg 9: string "1h0m0s"
 `
 const goldenTextKey = `== Claim (claim: not claimed: row is not in the From state)
 UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = pgclaim_fence() WHERE pgclaim_t."Job ID" = $1 AND (pgclaim_t."Status" = $2 AND (pgclaim_t."retry_at" IS NULL OR pgclaim_t."retry_at" <= statement_timestamp())) IS TRUE RETURNING pgclaim_t."claimedAt", pgclaim_t."fence", 0::bigint
@@ -524,15 +506,13 @@ UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_time
   arg 2: string "PROCESSING"
 == ClaimBatch (<nil>)
 WITH pgclaim_c AS (
-  SELECT "Job ID" FROM "Push Queue" WHERE "Status" = $1 AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY "Job ID" LIMIT $2 FOR UPDATE SKIP LOCKED
+  SELECT "Job ID" FROM "Push Queue" WHERE "Status" = 'PAUSED' AND ("retry_at" IS NULL OR "retry_at" <= statement_timestamp()) ORDER BY "Job ID" LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "claimedAt" = statement_timestamp(), "fence" = pgclaim_fence()
-WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = $1) IS TRUE
+UPDATE "Push Queue" AS pgclaim_t SET "Status" = $2, "claimedAt" = statement_timestamp(), "fence" = pgclaim_fence()
+WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = 'PAUSED') IS TRUE
 RETURNING pgclaim_t."Job ID", pgclaim_t."claimedAt", pgclaim_t."fence", 0::bigint
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PAUSED"
-  arg 2: int 10
-  arg 3: string "PROCESSING"
+  arg 0: int 10
+  arg 1: string "PROCESSING"
 == Finish (claim: claim lost: row is no longer held with this token)
 UPDATE "Push Queue" SET "Status" = $1 WHERE "Job ID" = $2 AND ("Status" = $3 AND "fence" = $4) IS TRUE
   arg 0: string "DONE"
@@ -586,18 +566,16 @@ UPDATE "Push Queue" SET "Status" = $1 WHERE "Job ID" = $2 AND ("Status" = $3 AND
 == Sweep 0 (<nil>)
 WITH pgclaim_c AS (
   SELECT "Job ID" FROM "Push Queue"
-  WHERE "Status" = $1 AND "claimedAt" < statement_timestamp() - ($3::bigint * interval '1 microsecond')
+  WHERE "Status" = 'PROCESSING' AND "claimedAt" < statement_timestamp() - ($2::bigint * interval '1 microsecond')
   ORDER BY "claimedAt"
-  LIMIT $2
+  LIMIT $1
   FOR UPDATE SKIP LOCKED
 )
-UPDATE "Push Queue" AS pgclaim_t SET "Status" = $4, "why" = ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimedAt" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $5 || ' ago' || ' (' || 'claim' || COALESCE(', fence ' || pgclaim_t."fence", '') || ')')
-WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = $1 AND pgclaim_t."claimedAt" < statement_timestamp() - ($3::bigint * interval '1 microsecond')) IS TRUE
+UPDATE "Push Queue" AS pgclaim_t SET "Status" = $3, "why" = ('claim: swept: ' || 'claimed at ' || to_char(pgclaim_t."claimedAt" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ', more than ' || $4 || ' ago' || ' (' || 'claim' || COALESCE(', fence ' || pgclaim_t."fence", '') || ')')
+WHERE pgclaim_t."Job ID" = ANY(ARRAY(SELECT "Job ID" FROM pgclaim_c)) AND (pgclaim_t."Status" = 'PROCESSING' AND pgclaim_t."claimedAt" < statement_timestamp() - ($2::bigint * interval '1 microsecond')) IS TRUE
 RETURNING pgclaim_t."Job ID", pgclaim_t."Status"::text, pgclaim_t."fence", ''::text, pgclaim_t."claimedAt", 0::bigint, pgclaim_t."why"
-  arg 0: pgx.QueryExecMode cache describe
-  arg 1: string "PROCESSING"
-  arg 2: int 25
-  arg 3: int64 120000000
-  arg 4: string "FAILED"
-  arg 5: string "2m0s"
+  arg 0: int 25
+  arg 1: int64 120000000
+  arg 2: string "FAILED"
+  arg 3: string "2m0s"
 `

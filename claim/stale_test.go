@@ -25,8 +25,8 @@ import (
 // transaction, with pg_stat_xact_user_tables: rows returned by sequential
 // scans plus rows fetched through indexes, before any filter. That is a
 // property of the plan's shape, not of the machine's speed. Each is checked
-// with custom plans (what the server plans with the actual values) and, for
-// the statements sent as cached prepared statements, with generic plans too.
+// with custom plans (what the server plans with the actual values) and with
+// generic plans (what it plans once for a statement it has cached).
 
 const (
 	staleRows  = 200_000
@@ -143,9 +143,12 @@ func staleStatistics(t *testing.T, ddl []string, claimIndexed, sweepIndexed bool
 
 	// A burst of claims the statistics do not know of: 12 batches.
 	var batches [][]Claim[int64]
+	// Half of them planned generically, as a statement the server has
+	// cached is after a few executions.
 	for i := range 12 {
 		var batch []Claim[int64]
-		read := readRows(t, pool, "force_custom_plan", func(ctx context.Context, tx pgx.Tx) error {
+		mode := planModes[i%len(planModes)]
+		read := readRows(t, pool, mode, func(ctx context.Context, tx pgx.Tx) error {
 			batch, err = c.WithTx(tx).ClaimBatch(ctx, n)
 			return err
 		})
@@ -153,7 +156,7 @@ func staleStatistics(t *testing.T, ddl []string, claimIndexed, sweepIndexed bool
 			t.Fatalf("batch %d: claimed %d rows", i, len(batch))
 		}
 		if claimIndexed {
-			checkRead(t, fmt.Sprintf("ClaimBatch(%d) #%d", n, i), read, 3*n)
+			checkRead(t, fmt.Sprintf("ClaimBatch(%d) #%d, %s", n, i, mode), read, 3*n)
 		}
 		batches = append(batches, batch)
 	}
@@ -215,37 +218,49 @@ func staleStatistics(t *testing.T, ddl []string, claimIndexed, sweepIndexed bool
 	}
 
 	// The sweeper, over the rows still PROCESSING, after their leases
-	// passed; the statistics say that there are none.
-	left := count(t, pool, `SELECT count(*) FROM jobs WHERE state = 'PROCESSING'`)
-	mustExec(t, pool, `UPDATE jobs SET lease_until = now() - interval '1 minute' WHERE state = 'PROCESSING'`)
-	read := readRows(t, pool, "force_custom_plan", func(ctx context.Context, tx pgx.Tx) error {
-		sw, err := NewSweeper(c.WithTx(tx), SweeperConfig[int64]{Failed: "FAILED", BatchSize: n})
-		if err != nil {
+	// passed; the statistics say that there are none. Then over two more
+	// batches, planned generically.
+	for i, mode := range planModes {
+		if i > 0 {
+			for range 2 {
+				if _, err := c.ClaimBatch(testCtx(t), n); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		left := count(t, pool, `SELECT count(*) FROM jobs WHERE state = 'PROCESSING'`)
+		mustExec(t, pool, `UPDATE jobs SET lease_until = now() - interval '1 minute' WHERE state = 'PROCESSING'`)
+		read := readRows(t, pool, mode, func(ctx context.Context, tx pgx.Tx) error {
+			sw, err := NewSweeper(c.WithTx(tx), SweeperConfig[int64]{Failed: "FAILED", BatchSize: n})
+			if err != nil {
+				return err
+			}
+			swept, err := sw.Sweep(ctx)
+			if err == nil && len(swept) != left {
+				err = fmt.Errorf("swept %d of %d rows", len(swept), left)
+			}
 			return err
+		})
+		if sweepIndexed {
+			checkRead(t, fmt.Sprintf("Sweep of %d rows, %s", left, mode), read, int64(3*left+n))
 		}
-		swept, err := sw.Sweep(ctx)
-		if err == nil && len(swept) != left {
-			err = fmt.Errorf("swept %d of %d rows", len(swept), left)
-		}
-		return err
-	})
-	if sweepIndexed {
-		checkRead(t, fmt.Sprintf("Sweep of %d rows", left), read, int64(3*left+n))
 	}
 
 	// A burst of new PAUSED rows after statistics that say there are none.
 	mustExec(t, pool, `UPDATE jobs SET state = 'DONE'`)
 	mustExec(t, pool, `ANALYZE jobs`)
 	mustExec(t, pool, `UPDATE jobs SET state = 'PAUSED' WHERE id > $1::int`, staleRows/2)
-	read = readRows(t, pool, "force_custom_plan", func(ctx context.Context, tx pgx.Tx) error {
-		batch, err := c.WithTx(tx).ClaimBatch(ctx, n)
-		if err == nil && len(batch) != n {
-			err = fmt.Errorf("claimed %d rows", len(batch))
+	for _, mode := range planModes {
+		read := readRows(t, pool, mode, func(ctx context.Context, tx pgx.Tx) error {
+			batch, err := c.WithTx(tx).ClaimBatch(ctx, n)
+			if err == nil && len(batch) != n {
+				err = fmt.Errorf("claimed %d rows", len(batch))
+			}
+			return err
+		})
+		if claimIndexed {
+			checkRead(t, "ClaimBatch after a burst of PAUSED rows, "+mode, read, 3*n)
 		}
-		return err
-	})
-	if claimIndexed {
-		checkRead(t, "ClaimBatch after a burst of PAUSED rows", read, 3*n)
 	}
 }
 

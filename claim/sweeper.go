@@ -182,7 +182,7 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 	// its snapshot (40001), and stmt runs it again at read committed.
 	err := s.c.stmt(ctx, func(db DBTX) error {
 		out = out[:0]
-		rows, err := db.Query(ctx, s.sql.text, s.sql.bind(s.c.plan)...)
+		rows, err := db.Query(ctx, s.sql.text, s.sql.bind()...)
 		if err != nil {
 			return err
 		}

@@ -43,7 +43,7 @@ func runBaselines(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	r.setup("bulk UPDATE: one statement moves every PAUSED row; median of %d runs", p.BulkRepeats)
 	r.setup("field loop: K instances (own pools) each SELECT every PAUSED id, then per id: CAS UPDATE … WHERE id = $1 AND status = 'PAUSED' (autocommit); when won, BEGIN; INSERT effect; UPDATE … SET status = 'DONE'; COMMIT")
 	r.setup("hand-written SQL: UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT batch) RETURNING, then one fenced finish + effects per batch: the loop of the claims scenario without pgclaim")
-	r.setup("a second hand-written variant runs its claim as an unnamed statement planned at every execution, as ClaimBatch does so that the partial index is usable whatever the state parameter (pgx QueryExecModeCacheDescribe)")
+	r.setup("a second hand-written variant runs its claim as an unnamed statement planned at every execution (pgx QueryExecModeCacheDescribe), as ClaimBatch did before its states were written into its text; ClaimBatch is now a prepared statement like the first")
 	r.setup("hand-written SQL (both variants) and pgclaim take turns, %d runs each at %v (workers, batch); the median run is shown with the range", max(1, p.CompareRepeats), p.Compare)
 	r.setup("claim.Worker: Drain with BatchSize = batch and Concurrency = workers; every row's work (the effect) and finish in its own transaction; %d rows", p.WorkerRows)
 	r.setup("time box per run: %s", p.ClaimTimeBox)

@@ -240,8 +240,9 @@ func pgclaimOpsSpread(pool *pgxpool.Pool, spread bool) (func(w int) batchOps, er
 // one fenced finish per batch).
 //
 // perExec runs the claim as an unnamed statement planned at every
-// execution, as pgclaim's ClaimBatch does (pgx's QueryExecModeCacheDescribe);
-// otherwise it is a prepared statement whose plan the server may cache.
+// execution (pgx's QueryExecModeCacheDescribe), as pgclaim's ClaimBatch did
+// while its state was a parameter; otherwise it is a prepared statement
+// whose plan the server may cache, as ClaimBatch's now is.
 func handOps(pool *pgxpool.Pool, perExec bool) func(w int) batchOps {
 	return func(w int) batchOps {
 		holder := fmt.Sprintf("hand-w%d", w)
