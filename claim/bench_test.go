@@ -98,7 +98,8 @@ func BenchmarkBatchClaimFinish(b *testing.B) {
 	// as parameters, the finish fenced by (key, token) pairs. With pgx's
 	// default statement cache the server may plan the claim generically,
 	// unable to use the partial index; "planned" runs the claim as an
-	// unnamed statement, as pgclaim does.
+	// unnamed statement, planned at every execution (pgclaim writes its
+	// states into the text instead, so its cached plan uses the index).
 	for _, planned := range []bool{false, true} {
 		name := "handwritten/batch=100/cached"
 		var mode []any
