@@ -24,19 +24,25 @@
 -- it. Looking at the latest tick only costs one index probe; a dead
 -- holder's tick is the latest, since no tick of the job could be claimed
 -- while it held the lock.
-WITH chk AS (
-    SELECT now() AS db_now,
-           (sqlc.narg(tolerance_us)::bigint IS NULL
-            OR sqlc.arg(fire_at)::timestamptz
-               BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
-                   AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance
-), lk AS (
-    SELECT CASE WHEN NOT chk.in_tolerance THEN false
+--
+-- lk is one CTE (the time check is a subquery the planner folds into it):
+-- it is evaluated once, since it calls a volatile function, and both the
+-- insert and the result read it. Every contender of a tick sets up the
+-- whole plan at every execution, and each CTE and CTE scan fewer is
+-- start-up saved: with the time check as a CTE of its own, instances
+-- firing one tick together resolved about a tenth fewer ticks a second.
+WITH lk AS (
+    SELECT c.db_now, c.in_tolerance,
+           CASE WHEN NOT c.in_tolerance THEN false
                 WHEN sqlc.arg(lock_mode)::text = 'try'
                 THEN pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
                 ELSE true
            END AS locked
-    FROM chk
+    FROM (SELECT now() AS db_now,
+                 (sqlc.narg(tolerance_us)::bigint IS NULL
+                  OR sqlc.arg(fire_at)::timestamptz
+                     BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
+                         AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond') AS in_tolerance) c
 ), ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
     SELECT sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text, pgclaim_fence()
@@ -45,10 +51,10 @@ WITH chk AS (
     ON CONFLICT (job, fire_at) DO NOTHING
     RETURNING fence
 )
-SELECT chk.db_now::timestamptz AS db_now,
-       chk.in_tolerance::boolean AS in_tolerance,
+SELECT lk.db_now::timestamptz AS db_now,
+       lk.in_tolerance::boolean AS in_tolerance,
        (CASE WHEN lk.locked THEN ins.fence IS NULL
-             WHEN chk.in_tolerance THEN EXISTS (SELECT 1 FROM pgclaim_ticks t
+             WHEN lk.in_tolerance THEN EXISTS (SELECT 1 FROM pgclaim_ticks t
                                                 WHERE t.job = sqlc.arg(job)::text
                                                   AND t.fire_at = sqlc.arg(fire_at)::timestamptz)
              ELSE false
@@ -63,7 +69,7 @@ SELECT chk.db_now::timestamptz AS db_now,
                   AND (sqlc.arg(lock_mode)::text = 'held' OR (sqlc.arg(lock_mode)::text = 'try' AND lk.locked))
              THEN NOT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)
              ELSE false END)::boolean AS left_locked
-FROM chk CROSS JOIN lk LEFT JOIN ins ON true;
+FROM lk LEFT JOIN ins ON true;
 
 -- name: AbandonTicks :one
 -- Mark abandoned every tick of the job still running, except the caller's
