@@ -235,10 +235,16 @@ func (h *harness) schedulePauseFault(ctx context.Context, r float64) {
 		// would stay paused, its instants unrecorded, and the pause not
 		// in chaos_sched_pauses. Look, and resume it as any other.
 		var paused bool
+		var lerr error
 		retry(context.WithoutCancel(ctx), func(ctx context.Context) error {
-			return h.pool.QueryRow(ctx, `SELECT coalesce(paused AND paused_by = $2, false) FROM pgclaim_schedules WHERE name = $1`, name, harnessAppName).Scan(&paused)
+			lerr = h.pool.QueryRow(ctx, `SELECT coalesce(paused AND paused_by = $2, false) FROM pgclaim_schedules WHERE name = $1`, name, harnessAppName).Scan(&paused)
+			return lerr
 		})
-		h.logf("pause schedule %s: %v (committed: %v)", name, err, paused)
+		if lerr != nil {
+			h.logf("pause schedule %s: %v (committed: unknown, the look-up failed for a minute: %v)", name, err, lerr)
+		} else {
+			h.logf("pause schedule %s: %v (committed: %v)", name, err, paused)
+		}
 		if !paused {
 			h.faults.mu.Lock()
 			delete(h.faults.paused, name)
