@@ -26,10 +26,13 @@
 // # Cost
 //
 // A Gate.Once cycle is two statements on one dedicated connection: the first
-// checks skew, takes the advisory lock, inserts the tick (releasing the lock
-// again if the tick was claimed already) and probes for an abandoned tick;
-// the second records the outcome (a heap-only update) and unlocks. A tick
-// already run costs one statement. Exclusive is a try-lock (with a fencing
+// checks skew, inserts the tick, takes the advisory lock when the insert won
+// (undoing the insert when the lock is held elsewhere) and probes for an
+// abandoned tick; the second records the outcome (a heap-only update) and
+// unlocks. A tick claimed already costs one statement, whether the claim
+// that won it has committed or is still in flight: the insert waits for it
+// in the primary key. Instances firing one tick together cost one statement
+// each and the winner's finish. Exclusive is a try-lock (with a fencing
 // token) and an unlock. The benchmarks in this package measure both side by
 // side with a bare advisory lock cycle and a ShedLock lock-table cycle
 // (ShedLock's table and statements with database time; BenchmarkOnceVsShedLock,

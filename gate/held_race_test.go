@@ -3,12 +3,55 @@ package gate_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
+
+// holdWinnerClaim takes the job's lock and inserts its tick at at in a
+// transaction left open, as the tick's winner does between taking the
+// lock and committing its claim; the claim commits after delay. The
+// returned function waits for that commit.
+func holdWinnerClaim(t *testing.T, db *pgtest.Database, job string, at time.Time, delay time.Duration) (committed func()) {
+	t.Helper()
+	ctx := context.Background()
+	winner, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(winner.Release)
+	class, key := gate.AdvisoryKey(job)
+	if _, err := winner.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", class, key); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { winner.Exec(ctx, "SELECT pg_advisory_unlock_all()") })
+	tx, err := winner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO pgclaim_ticks (job, fire_at, holder, fence) VALUES ($1, $2, 'winner', pgclaim_fence())", job, at); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		time.Sleep(delay)
+		done <- tx.Commit(ctx)
+	}()
+	return func() {
+		t.Helper()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // A contender that finds the job's lock held while the winner of the same
 // tick has taken it but not yet committed its claim (instances firing one
@@ -22,40 +65,94 @@ func TestOnceRacingWinnerNotReportedHeld(t *testing.T) {
 	g := newGate(t, db.Pool, "loser", gate.Config{})
 	const job = "race"
 	at := dbNow(t, db.Pool).Truncate(time.Second)
+	committed := holdWinnerClaim(t, db, job, at, 300*time.Millisecond)
 
-	winner, err := db.Pool.Acquire(ctx)
+	err := g.Once(ctx, job, at, func(context.Context, gate.Run) error {
+		t.Error("the loser ran the tick")
+		return nil
+	})
+	committed()
+	var held *gate.HeldError
+	if errors.As(err, &held) || !errors.Is(err, gate.ErrSkipped) {
+		t.Fatalf("Once: %v; want a skip of a tick claimed already, not a held one (the tick is run by its winner)", err)
+	}
+}
+
+// namedStatements records the sqlc names ("-- name: X") of the statements
+// sent on a pool's connections, one by one or in batches (a batch's BEGIN
+// and ROLLBACK are recorded as such).
+type namedStatements struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (n *namedStatements) add(sql string) {
+	name, _, _ := strings.Cut(strings.TrimPrefix(sql, "-- name: "), " ")
+	n.mu.Lock()
+	n.names = append(n.names, name)
+	n.mu.Unlock()
+}
+
+func (n *namedStatements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	n.add(d.SQL)
+	return ctx
+}
+func (n *namedStatements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (n *namedStatements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (n *namedStatements) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	n.add(d.SQL)
+}
+func (n *namedStatements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (n *namedStatements) take() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	names := n.names
+	n.names = nil
+	return names
+}
+
+// A contender that fires a tick while the winner's claim of it is in
+// flight learns that it lost in its one claim statement: eight instances
+// firing one tick together cost eight claims and a finish, with no second
+// look by the losers.
+func TestOnceRacingLoserOneStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer winner.Release()
-	class, key := gate.AdvisoryKey(job)
-	if _, err := winner.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", class, key); err != nil {
-		t.Fatal(err)
-	}
-	defer winner.Exec(ctx, "SELECT pg_advisory_unlock_all()")
-	tx, err := winner.Begin(ctx)
+	trace := &namedStatements{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO pgclaim_ticks (job, fire_at, holder, fence) VALUES ($1, $2, 'winner', pgclaim_fence())", job, at); err != nil {
+	t.Cleanup(pool.Close)
+	g := newGate(t, pool, "loser", gate.Config{})
+	const job = "race"
+	at := dbNow(t, db.Pool).Truncate(time.Second)
+	// A run of another job first, so the session the loser claims on is
+	// set up already.
+	if err := g.Once(ctx, "warm", at, func(context.Context, gate.Run) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
-	committed := make(chan error, 1)
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		committed <- tx.Commit(ctx)
-	}()
-
+	committed := holdWinnerClaim(t, db, job, at, 200*time.Millisecond)
+	trace.take()
 	err = g.Once(ctx, job, at, func(context.Context, gate.Run) error {
 		t.Error("the loser ran the tick")
 		return nil
 	})
-	if cerr := <-committed; cerr != nil {
-		t.Fatal(cerr)
+	committed()
+	if !errors.Is(err, gate.ErrSkipped) {
+		t.Fatalf("Once: %v; want a skip of a tick claimed already", err)
 	}
-	var held *gate.HeldError
-	if errors.As(err, &held) || !errors.Is(err, gate.ErrSkipped) {
-		t.Fatalf("Once: %v; want a skip of a tick claimed already, not a held one (the tick is run by its winner)", err)
+	if got := trace.take(); !slices.Equal(got, []string{"ClaimTick"}) {
+		t.Errorf("the loser sent %v; want [ClaimTick] alone", got)
 	}
 }
 

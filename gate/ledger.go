@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -121,7 +122,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	}
 	q := store.New(lockcore.ReadCommitted{Pool: pool})
 	opts := cfg.instance().withDefaults()
-	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq", "pgclaim_fence()"); err != nil {
+	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq", "pgclaim_fence()", "pgclaim_raise(text,text)"); err != nil {
 		return nil, err
 	}
 	return &Gate{
@@ -158,10 +159,14 @@ func (g *Gate) Close() {
 // skew between them. fireAt is truncated to microseconds, Postgres's
 // precision.
 //
-// In the same statement Once takes the job's advisory lock, so a run never
-// overlaps another run of the same job (a slow previous tick, a manual
-// Exclusive run); the lock is held on a dedicated connection that is
-// watched while fn runs. See Exclusive for what happens when it is lost.
+// In the same statement, once its insert has won the tick, Once takes the
+// job's advisory lock, so a run never overlaps another run of the same job
+// (a slow previous tick, a manual Exclusive run); the lock is held on a
+// dedicated connection that is watched while fn runs. See Exclusive for
+// what happens when it is lost. When the lock is held elsewhere the
+// statement undoes its insert by raising an error (SQLSTATE PGC01, "the
+// job's lock is held by another run"), so the server's log shows an ERROR
+// line for each tick skipped that way; Once returns a *HeldError.
 //
 // Holding the lock, the claim also marks the job's ticks still running as
 // abandoned: they were left by holders whose session ended before their run
@@ -336,15 +341,17 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 	sent := time.Now()
 	row, err := s.Q.ClaimTick(ctx, p)
 	if err != nil {
+		if p.LockMode == "try" && isRefused(err) {
+			// The insert won the tick, the lock was held elsewhere, and
+			// the statement was aborted: nothing claimed, no lock held.
+			g.sessions.Put(s)
+			return g.heldSkip(ctx, name, at)
+		}
 		s.Close()
 		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 	}
-	// Only a claim that won the tick marks a dead holder's tick. A claim
-	// that took the lock only to find its tick claimed (row.Taken) took it
-	// in the instant between the winner's unlock and the commit of its
-	// finish, which its snapshot does not see: the "running" tick is the
-	// winner's own, finished. A real dead holder's tick is marked by the
-	// next claim that wins.
+	// Only a claim that won the tick looks for a dead holder's tick
+	// (ClaimTick reports stale only then).
 	if row.Stale && row.Fence != 0 {
 		if err := g.abandonStale(ctx, s, name, p.LockClass, p.LockKey, row.Fence); err != nil {
 			return g.claimBroken(ctx, name, at, row.Fence, err)
@@ -362,9 +369,20 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
 }
 
+// refusedCode is the SQLSTATE with which ClaimTick undoes a claim whose
+// insert won the tick while the job's lock was held elsewhere
+// (pgclaim_raise, migration 00008).
+const refusedCode = "PGC01"
+
+// isRefused reports whether err is ClaimTick's refusal (refusedCode).
+func isRefused(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == refusedCode
+}
+
 // notClaimed reports a claim that did not get the tick: its fire time was
-// refused, the tick was claimed already, or the job's lock is held
-// elsewhere.
+// refused, the tick was claimed already, or (with a wait for the lock,
+// which the claim then releases) the job's lock is held elsewhere.
 func (g *Gate) notClaimed(ctx context.Context, name string, at time.Time, row store.ClaimTickRow) error {
 	switch {
 	case !row.InTolerance:
@@ -443,10 +461,12 @@ var errLockBusy = fmt.Errorf("%w: the job's lock is held by another run; this ti
 // the ledger shows one.
 func (g *Gate) heldSkip(ctx context.Context, name string, at time.Time) error {
 	ts := pgtype.Timestamptz{Time: at, Valid: true}
-	// The lock's holder may be this tick's winner, between taking the lock
-	// and committing its claim, which no snapshot shows yet: the probe
-	// waits for such a claim to end. Without it, instances firing one tick
-	// together reported it held, "not run", while it ran.
+	// Another instance may be claiming the tick right now, which no
+	// snapshot shows yet: one whose insert waited for this claim's and
+	// went on when it was undone, or (after Config.LockWait) the lock's
+	// holder itself, between taking the lock and committing its claim. The
+	// probe waits for such a claim to end. Without it, instances firing
+	// one tick together reported it held, "not run", while it ran.
 	claimed, err := g.probe.ProbeTick(ctx, store.ProbeTickParams{Job: name, FireAt: ts})
 	if err == nil && claimed {
 		return g.skipped(ctx, name, at, errTaken)

@@ -84,54 +84,54 @@ func (q *Queries) AbandonTicks(ctx context.Context, arg AbandonTicksParams) (Aba
 }
 
 const claimTick = `-- name: ClaimTick :one
-WITH lk AS (
-    SELECT c.db_now, c.in_tolerance,
-           CASE WHEN NOT c.in_tolerance THEN false
-                WHEN $3::text = 'try'
-                THEN pg_try_advisory_lock($4::int4, $5::int4)
-                ELSE true
-           END AS locked
-    FROM (SELECT now() AS db_now,
-                 ($6::bigint IS NULL
-                  OR $2::timestamptz
-                     BETWEEN now() - $6::bigint * interval '1 microsecond'
-                         AND now() + $6::bigint * interval '1 microsecond') AS in_tolerance) c
-), ins AS (
+WITH ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
-    SELECT $1::text, $2::timestamptz, $7::text, pgclaim_fence()
-    FROM lk
-    WHERE lk.locked
+    SELECT $2::text, $6::timestamptz, $7::text, pgclaim_fence()
+    WHERE $5::bigint IS NULL
+       OR $6::timestamptz
+          BETWEEN now() - $5::bigint * interval '1 microsecond'
+              AND now() + $5::bigint * interval '1 microsecond'
     ON CONFLICT (job, fire_at) DO NOTHING
     RETURNING fence
 )
 SELECT lk.db_now::timestamptz AS db_now,
        lk.in_tolerance::boolean AS in_tolerance,
-       (CASE WHEN lk.locked THEN ins.fence IS NULL
-             WHEN lk.in_tolerance THEN EXISTS (SELECT 1 FROM pgclaim_ticks t
-                                                WHERE t.job = $1::text
-                                                  AND t.fire_at = $2::timestamptz)
-             ELSE false
-        END)::boolean AS taken,
-       COALESCE(ins.fence, 0)::bigint AS fence,
-       (CASE WHEN $3::text = 'held' OR ($3::text = 'try' AND lk.locked)
+       (lk.in_tolerance AND lk.fence IS NULL)::boolean AS taken,
+       (CASE WHEN lk.fence IS NULL THEN 0
+             WHEN lk.locked THEN lk.fence
+             ELSE pgclaim_raise('PGC01', 'pgclaim: the job''s lock is held by another run: the claim of the tick is undone')
+        END)::bigint AS fence,
+       (CASE WHEN lk.locked AND $1::text <> 'none'
              THEN COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
-                            WHERE l.job = $1::text
+                            WHERE l.job = $2::text
                             ORDER BY l.started_at DESC LIMIT 1), false)
              ELSE false END)::boolean AS stale,
-       (CASE WHEN ins.fence IS NULL
-                  AND ($3::text = 'held' OR ($3::text = 'try' AND lk.locked))
-             THEN NOT pg_advisory_unlock($4::int4, $5::int4)
+       (CASE WHEN lk.fence IS NULL AND $1::text = 'held'
+             THEN NOT pg_advisory_unlock($3::int4, $4::int4)
              ELSE false END)::boolean AS left_locked
-FROM lk LEFT JOIN ins ON true
+FROM (
+    SELECT now() AS db_now,
+           ($5::bigint IS NULL
+            OR $6::timestamptz
+               BETWEEN now() - $5::bigint * interval '1 microsecond'
+                   AND now() + $5::bigint * interval '1 microsecond') AS in_tolerance,
+           ins.fence,
+           CASE WHEN ins.fence IS NULL THEN false
+                WHEN $1::text = 'try'
+                THEN pg_try_advisory_lock($3::int4, $4::int4)
+                ELSE true
+           END AS locked
+    FROM (SELECT 1) AS one LEFT JOIN ins ON true
+) AS lk
 `
 
 type ClaimTickParams struct {
-	Job         string
-	FireAt      pgtype.Timestamptz
 	LockMode    string
+	Job         string
 	LockClass   int32
 	LockKey     int32
 	ToleranceUs *int64
+	FireAt      pgtype.Timestamptz
 	Holder      string
 }
 
@@ -145,45 +145,50 @@ type ClaimTickRow struct {
 }
 
 // Claim a tick in one statement: check the fire time against database time
-// (skipped when tolerance_us is NULL, as for catch-up), take the job's lock
-// as lock_mode says, and insert the tick unless it exists. lock_mode is
-// 'none' (Config.LedgerOnly: no lock), 'try' (pg_try_advisory_lock on the
-// job's key, unlocked again below when the tick was claimed already) or
-// 'held' (this session holds the lock already, taken with a wait).
+// (skipped when tolerance_us is NULL, as for catch-up), insert the tick
+// unless it exists, and then, when the insert won, take the job's lock as
+// lock_mode says. lock_mode is 'none' (Config.LedgerOnly: no lock), 'try'
+// (pg_try_advisory_lock on the job's key) or 'held' (this session holds the
+// lock already, taken with a wait; it is unlocked here when the tick is not
+// claimed).
+//
+// The insert comes first because the primary key decides "claimed
+// already" alone: it meets a competing claim of the tick whether that
+// claim has committed or not (it waits for one still in flight), where a
+// look at the ledger would miss a claim not yet committed. So a contender
+// of a tick learns that it lost in this one statement. When the insert won
+// but the lock is held by another run of the job (a slow previous tick, an
+// Exclusive run), the tick must not stay claimed: pgclaim_raise aborts the
+// statement, and with it the insert, with SQLSTATE PGC01, and the session
+// holds no lock. No lock is taken by a contender that lost.
 //
 // fence <> 0 means this claim owns the tick (and, but for 'none', its
 // session holds the lock). In every other case the session holds no lock
-// any more (a lock taken or held for the claim is released here;
-// left_locked reports an unlock that was not confirmed, after which the
-// session must be closed): in_tolerance false means the fire time was
-// refused; else taken says whether the tick was claimed already, and
-// otherwise the lock was held elsewhere. The ledger is read separately only when the lock was held
-// elsewhere: checking it up front made the common path several times
-// slower.
+// any more (left_locked reports an unlock that was not confirmed, after
+// which the session must be closed): in_tolerance false means the fire
+// time was refused; else taken is true (the tick was claimed already).
 //
-// stale (not for 'none'): the session had the lock, and the job's most
-// recently started tick (other than the one inserted here, which this
-// statement does not see) is still marked running. With the lock held no other
-// run of the job is alive (every locked run holds the lock until its
-// outcome is recorded), so that tick's holder died; AbandonTicks then marks
-// it. Looking at the latest tick only costs one index probe; a dead
-// holder's tick is the latest, since no tick of the job could be claimed
-// while it held the lock.
+// stale (not for 'none'): this claim won, and the job's most recently
+// started tick (other than the one inserted here, which this statement does
+// not see) is still marked running. With the lock held no other run of the
+// job is alive (every locked run holds the lock until its outcome is
+// recorded), so that tick's holder died; AbandonTicks then marks it.
+// Looking at the latest tick only costs one index probe; a dead holder's
+// tick is the latest, since no tick of the job could be claimed while it
+// held the lock.
 //
-// lk is one CTE (the time check is a subquery the planner folds into it):
-// it is evaluated once, since it calls a volatile function, and both the
-// insert and the result read it. Every contender of a tick sets up the
-// whole plan at every execution, and each CTE and CTE scan fewer is
-// start-up saved: with the time check as a CTE of its own, instances
-// firing one tick together resolved about a tenth fewer ticks a second.
+// lk is a subquery, not a CTE: it calls a volatile function, so the planner
+// keeps it as one row evaluated once, after the insert it reads. Every
+// contender of a tick sets up the whole plan at every execution, and each
+// node fewer is start-up saved.
 func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error) {
 	row := q.db.QueryRow(ctx, claimTick,
-		arg.Job,
-		arg.FireAt,
 		arg.LockMode,
+		arg.Job,
 		arg.LockClass,
 		arg.LockKey,
 		arg.ToleranceUs,
+		arg.FireAt,
 		arg.Holder,
 	)
 	var i ClaimTickRow
@@ -359,13 +364,14 @@ func (q *Queries) HeldTick(ctx context.Context, arg HeldTickParams) (HeldTickRow
 
 const missingRelations = `-- name: MissingRelations :one
 SELECT COALESCE(array_agg(u.n ORDER BY u.ord) FILTER (WHERE
-           CASE WHEN u.n LIKE '%()' THEN to_regprocedure(u.n) IS NULL ELSE to_regclass(u.n) IS NULL END),
+           CASE WHEN u.n LIKE '%)' THEN to_regprocedure(u.n) IS NULL ELSE to_regclass(u.n) IS NULL END),
        '{}')::text[] AS missing
 FROM unnest($1::text[]) WITH ORDINALITY AS u(n, ord)
 `
 
 // Which of the named relations (pgclaim's tables and sequence) and
-// functions (a name ending in "()": pgclaim_fence()) do not exist,
+// functions (a name ending in ")", with its argument types:
+// pgclaim_fence(), pgclaim_raise(text,text)) do not exist,
 // resolved by the search path the other statements use: the constructors
 // refuse a database pgclaim's migrations were not applied to.
 func (q *Queries) MissingRelations(ctx context.Context, names []string) ([]string, error) {
