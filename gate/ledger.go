@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -166,7 +169,9 @@ func (g *Gate) Close() {
 // what happens when it is lost. When the lock is held elsewhere the
 // statement undoes its insert by raising an error (SQLSTATE PGC01, "the
 // job's lock is held by another run"), so the server's log shows an ERROR
-// line for each tick skipped that way; Once returns a *HeldError.
+// line for each tick skipped that way; Once returns a *HeldError. A fire
+// time refused for clock skew (below) is refused the same way, with
+// SQLSTATE PGC02 and an ERROR line.
 //
 // Holding the lock, the claim also marks the job's ticks still running as
 // abandoned: they were left by holders whose session ended before their run
@@ -294,17 +299,17 @@ func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error
 // microseconds, nil for none. The claim is one ClaimTick statement: through
 // the pool for LedgerOnly; otherwise on a dedicated session, taking the
 // job's advisory lock in the same statement, or after waiting for it
-// (Config.LockWait).
+// (Config.LockWait, ClaimTickHeld).
 func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
 	ts := pgtype.Timestamptz{Time: at, Valid: true}
 	p := store.ClaimTickParams{Job: name, FireAt: ts, LockMode: "none", ToleranceUs: tol, Holder: g.opts.Holder}
 	if g.ledger {
 		row, err := g.q.ClaimTick(ctx, p)
 		if err != nil {
+			if lost := g.claimLost(ctx, name, at, err); lost != nil {
+				return lost
+			}
 			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
-		}
-		if row.Fence == 0 {
-			return g.notClaimed(ctx, name, at, row)
 		}
 		run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
 		g.opts.emit(ctx, Event{Kind: EventAcquired, Name: name, FireAt: at, Holder: run.Holder, Fence: run.Fence})
@@ -317,45 +322,69 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 	}
 	p.LockClass, p.LockKey = AdvisoryKey(name)
 	p.LockMode = "try"
+	sent := time.Now()
+	var row store.ClaimTickRow
 	if g.wait > 0 {
-		// Wait for the lock, then claim the tick; but not for a tick
-		// claimed already (its run may be what holds the lock).
-		h, err := s.Q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: ts})
-		if err != nil {
-			s.Close()
-			return fmt.Errorf("gate: %q: look up tick: %w", name, err)
-		}
-		if h.Claimed {
-			g.sessions.Put(s)
-			return g.skipped(ctx, name, at, errTaken)
-		}
-		_, ok, err := g.lock(ctx, s, name, p.LockClass, p.LockKey)
-		if err != nil {
+		var ok bool
+		if row, ok, err = g.claimAfterWait(ctx, s, p, &sent); !ok {
 			return err
 		}
-		if !ok {
-			return g.heldSkip(ctx, name, at)
+	} else {
+		row, err = s.Q.ClaimTick(ctx, p)
+		if err != nil {
+			// A tick claimed already, a refused fire time and a lock
+			// held elsewhere abort nothing on the session, which holds
+			// no lock then.
+			if lost := g.claimLost(ctx, name, at, err); lost != nil {
+				g.sessions.Put(s)
+				return lost
+			}
+			s.Close()
+			return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 		}
-		p.LockMode = "held"
-	}
-	sent := time.Now()
-	row, err := s.Q.ClaimTick(ctx, p)
-	if err != nil {
-		if p.LockMode == "try" && isRefused(err) {
-			// The insert won the tick, the lock was held elsewhere, and
-			// the statement was aborted: nothing claimed, no lock held.
-			g.sessions.Put(s)
-			return g.heldSkip(ctx, name, at)
-		}
-		s.Close()
-		return fmt.Errorf("gate: %q: claim tick: %w", name, err)
 	}
 	// Only a claim that won the tick looks for a dead holder's tick
 	// (ClaimTick reports stale only then).
-	if row.Stale && row.Fence != 0 {
+	if row.Stale {
 		if err := g.abandonStale(ctx, s, name, p.LockClass, p.LockKey, row.Fence); err != nil {
 			return g.claimBroken(ctx, name, at, row.Fence, err)
 		}
+	}
+	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
+	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
+}
+
+// claimAfterWait waits for the job's lock on s (Config.LockWait), then
+// claims the tick with ClaimTickHeld; but a tick claimed already is not
+// waited for (its run may be what holds the lock). ok is false when the
+// tick is not claimed, with what Once returns; s has then been kept or
+// closed. sent is set to when the claim was sent.
+func (g *Gate) claimAfterWait(ctx context.Context, s *lockcore.Session, p store.ClaimTickParams, sent *time.Time) (store.ClaimTickRow, bool, error) {
+	name, at := p.Job, p.FireAt.Time
+	h, err := s.Q.HeldTick(ctx, store.HeldTickParams{Job: name, FireAt: p.FireAt})
+	if err != nil {
+		s.Close()
+		return store.ClaimTickRow{}, false, fmt.Errorf("gate: %q: look up tick: %w", name, err)
+	}
+	if h.Claimed {
+		g.sessions.Put(s)
+		return store.ClaimTickRow{}, false, g.skipped(ctx, name, at, errTaken)
+	}
+	_, locked, err := g.lock(ctx, s, name, p.LockClass, p.LockKey)
+	if err != nil {
+		return store.ClaimTickRow{}, false, err
+	}
+	if !locked {
+		return store.ClaimTickRow{}, false, g.heldSkip(ctx, name, at)
+	}
+	*sent = time.Now()
+	row, err := s.Q.ClaimTickHeld(ctx, store.ClaimTickHeldParams{
+		LockMode: "held", Job: name, LockClass: p.LockClass, LockKey: p.LockKey,
+		ToleranceUs: p.ToleranceUs, FireAt: p.FireAt, Holder: p.Holder,
+	})
+	if err != nil {
+		s.Close()
+		return store.ClaimTickRow{}, false, fmt.Errorf("gate: %q: claim tick: %w", name, err)
 	}
 	if row.Fence == 0 {
 		if row.LeftLocked {
@@ -363,27 +392,51 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		} else {
 			g.sessions.Put(s)
 		}
-		return g.notClaimed(ctx, name, at, row)
+		return store.ClaimTickRow{}, false, g.notClaimed(ctx, name, at, row)
 	}
-	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
-	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
+	return store.ClaimTickRow{Fence: row.Fence, Stale: row.Stale}, true, nil
 }
 
-// refusedCode is the SQLSTATE with which ClaimTick undoes a claim whose
-// insert won the tick while the job's lock was held elsewhere
-// (pgclaim_raise, migration 00008).
-const refusedCode = "PGC01"
+// ClaimTick's refusals, each an error that aborted the statement and with
+// it the tick's insert (pgclaim_raise, migration 00008): the insert won
+// the tick while the job's lock was held elsewhere, or the fire time is out
+// of tolerance (the message ends with database time, in microseconds since
+// 1970).
+const (
+	refusedCode = "PGC01"
+	skewedCode  = "PGC02"
+)
 
-// isRefused reports whether err is ClaimTick's refusal (refusedCode).
-func isRefused(err error) bool {
+// claimLost returns what Once returns for a ClaimTick that did not claim
+// the tick, with err the statement's error: the tick was claimed already
+// (no row), its fire time was refused, or the job's lock is held
+// elsewhere. It returns nil for any other error.
+func (g *Gate) claimLost(ctx context.Context, name string, at time.Time, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return g.skipped(ctx, name, at, errTaken)
+	}
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == refusedCode
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	switch pe.Code {
+	case refusedCode:
+		return g.heldSkip(ctx, name, at)
+	case skewedCode:
+		i := strings.LastIndexByte(pe.Message, ' ')
+		us, perr := strconv.ParseInt(pe.Message[i+1:], 10, 64)
+		if perr != nil {
+			return nil
+		}
+		return g.skewed(ctx, name, at, time.UnixMicro(us))
+	}
+	return nil
 }
 
-// notClaimed reports a claim that did not get the tick: its fire time was
-// refused, the tick was claimed already, or (with a wait for the lock,
-// which the claim then releases) the job's lock is held elsewhere.
-func (g *Gate) notClaimed(ctx context.Context, name string, at time.Time, row store.ClaimTickRow) error {
+// notClaimed reports a claim after a wait for the lock that did not get
+// the tick: its fire time was refused, or the tick was claimed already.
+// The claim released the lock.
+func (g *Gate) notClaimed(ctx context.Context, name string, at time.Time, row store.ClaimTickHeldRow) error {
 	switch {
 	case !row.InTolerance:
 		return g.skewed(ctx, name, at, row.DbNow.Time)
@@ -558,17 +611,20 @@ type tickRelease struct {
 }
 
 func (r tickRelease) release(ctx context.Context, s *lockcore.Session, run Run, out Outcome, jobErr error) (bool, error) {
-	row, err := s.Q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
+	unlocked, err := s.Q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
 		LockClass: r.class, LockKey: r.key, Outcome: string(out), Error: errText(jobErr),
 		Job: run.Name, FireAt: pgtype.Timestamptz{Time: run.FireAt, Valid: true}, Fence: run.Fence,
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Not expected: the tick was not running under this fence, so
+		// the statement finished nothing and unlocked nothing.
+		r.g.opts.Logger.ErrorContext(ctx, "gate: tick was not running at finish", "name", run.Name, "fire_at", run.FireAt, "fence", run.Fence)
+		unlocked, err = s.Q.AdvisoryUnlock(ctx, store.AdvisoryUnlockParams{LockClass: r.class, LockKey: r.key})
+	}
 	if err != nil {
 		return false, err
 	}
-	if row.Finished == 0 {
-		r.g.opts.Logger.ErrorContext(ctx, "gate: tick was not running at finish", "name", run.Name, "fire_at", run.FireAt, "fence", run.Fence)
-	}
-	return row.Unlocked, nil
+	return unlocked, nil
 }
 
 func (r tickRelease) record(ctx context.Context, run Run, out Outcome, jobErr error) error {

@@ -84,6 +84,94 @@ func (q *Queries) AbandonTicks(ctx context.Context, arg AbandonTicksParams) (Aba
 }
 
 const claimTick = `-- name: ClaimTick :one
+INSERT INTO pgclaim_ticks AS t (job, fire_at, holder, fence)
+VALUES (
+    $1::text, $2::timestamptz, $3::text,
+    CASE WHEN $4::bigint IS NULL
+           OR $2::timestamptz
+              BETWEEN now() - $4::bigint * interval '1 microsecond'
+                  AND now() + $4::bigint * interval '1 microsecond'
+         THEN pgclaim_fence()
+         ELSE pgclaim_raise('PGC02', 'pgclaim: the fire time is out of tolerance of database time, in microseconds since 1970: '
+                                     || floor(extract(epoch FROM now()) * 1000000)::bigint)
+    END)
+ON CONFLICT (job, fire_at) DO NOTHING
+RETURNING
+    (CASE WHEN $5::text = 'none' THEN t.fence
+          WHEN pg_try_advisory_lock($6::int4, $7::int4) THEN t.fence
+          ELSE pgclaim_raise('PGC01', 'pgclaim: the job''s lock is held by another run: the claim of the tick is undone')
+     END)::bigint AS fence,
+    (CASE WHEN $5::text = 'none' THEN false
+          ELSE COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                         WHERE l.job = $1::text
+                         ORDER BY l.started_at DESC LIMIT 1), false)
+     END)::boolean AS stale
+`
+
+type ClaimTickParams struct {
+	Job         string
+	FireAt      pgtype.Timestamptz
+	Holder      string
+	ToleranceUs *int64
+	LockMode    string
+	LockClass   int32
+	LockKey     int32
+}
+
+type ClaimTickRow struct {
+	Fence int64
+	Stale bool
+}
+
+// Claim a tick in one plain insert: check the fire time against database
+// time (skipped when tolerance_us is NULL, as for catch-up), insert the
+// tick unless it exists, and, when the insert won, take the job's lock as
+// lock_mode says: 'none' (Config.LedgerOnly: no lock) or 'try'
+// (pg_try_advisory_lock on the job's key). A session that holds the lock
+// already (after a wait) claims with ClaimTickHeld.
+//
+// No row: the tick was claimed already. The insert meets a competing claim
+// in the primary key whether that claim has committed or not (it waits for
+// one still in flight), so a contender learns that it lost in this one
+// statement, takes no lock, and evaluates nothing of the RETURNING list.
+//
+// Errors, each aborting the statement and with it the insert (the session
+// then holds no lock):
+//   - PGC02: the fire time is out of tolerance. The message ends with
+//     database time, in microseconds since 1970-01-01 UTC. A fire time is
+//     checked before the primary key, as the value of the fence.
+//   - PGC01: the insert won, but the job's lock is held by another run (a
+//     slow previous tick, an Exclusive run): the tick must not stay
+//     claimed.
+//
+// One row: this claim owns the tick, with its fencing token (and, but for
+// 'none', its session holds the lock). stale (not for 'none'): the job's
+// most recently started tick other than this one (the statement does not
+// see its own insert) is still marked running. With the lock held no other
+// run of the job is alive (every locked run holds the lock until its
+// outcome is recorded), so that tick's holder died; AbandonTicks then marks
+// it. A dead holder's tick is the latest, since no tick of the job could be
+// claimed while it held the lock: one index probe.
+//
+// A plain INSERT … RETURNING, not a CTE: every contender of a tick sets up
+// the whole plan at every execution, and the 7 losers of 8 need only the
+// insert's conflict check.
+func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error) {
+	row := q.db.QueryRow(ctx, claimTick,
+		arg.Job,
+		arg.FireAt,
+		arg.Holder,
+		arg.ToleranceUs,
+		arg.LockMode,
+		arg.LockClass,
+		arg.LockKey,
+	)
+	var i ClaimTickRow
+	err := row.Scan(&i.Fence, &i.Stale)
+	return i, err
+}
+
+const claimTickHeld = `-- name: ClaimTickHeld :one
 WITH ins AS (
     INSERT INTO pgclaim_ticks (job, fire_at, holder, fence)
     SELECT $2::text, $6::timestamptz, $7::text, pgclaim_fence()
@@ -125,7 +213,7 @@ FROM (
 ) AS lk
 `
 
-type ClaimTickParams struct {
+type ClaimTickHeldParams struct {
 	LockMode    string
 	Job         string
 	LockClass   int32
@@ -135,7 +223,7 @@ type ClaimTickParams struct {
 	Holder      string
 }
 
-type ClaimTickRow struct {
+type ClaimTickHeldRow struct {
 	DbNow       pgtype.Timestamptz
 	InTolerance bool
 	Taken       bool
@@ -144,7 +232,9 @@ type ClaimTickRow struct {
 	LeftLocked  bool
 }
 
-// Claim a tick in one statement: check the fire time against database time
+// ClaimTick for a session that may hold the job's lock already
+// (Config.LockWait): it is released here when the tick is not claimed,
+// in the same statement. Check the fire time against database time
 // (skipped when tolerance_us is NULL, as for catch-up), insert the tick
 // unless it exists, and then, when the insert won, take the job's lock as
 // lock_mode says. lock_mode is 'none' (Config.LedgerOnly: no lock), 'try'
@@ -181,8 +271,8 @@ type ClaimTickRow struct {
 // keeps it as one row evaluated once, after the insert it reads. Every
 // contender of a tick sets up the whole plan at every execution, and each
 // node fewer is start-up saved.
-func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTickRow, error) {
-	row := q.db.QueryRow(ctx, claimTick,
+func (q *Queries) ClaimTickHeld(ctx context.Context, arg ClaimTickHeldParams) (ClaimTickHeldRow, error) {
+	row := q.db.QueryRow(ctx, claimTickHeld,
 		arg.LockMode,
 		arg.Job,
 		arg.LockClass,
@@ -191,7 +281,7 @@ func (q *Queries) ClaimTick(ctx context.Context, arg ClaimTickParams) (ClaimTick
 		arg.FireAt,
 		arg.Holder,
 	)
-	var i ClaimTickRow
+	var i ClaimTickHeldRow
 	err := row.Scan(
 		&i.DbNow,
 		&i.InTolerance,
@@ -257,59 +347,50 @@ func (q *Queries) FinishTick(ctx context.Context, arg FinishTickParams) (int64, 
 }
 
 const finishTickUnlock = `-- name: FinishTickUnlock :one
-WITH fin AS (
-    UPDATE pgclaim_ticks
-    SET finished_at = clock_timestamp(),
-        outcome     = $3::text,
-        error       = $4::text
-    WHERE job = $5::text
-      AND fire_at = $6::timestamptz
-      AND fence = $7::bigint
-      AND outcome = 'running'
-    RETURNING 1
-)
-SELECT pg_advisory_unlock($1::int4, $2::int4)::boolean AS unlocked,
-       f.n::bigint AS finished
-FROM (SELECT count(*) AS n FROM fin) f
+UPDATE pgclaim_ticks
+SET finished_at = clock_timestamp(),
+    outcome     = $1::text,
+    error       = $2::text
+WHERE job = $3::text
+  AND fire_at = $4::timestamptz
+  AND fence = $5::bigint
+  AND outcome = 'running'
+RETURNING pg_advisory_unlock($6::int4, $7::int4)::boolean AS unlocked
 `
 
 type FinishTickUnlockParams struct {
-	LockClass int32
-	LockKey   int32
 	Outcome   string
 	Error     *string
 	Job       string
 	FireAt    pgtype.Timestamptz
 	Fence     int64
-}
-
-type FinishTickUnlockRow struct {
-	Unlocked bool
-	Finished int64
+	LockClass int32
+	LockKey   int32
 }
 
 // FinishTick and the advisory unlock in one statement, on the session that
 // holds the lock. unlocked is false if the session did not hold the lock.
-// The update runs in FROM, so the row is finished (and locked) before the
-// select list unlocks. The unlock takes effect before this statement
-// commits: a claim that takes the lock in between sees the tick still
-// running in its snapshot (ClaimTick's stale). If that claim won its tick,
-// AbandonTicks' update waits for this transaction, re-reads the row
-// finished and marks nothing; a claim that found its tick taken does not
-// look.
-func (q *Queries) FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (FinishTickUnlockRow, error) {
+// No row: the tick was not running under this fence, and nothing was
+// unlocked (the caller unlocks with AdvisoryUnlock). The unlock runs in the
+// RETURNING list, after the row is finished (and locked), and takes effect
+// before this statement commits: a claim that takes the lock in between
+// sees the tick still running in its snapshot (ClaimTick's stale). If that
+// claim won its tick, AbandonTicks' update waits for this transaction,
+// re-reads the row finished and marks nothing; a claim that found its tick
+// taken does not look.
+func (q *Queries) FinishTickUnlock(ctx context.Context, arg FinishTickUnlockParams) (bool, error) {
 	row := q.db.QueryRow(ctx, finishTickUnlock,
-		arg.LockClass,
-		arg.LockKey,
 		arg.Outcome,
 		arg.Error,
 		arg.Job,
 		arg.FireAt,
 		arg.Fence,
+		arg.LockClass,
+		arg.LockKey,
 	)
-	var i FinishTickUnlockRow
-	err := row.Scan(&i.Unlocked, &i.Finished)
-	return i, err
+	var unlocked bool
+	err := row.Scan(&unlocked)
+	return unlocked, err
 }
 
 const heldTick = `-- name: HeldTick :one

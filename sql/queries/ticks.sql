@@ -1,5 +1,64 @@
 -- name: ClaimTick :one
--- Claim a tick in one statement: check the fire time against database time
+-- Claim a tick in one plain insert: check the fire time against database
+-- time (skipped when tolerance_us is NULL, as for catch-up), insert the
+-- tick unless it exists, and, when the insert won, take the job's lock as
+-- lock_mode says: 'none' (Config.LedgerOnly: no lock) or 'try'
+-- (pg_try_advisory_lock on the job's key). A session that holds the lock
+-- already (after a wait) claims with ClaimTickHeld.
+--
+-- No row: the tick was claimed already. The insert meets a competing claim
+-- in the primary key whether that claim has committed or not (it waits for
+-- one still in flight), so a contender learns that it lost in this one
+-- statement, takes no lock, and evaluates nothing of the RETURNING list.
+--
+-- Errors, each aborting the statement and with it the insert (the session
+-- then holds no lock):
+--   - PGC02: the fire time is out of tolerance. The message ends with
+--     database time, in microseconds since 1970-01-01 UTC. A fire time is
+--     checked before the primary key, as the value of the fence.
+--   - PGC01: the insert won, but the job's lock is held by another run (a
+--     slow previous tick, an Exclusive run): the tick must not stay
+--     claimed.
+--
+-- One row: this claim owns the tick, with its fencing token (and, but for
+-- 'none', its session holds the lock). stale (not for 'none'): the job's
+-- most recently started tick other than this one (the statement does not
+-- see its own insert) is still marked running. With the lock held no other
+-- run of the job is alive (every locked run holds the lock until its
+-- outcome is recorded), so that tick's holder died; AbandonTicks then marks
+-- it. A dead holder's tick is the latest, since no tick of the job could be
+-- claimed while it held the lock: one index probe.
+--
+-- A plain INSERT … RETURNING, not a CTE: every contender of a tick sets up
+-- the whole plan at every execution, and the 7 losers of 8 need only the
+-- insert's conflict check.
+INSERT INTO pgclaim_ticks AS t (job, fire_at, holder, fence)
+VALUES (
+    sqlc.arg(job)::text, sqlc.arg(fire_at)::timestamptz, sqlc.arg(holder)::text,
+    CASE WHEN sqlc.narg(tolerance_us)::bigint IS NULL
+           OR sqlc.arg(fire_at)::timestamptz
+              BETWEEN now() - sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
+                  AND now() + sqlc.narg(tolerance_us)::bigint * interval '1 microsecond'
+         THEN pgclaim_fence()
+         ELSE pgclaim_raise('PGC02', 'pgclaim: the fire time is out of tolerance of database time, in microseconds since 1970: '
+                                     || floor(extract(epoch FROM now()) * 1000000)::bigint)
+    END)
+ON CONFLICT (job, fire_at) DO NOTHING
+RETURNING
+    (CASE WHEN sqlc.arg(lock_mode)::text = 'none' THEN t.fence
+          WHEN pg_try_advisory_lock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4) THEN t.fence
+          ELSE pgclaim_raise('PGC01', 'pgclaim: the job''s lock is held by another run: the claim of the tick is undone')
+     END)::bigint AS fence,
+    (CASE WHEN sqlc.arg(lock_mode)::text = 'none' THEN false
+          ELSE COALESCE((SELECT l.outcome = 'running' FROM pgclaim_ticks l
+                         WHERE l.job = sqlc.arg(job)::text
+                         ORDER BY l.started_at DESC LIMIT 1), false)
+     END)::boolean AS stale;
+
+-- name: ClaimTickHeld :one
+-- ClaimTick for a session that may hold the job's lock already
+-- (Config.LockWait): it is released here when the tick is not claimed,
+-- in the same statement. Check the fire time against database time
 -- (skipped when tolerance_us is NULL, as for catch-up), insert the tick
 -- unless it exists, and then, when the insert won, take the job's lock as
 -- lock_mode says. lock_mode is 'none' (Config.LedgerOnly: no lock), 'try'
@@ -133,27 +192,23 @@ WHERE job = sqlc.arg(job)::text
 -- name: FinishTickUnlock :one
 -- FinishTick and the advisory unlock in one statement, on the session that
 -- holds the lock. unlocked is false if the session did not hold the lock.
--- The update runs in FROM, so the row is finished (and locked) before the
--- select list unlocks. The unlock takes effect before this statement
--- commits: a claim that takes the lock in between sees the tick still
--- running in its snapshot (ClaimTick's stale). If that claim won its tick,
--- AbandonTicks' update waits for this transaction, re-reads the row
--- finished and marks nothing; a claim that found its tick taken does not
--- look.
-WITH fin AS (
-    UPDATE pgclaim_ticks
-    SET finished_at = clock_timestamp(),
-        outcome     = sqlc.arg(outcome)::text,
-        error       = sqlc.narg(error)::text
-    WHERE job = sqlc.arg(job)::text
-      AND fire_at = sqlc.arg(fire_at)::timestamptz
-      AND fence = sqlc.arg(fence)::bigint
-      AND outcome = 'running'
-    RETURNING 1
-)
-SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked,
-       f.n::bigint AS finished
-FROM (SELECT count(*) AS n FROM fin) f;
+-- No row: the tick was not running under this fence, and nothing was
+-- unlocked (the caller unlocks with AdvisoryUnlock). The unlock runs in the
+-- RETURNING list, after the row is finished (and locked), and takes effect
+-- before this statement commits: a claim that takes the lock in between
+-- sees the tick still running in its snapshot (ClaimTick's stale). If that
+-- claim won its tick, AbandonTicks' update waits for this transaction,
+-- re-reads the row finished and marks nothing; a claim that found its tick
+-- taken does not look.
+UPDATE pgclaim_ticks
+SET finished_at = clock_timestamp(),
+    outcome     = sqlc.arg(outcome)::text,
+    error       = sqlc.narg(error)::text
+WHERE job = sqlc.arg(job)::text
+  AND fire_at = sqlc.arg(fire_at)::timestamptz
+  AND fence = sqlc.arg(fence)::bigint
+  AND outcome = 'running'
+RETURNING pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked;
 
 -- name: DBNow :one
 -- Database time: the only clock pgclaim compares against.
