@@ -336,7 +336,9 @@ func ratios(r *Report) []Ratio {
 		}
 		// The same rounds with the ShedLock-style table: the ticks it
 		// resolved, each counted once however many times it ran.
-		if s, ok := find("gates", func(y Result) bool { return y.Name == "ShedLock-style lock table"+gateTogether && y.Workers == g.Workers }); ok && s.Seconds > 0 {
+		if s, ok := find("gates", func(y Result) bool {
+			return y.Name == "ShedLock-style lock table"+gateTogether && y.Workers == g.Workers
+		}); ok && s.Seconds > 0 {
 			distinct := (float64(s.Ops) - s.Extra["duplicates"]) / s.Seconds
 			if distinct > 0 {
 				add(fmt.Sprintf("gate.Once ticks/s / ShedLock-style ticks resolved/s, %d contenders firing together (ShedLock's ticks counted once however often they ran)", g.Workers),
