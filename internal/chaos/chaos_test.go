@@ -143,10 +143,10 @@ func TestCheckerCatchesBrokenWorkers(t *testing.T) {
 		},
 		{
 			// Without the scheduler and its ledger every instance runs
-			// every instant.
+			// every instant, and every tick of the gate.Once job.
 			broken: BrokenNoLedger,
 			cfg:    Config{Duration: 5 * time.Second, NoFaults: true, Schedules: 5},
-			want:   []string{checkSchedEffects, checkSchedExclusive},
+			want:   []string{checkSchedEffects, checkSchedExclusive, checkTicksOnce},
 		},
 		{
 			// The job writing without the run's fence, ignoring its
@@ -180,6 +180,9 @@ func TestCheckerCatchesBrokenWorkers(t *testing.T) {
 			}
 			if !caught {
 				t.Errorf("none of the checks %q reported a violation for the %s worker", tc.want, tc.broken)
+			}
+			if c := res.Check(checkTicksOnce); tc.broken == BrokenNoLedger && (c == nil || c.Violations == 0) {
+				t.Errorf("%q reported nothing for the %s worker, whose every instance runs every tick", checkTicksOnce, tc.broken)
 			}
 			var report bytes.Buffer
 			res.Print(&report)

@@ -46,6 +46,8 @@ const (
 	checkSchedKilled    = "schedules: a SIGKILLed runner's instant completed by a later attempt within the bound"
 	checkSchedStopped   = "schedules: a runner SIGSTOPped past its lease wrote nothing after it expired, nor completed a run taken over"
 	checkSchedPaused    = "schedules: nothing recorded or started while paused; paused instants run at resume"
+	checkTicksOnce      = "ticks: no gate.Once tick took effect twice"
+	checkTicksFence     = "ticks: every tick's effect carries the fence its ledger row was claimed with"
 	checkTerms          = "leaders: terms never overlap (database time)"
 	checkLeaderLog      = "leaders: writes only inside the writer's own term"
 	checkPooler         = "pooler: advisory variants refuse behind PgBouncer, lease variants work"
@@ -80,7 +82,7 @@ type checker struct {
 // check runs every invariant check on the final state of the database.
 func check(ctx context.Context, pool *pgxpool.Pool, p checkParams) ([]Check, []Stat, error) {
 	c := &checker{pool: pool, p: p}
-	for _, f := range []func(context.Context) error{c.rows, c.fencing, c.schedules, c.leaders} {
+	for _, f := range []func(context.Context) error{c.rows, c.fencing, c.ticks, c.schedules, c.leaders} {
 		if err := f(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -240,6 +242,58 @@ func (c *checker) fencing(ctx context.Context) error {
 // leaders: per election, every term ends before the next begins (database
 // time), at most one is open; every leader write carries an existing term
 // of its writer and lies inside it.
+// ticks: the shared gate.Once job took effect at most once per fire time,
+// and each effect belongs to the run that claimed its tick in the ledger.
+// A tick whose holder died may have no effect (Once does not run a tick
+// again), and one skipped because the job's lock was held is reported by
+// the gate, not run.
+func (c *checker) ticks(ctx context.Context) error {
+	once := Check{Name: checkTicksOnce}
+	fence := Check{Name: checkTicksFence}
+	rows, err := c.pool.Query(ctx, `SELECT e.fire_at, count(*), array_agg(e.instance ORDER BY e.at),
+			count(*) FILTER (WHERE t.fence IS DISTINCT FROM e.fence), min(t.fence)
+		FROM chaos_tick_effects e
+		LEFT JOIN pgclaim_ticks t ON t.job = $1 AND t.fire_at = e.fire_at
+		GROUP BY e.fire_at ORDER BY e.fire_at`, tickJob)
+	if err != nil {
+		return fmt.Errorf("chaos: check ticks: %w", err)
+	}
+	for rows.Next() {
+		var at time.Time
+		var n, wrong int
+		var instances []string
+		var ledgerFence *int64
+		if err := rows.Scan(&at, &n, &instances, &wrong, &ledgerFence); err != nil {
+			rows.Close()
+			return err
+		}
+		once.Checked++
+		fence.Checked += n
+		if n > 1 {
+			once.fail("tick %s took effect %d times (instances %v)", at.Format(time.RFC3339Nano), n, instances)
+		}
+		for range wrong {
+			if ledgerFence == nil {
+				fence.fail("tick %s has an effect and no ledger row", at.Format(time.RFC3339Nano))
+			} else {
+				fence.fail("tick %s has an effect whose fence is not the ledger's %d", at.Format(time.RFC3339Nano), *ledgerFence)
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var outcomes string
+	if err := c.pool.QueryRow(ctx, `SELECT coalesce(string_agg(outcome || ' ' || n, ', ' ORDER BY outcome), 'none')
+		FROM (SELECT outcome::text, count(*) AS n FROM pgclaim_ticks WHERE job = $1 GROUP BY outcome) o`, tickJob).Scan(&outcomes); err != nil {
+		return fmt.Errorf("chaos: count ticks: %w", err)
+	}
+	c.stat("ticks", "%d fire times took effect (%s, one-second ticks of each instance's clock); ledger: %s", once.Checked, tickJob, outcomes)
+	c.checks = append(c.checks, once, fence)
+	return nil
+}
+
 func (c *checker) leaders(ctx context.Context) error {
 	terms := Check{Name: checkTerms}
 	rows, err := c.pool.Query(ctx, `SELECT election, term, holder, started_at, ended_at, coalesce(end_reason, '')

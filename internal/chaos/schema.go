@@ -39,6 +39,15 @@ CREATE TABLE chaos_effects (
 );
 CREATE INDEX chaos_effects_row_idx ON chaos_effects (row_id);
 
+-- One row per run of the shared gate.Once job (tickJob), written by the
+-- job: a tick that took effect twice shows as two rows of one fire_at.
+CREATE TABLE chaos_tick_effects (
+    fire_at  timestamptz NOT NULL,
+    fence    bigint      NOT NULL,
+    instance text        NOT NULL,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
 -- Every finish a worker attempted, with its token and what came of it,
 -- written after the finishing transaction ended (so refused ones stay).
 CREATE TABLE chaos_audit (

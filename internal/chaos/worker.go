@@ -30,8 +30,11 @@ import (
 const (
 	electionDirect  = "chaos-leader/adv"   // advisory elector, direct instances
 	electionBouncer = "chaos-leader/lease" // lease elector, instances behind PgBouncer
-	appNamePrefix   = "chaos-i"            // application_name of instance connections
-	harnessAppName  = "chaos-harness"
+	// tickJob is the gate.Once job every instance fires each second of
+	// its own clock (LedgerOnly behind PgBouncer).
+	tickJob        = "chaos-tick"
+	appNamePrefix  = "chaos-i" // application_name of instance connections
+	harnessAppName = "chaos-harness"
 )
 
 // envWorker names the environment variable that turns a process started by
@@ -49,7 +52,8 @@ const (
 	// overwrites rows finished meanwhile: finished rows are run again.
 	BrokenNoGuard = "noguard"
 	// BrokenNoLedger runs every schedule's every instant in every
-	// instance, without the scheduler and its ledger.
+	// instance, without the scheduler and its ledger, and every tick of
+	// the gate.Once job without the gate.
 	BrokenNoLedger = "noledger"
 	// BrokenNoSchedFence writes the schedules' attempts and effects
 	// without checking the run's fence, and its job ignores its context: a
@@ -239,6 +243,12 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 		return err
 	}
 
+	ticks, err := gate.New(w.pool, gate.Config{Holder: w.holder, Logger: w.log, LedgerOnly: cfg.Bouncer})
+	if err != nil {
+		return err
+	}
+	defer ticks.Close()
+
 	// Start-up sweep: rows a dead incarnation left PROCESSING go back (or
 	// fail) before this one claims anything.
 	for {
@@ -260,7 +270,8 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	w.say(msgReady)
 
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
+	go func() { defer wg.Done(); w.tickLoop(ctx, ticks) }()
 	go func() { defer wg.Done(); w.sweepLoop(ctx, sweeper) }()
 	go func() { defer wg.Done(); w.drainLoop(ctx) }()
 	go func() { defer wg.Done(); w.leadLoop(ctx, elector) }()
@@ -275,6 +286,39 @@ func runWorker(ctx context.Context, cfg workerConfig, in io.Reader, out io.Write
 	}
 	wg.Wait()
 	return ctx.Err()
+}
+
+// tickLoop fires tickJob at every second of the instance's clock, each
+// tick on a goroutine of its own as a cron library fires it. The job
+// writes its effect; the checker counts them per fire time.
+func (w *worker) tickLoop(ctx context.Context, g *gate.Gate) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		now := w.now()
+		at := now.Truncate(time.Second).Add(time.Second)
+		if !sleepCtx(ctx, at.Sub(now)) {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			job := func(ctx context.Context, run gate.Run) error {
+				_, err := w.pool.Exec(ctx, `INSERT INTO chaos_tick_effects (fire_at, fence, instance) VALUES ($1, $2, $3)`,
+					run.FireAt, run.Fence, w.cfg.Name)
+				return err
+			}
+			var err error
+			if w.cfg.Broken == BrokenNoLedger {
+				err = job(ctx, gate.Run{Name: tickJob, FireAt: at}) // every instance runs every tick
+			} else {
+				err = g.Once(ctx, tickJob, at, job)
+			}
+			if err != nil && !errors.Is(err, gate.ErrSkipped) && ctx.Err() == nil {
+				w.log.Warn("tick not run", "fire_at", at, "error", err)
+			}
+		}()
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
