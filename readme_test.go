@@ -3,6 +3,7 @@ package pgclaim_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"go/format"
 	"os"
 	"os/exec"
@@ -75,8 +76,17 @@ func TestReadmeQuickstart(t *testing.T) {
 		t.Fatalf("README: want the Quickstart's main.go and its migrations marked with <!-- quickstart:file PATH -->; found %v", seen)
 	}
 	writeFile(t, filepath.Join(mod, "migrations", "99999_quickstart_seed.sql"), quickstartSeed)
+	// pgclaim's own requirements, listed in full as in a tidy module: the
+	// go command then reads only their go.mod files, which building
+	// pgclaim fetched. With pgclaim alone listed it walks the whole graph,
+	// down to go.mod files of its dependencies' old test dependencies that
+	// nothing here builds, and a fresh module cache does not hold them.
+	reqs, err := requirements("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
 	writeFile(t, filepath.Join(mod, "go.mod"), "module example.com/pushes\n\ngo 1.26.0\n\n"+
-		"require github.com/pgclaim/pgclaim v0.0.0\n\nreplace github.com/pgclaim/pgclaim => "+root+"\n")
+		"require github.com/pgclaim/pgclaim v0.0.0\n\n"+reqs+"\nreplace github.com/pgclaim/pgclaim => "+root+"\n")
 	sum, err := os.ReadFile("go.sum")
 	if err != nil {
 		t.Fatal(err)
@@ -84,12 +94,22 @@ func TestReadmeQuickstart(t *testing.T) {
 	writeFile(t, filepath.Join(mod, "go.sum"), string(sum))
 
 	// The module cache only: no network, no workspace, this toolchain.
-	// (go test puts its own toolchain first in PATH.)
+	// (go test puts its own toolchain first in PATH.) The cache is filled
+	// first, through the caller's module proxy, with what the quickstart's
+	// module needs beyond what building pgclaim fetched (`go get -tool`
+	// reads the sources of modules imported on other platforms too): on a
+	// fresh machine, as a reader's go command would fetch them.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("the go command: %v", err)
 	}
-	goEnv := append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
+	goEnv := append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "GOTOOLCHAIN=local")
+	fill := exec.Command(goBin, "mod", "download")
+	fill.Dir, fill.Env = mod, goEnv
+	if out, err := fill.CombinedOutput(); err != nil {
+		t.Fatalf("go mod download: %v\n%s", err, out)
+	}
+	goEnv = append(goEnv, "GOPROXY=off")
 	run := func(name string, args ...string) {
 		t.Helper()
 		cmd := exec.Command(name, args...)
@@ -253,4 +273,32 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// requirements returns the require directives of the go.mod file at path,
+// blocks and single lines, as text for another go.mod.
+func requirements(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	inBlock := false
+	for line := range strings.Lines(string(data)) {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case inBlock:
+			b.WriteString(line)
+			inBlock = trimmed != ")"
+		case trimmed == "require (":
+			b.WriteString(line)
+			inBlock = true
+		case strings.HasPrefix(trimmed, "require "):
+			b.WriteString(line)
+		}
+	}
+	if inBlock {
+		return "", fmt.Errorf("%s: a require block is not closed", path)
+	}
+	return b.String(), nil
 }
