@@ -234,7 +234,8 @@ type ClaimTickHeldRow struct {
 
 // ClaimTick for a session that may hold the job's lock already
 // (Config.LockWait): it is released here when the tick is not claimed,
-// in the same statement. Check the fire time against database time
+// in the same statement. gate sends it with lock_mode 'held' only; the
+// other modes go through ClaimTick. Check the fire time against database time
 // (skipped when tolerance_us is NULL, as for catch-up), insert the tick
 // unless it exists, and then, when the insert won, take the job's lock as
 // lock_mode says. lock_mode is 'none' (Config.LedgerOnly: no lock), 'try'

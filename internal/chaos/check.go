@@ -239,9 +239,6 @@ func (c *checker) fencing(ctx context.Context) error {
 	return nil
 }
 
-// leaders: per election, every term ends before the next begins (database
-// time), at most one is open; every leader write carries an existing term
-// of its writer and lies inside it.
 // ticks: the shared gate.Once job took effect at most once per fire time,
 // and each effect belongs to the run that claimed its tick in the ledger.
 // A tick whose holder died may have no effect (Once does not run a tick
@@ -294,6 +291,9 @@ func (c *checker) ticks(ctx context.Context) error {
 	return nil
 }
 
+// leaders: per election, every term ends before the next begins (database
+// time), at most one is open; every leader write carries an existing term
+// of its writer and lies inside it.
 func (c *checker) leaders(ctx context.Context) error {
 	terms := Check{Name: checkTerms}
 	rows, err := c.pool.Query(ctx, `SELECT election, term, holder, started_at, ended_at, coalesce(end_reason, '')
