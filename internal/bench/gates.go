@@ -36,6 +36,10 @@ type gateMech struct {
 	// another contender runs an earlier one is skipped as an overlap by
 	// all. Only with several contenders.
 	together bool
+	// alone: walking its ticks, the mechanism runs with one contender
+	// only (the floors, which do not handle a lock held by another tick's
+	// run: with one contender, or ticks fired together, none is).
+	alone bool
 }
 
 // gateTogether is the suffix of the mechanisms whose contenders fire each
@@ -76,7 +80,7 @@ func gateMechs() []gateMech {
 			return shedlock.Unlock(ctx, pool, name, holder, 0)
 		}, func() {}, nil
 	}
-	return []gateMech{
+	mechs := []gateMech{
 		{group: "pgclaim", name: "gate.Once (ledger + advisory)", ticks: true, exclusive: true, setup: once},
 		{group: "pgclaim", name: "gate.Once (ledger + advisory)" + gateTogether, ticks: true, exclusive: true, setup: once, together: true},
 		{group: "pgclaim", name: "gate.Once, LedgerOnly", ticks: true, exclusive: false, setup: func(ctx context.Context, c int, pool *pgxpool.Pool, at func(int64) time.Time, job func(i int64)) (gateOp, func(), error) {
@@ -132,6 +136,7 @@ func gateMechs() []gateMech {
 				}, nil
 		}},
 	}
+	return append(mechs, floorMechs(name)...)
 }
 
 // runGates measures acquire+release cycles of every gate mechanism and of
@@ -145,6 +150,9 @@ func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 	if _, err := admin.Exec(ctx, shedlock.DDL); err != nil {
 		return err
 	}
+	if _, err := admin.Exec(ctx, floorDDL); err != nil {
+		return err
+	}
 	// A ledger in steady state: history of other jobs, and statistics. On a
 	// fresh, never-analyzed ledger the plan cached for finishing a tick is a
 	// sequential scan, and each finish reads the whole ledger until
@@ -154,6 +162,9 @@ func runGates(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 SELECT 'history-' || (g % 100), date_trunc('minute', now()) - (g / 100) * interval '1 minute', 'seed', nextval('pgclaim_fence_seq'),
        now() - (g / 100) * interval '1 minute', now() - (g / 100) * interval '1 minute' + interval '1 second', 'succeeded'
 FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
+		// The floor ledger holds the same history.
+		stmt{"INSERT INTO floor_ticks (job, fire_at, outcome) SELECT job, fire_at, outcome FROM pgclaim_ticks", nil},
+		stmt{"ANALYZE floor_ticks", nil},
 		stmt{"ANALYZE pgclaim_ticks", nil},
 		stmt{"ANALYZE pgclaim_locks", nil},
 		stmt{"ANALYZE shedlock", nil},
@@ -166,6 +177,7 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	r.setup("ledger mechanisms fire consecutive ticks (1 µs apart); every contender tries every tick, on its own: with 8 contenders most attempts find the tick claimed, or the job's lock held by the run of another tick, which skips that tick for everyone (an overlap a real schedule, ticks seconds apart, does not have)")
 	r.setup("%q rows: the contenders fire each tick at once and the next when all have returned, as instances whose timers fire on the same second do; won/s is ticks resolved per second, each by one run, and every tick must run (for the ShedLock-style table too, whose duplicates are shown, not failed)", gateTogether[2:])
 	r.setup("ShedLock-style: INSERT … ON CONFLICT (name) DO UPDATE … WHERE lock_until <= now(), then UPDATE lock_until = max(now(), locked_at + at_least) (at_least = 0): ShedLock's own SQL with usingDbTime()")
+	r.setup("floor rows: what a mechanism cannot do with less. \"ledger floor\": a row per tick in a table with its primary key alone, inserted with the advisory lock taken in the same statement and updated with the unlock, on a dedicated connection (no fencing token, no index for dead holders or retention, no library); \"gate.Once's statements, sent by hand\", \"gate.Exclusive's statements, sent by hand\" and \"gate.Lease's statements, sent by hand\": pgclaim's own SQL from package store without the gate around it (watcher, validity clock, events), so the gap between a mechanism and its statements is the library's client cost, and the gap between its statements and the baseline is what the guarantee costs the server (a durable fencing token, a row per tick)")
 	r.setup("checks: a tick runs at most once; two runs under one lock never overlap (LedgerOnly takes no lock: different ticks may overlap there, by design)")
 
 	tbl := Table{Title: "Gate cycles (acquire + release); p50/p99 of won cycles, then of skipped attempts",
@@ -178,7 +190,7 @@ FROM generate_series(1, $1::int) AS g`, []any{gateHistory}},
 	var cells []cell
 	for mi, m := range mechs {
 		for ci, c := range p.GateContenders {
-			if !m.together || c > 1 {
+			if (!m.together || c > 1) && (!m.alone || c == 1 || m.together) {
 				cells = append(cells, cell{mi, ci})
 			}
 		}

@@ -30,6 +30,7 @@ const (
 	envJob      = "PGCLAIM_BENCH_JOB"      // the gate job's name
 	envLedger   = "PGCLAIM_BENCH_LEDGER"   // "1": gate.Config.LedgerOnly (behind PgBouncer)
 	envSpread   = "PGCLAIM_BENCH_SPREAD"   // "1": claim.Config.Spread
+	envHand     = "PGCLAIM_BENCH_HAND"     // "1": claim with hand-written SKIP LOCKED SQL, not pgclaim
 )
 
 const (
@@ -73,6 +74,9 @@ func runInstanceChild() int {
 	if err != nil {
 		out.emit("error", oneLine(err.Error()))
 		return 1
+	}
+	if os.Getenv(envHand) == "1" {
+		ops = handOps(pool, false)
 	}
 	g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("i%d", idx), Logger: quiet, LedgerOnly: os.Getenv(envLedger) == "1"})
 	if err != nil {
@@ -249,6 +253,7 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 		n      int
 		bnc    *bouncer.Bouncer // nil: straight to the server
 		spread bool             // claim.Config.Spread
+		hand   bool             // hand-written SKIP LOCKED SQL instead of pgclaim's claims
 	}
 	var vs []variant
 	for _, spread := range []bool{false, true} {
@@ -256,6 +261,12 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 			vs = append(vs, variant{n: n, spread: spread})
 		}
 	}
+	// The floor straight to the server: what a service's own claim loop,
+	// in key order, does at the same counts.
+	for _, n := range p.Instances {
+		vs = append(vs, variant{n: n, hand: true})
+	}
+	r.setup("hand-written SQL rows: the same instances, each claiming with the hand-written SKIP LOCKED loop of the baselines scenario (UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING, one fenced finish + effects), prepared, straight to the server: what the server gives a claim loop without pgclaim at these counts")
 	if _, err := bouncer.Find(); err != nil {
 		r.note("PgBouncer rows not run: %v", err)
 	} else {
@@ -280,8 +291,11 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 		if v.spread {
 			label += ", Spread"
 		}
+		if v.hand {
+			label += ", hand-written SQL"
+		}
 		n := v.n
-		res, row, prof, counts, err := instancesRun(ctx, e, admin, url, p, n, label, v.bnc != nil, v.spread)
+		res, row, prof, counts, err := instancesRun(ctx, e, admin, url, p, n, label, v.bnc != nil, v.spread, v.hand)
 		if err != nil {
 			return fmt.Errorf("%s instances: %w", label, err)
 		}
@@ -330,7 +344,7 @@ func describeActive(active map[string]int64, samples int64) string {
 	return fmt.Sprintf("%.1f backends executing on average (%s)", float64(total)/float64(samples), strings.Join(parts, ", "))
 }
 
-func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int, label string, ledger, spread bool) (Result, []string, Profile, instanceCounts, error) {
+func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, p *params, n int, label string, ledger, spread, hand bool) (Result, []string, Profile, instanceCounts, error) {
 	var counts instanceCounts
 	if err := resetPush(ctx, admin, p.InstanceRows); err != nil {
 		return Result{}, nil, Profile{}, counts, err
@@ -354,7 +368,7 @@ func instancesRun(ctx context.Context, e *env, admin *pgxpool.Pool, url string, 
 		k := &kid{lines: make(chan string, 64)}
 		proc, err := childproc.Start(childproc.Config{
 			Env: []string{envChild + "=instance", envURL + "=" + url, envInstance + "=" + strconv.Itoa(i), envJob + "=" + job,
-				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs), envLedger + "=" + boolEnv(ledger), envSpread + "=" + boolEnv(spread)},
+				"GOMAXPROCS=" + strconv.Itoa(p.InstanceProcs), envLedger + "=" + boolEnv(ledger), envSpread + "=" + boolEnv(spread), envHand + "=" + boolEnv(hand)},
 			Stdout:   func(line []byte) { k.lines <- string(line) },
 			StderrTo: os.Stderr,
 		})
@@ -564,7 +578,11 @@ WHERE NOT EXISTS (SELECT 1 FROM pgclaim_ticks k WHERE k.job = $4 AND k.fire_at =
 		e.prog.logf("instances: %s: the table ran out of rows after %s of %s", label, elapsed.Round(time.Millisecond), p.InstanceWindow)
 	}
 	perSec := float64(rows) / elapsed.Seconds()
-	res := Result{Group: "pgclaim", Name: label + " instances", Workers: n, Batch: instanceBatch,
+	group := "pgclaim"
+	if hand {
+		group = "baseline"
+	}
+	res := Result{Group: group, Name: label + " instances", Workers: n, Batch: instanceBatch,
 		Ops: rows, Unit: "rows", Seconds: elapsed.Seconds(), PerSecond: perSec,
 		P50us: us(median(claimP50)),
 		Extra: map[string]float64{

@@ -325,6 +325,28 @@ func ratios(r *Report) []Ratio {
 			latency(n+" cycle latency / bare advisory lock", g, bare)
 		}
 	}
+	// gates: each mechanism against its own statements sent by hand (the
+	// library's client cost), and those statements and the ledger's floor
+	// against the baselines (what the guarantee costs the server).
+	for _, f := range []struct{ mech, floor, base string }{
+		{"gate.Once (ledger + advisory)", gateFloorOnce, ""},
+		{"gate.Exclusive (advisory)", gateFloorExclusive, "bare advisory lock (dedicated conn)"},
+		{"gate.Lease.Do (lease row)", gateFloorLease, "ShedLock-style lock table"},
+		{"", gateFloorOnce, "ShedLock-style lock table"},
+		{"", gateFloorLedger, "ShedLock-style lock table"},
+		{"", gateFloorFenced, "ShedLock-style lock table"},
+	} {
+		fl, ok := gate1(f.floor)
+		if !ok {
+			continue
+		}
+		if g, ok := gate1(f.mech); ok {
+			latency(f.mech+" cycle latency / its statements sent by hand", g, fl)
+		}
+		if b, ok := gate1(f.base); ok {
+			latency(f.floor+" cycle latency / "+f.base, fl, b)
+		}
+	}
 	// gates: several contenders on one job, ticks fired together, against
 	// the ShedLock-style table's acquisitions with as many contenders.
 	for _, g := range results("gates") {
@@ -333,6 +355,22 @@ func ratios(r *Report) []Ratio {
 		}
 		if s, ok := find("gates", func(y Result) bool { return y.Name == "ShedLock-style lock table" && y.Workers == g.Workers }); ok {
 			throughput(fmt.Sprintf("gate.Once ticks/s, %d contenders firing together / ShedLock-style acquisitions/s, %d contenders", g.Workers, g.Workers), g, s)
+		}
+		// The same rounds with Once's statements sent by hand, and with
+		// the ledger's floor, whose own ratio to ShedLock's acquisitions
+		// bounds what any ledger of instants reaches in these rounds.
+		if f, ok := find("gates", func(y Result) bool { return y.Name == gateFloorOnce+gateTogether && y.Workers == g.Workers }); ok {
+			throughput(fmt.Sprintf("gate.Once ticks/s / its statements sent by hand, %d contenders firing together", g.Workers), g, f)
+		}
+		for _, floor := range []string{gateFloorLedger, gateFloorFenced} {
+			f, ok := find("gates", func(y Result) bool { return y.Name == floor+gateTogether && y.Workers == g.Workers })
+			if !ok {
+				continue
+			}
+			throughput(fmt.Sprintf("gate.Once ticks/s / %s ticks/s, %d contenders firing together", floor, g.Workers), g, f)
+			if s, ok := find("gates", func(y Result) bool { return y.Name == "ShedLock-style lock table" && y.Workers == g.Workers }); ok {
+				throughput(fmt.Sprintf("%s ticks/s, %d contenders firing together / ShedLock-style acquisitions/s, %d contenders", floor, g.Workers, g.Workers), f, s)
+			}
 		}
 		// The same rounds with the ShedLock-style table: the ticks it
 		// resolved, each counted once however many times it ran.
@@ -390,18 +428,21 @@ func ratios(r *Report) []Ratio {
 	}
 	// instances: the most instance processes against the fewest, for each
 	// way in (straight or behind PgBouncer) and each claim (Spread or not)
-	type way struct{ pooled, spread bool }
+	type way struct{ pooled, spread, hand bool }
 	byWay := map[way][]Result{}
 	for _, x := range results("instances") {
-		w := way{strings.Contains(x.Name, "PgBouncer"), strings.Contains(x.Name, "Spread")}
+		w := way{strings.Contains(x.Name, "PgBouncer"), strings.Contains(x.Name, "Spread"), strings.Contains(x.Name, "hand-written")}
 		byWay[w] = append(byWay[w], x)
 	}
-	for _, w := range []way{{false, false}, {true, false}, {false, true}, {true, true}} {
+	for _, w := range []way{{false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}, {false, false, true}} {
 		xs := byWay[w]
 		if len(xs) < 2 {
 			continue
 		}
 		what := "claim rows/s"
+		if w.hand {
+			what = "hand-written SQL rows/s"
+		}
 		if w.pooled {
 			what += " behind PgBouncer"
 		}
@@ -409,6 +450,21 @@ func ratios(r *Report) []Ratio {
 			what += ", Config.Spread"
 		}
 		throughput(fmt.Sprintf("%s, %d instance processes / %d", what, xs[len(xs)-1].Workers, xs[0].Workers), xs[len(xs)-1], xs[0])
+	}
+	// instances: pgclaim's claims against the hand-written loop at the same
+	// count, straight to the server
+	for _, h := range byWay[way{hand: true}] {
+		for _, w := range []way{{}, {spread: true}} {
+			for _, x := range byWay[w] {
+				if x.Workers == h.Workers {
+					what := "pgclaim claims"
+					if w.spread {
+						what += " (Config.Spread)"
+					}
+					throughput(fmt.Sprintf("%s / hand-written SQL, rows/s, %d instance processes", what, x.Workers), x, h)
+				}
+			}
+		}
 	}
 	// schedules: the scheduler against gate.Once on a timer, same instances
 	// and jobs
