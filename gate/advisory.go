@@ -91,6 +91,7 @@ var watchAfter = time.Millisecond
 // ErrHeld (and ErrSkipped) at once, or after Config.LockWait if set. Behind
 // a pooler it refuses with ErrPooler.
 func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
+	lockcore.GrowStack() // see there: work is often started on a new goroutine
 	if err := checkName("name", name); err != nil {
 		return err
 	}

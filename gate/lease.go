@@ -145,6 +145,7 @@ func (l *Lease) Name() string { return l.name }
 // Unless NoKeepAlive is set, the lease is extended every KeepAlive until it
 // is released or lost.
 func (l *Lease) TryAcquire(ctx context.Context) (*LeaseHandle, error) {
+	lockcore.GrowStack() // see there: a cron library acquires on a new goroutine
 	sent := time.Now()
 	row, err := l.q.AcquireLease(ctx, store.AcquireLeaseParams{
 		Name:     l.name,

@@ -301,6 +301,7 @@ func (g *Gate) Prune(ctx context.Context, olderThan time.Duration) (int64, error
 // job's advisory lock in the same statement, or after waiting for it
 // (Config.LockWait, ClaimTickHeld).
 func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, fn Func) error {
+	lockcore.GrowStack() // see there: a cron library calls Once on a new goroutine
 	ts := pgtype.Timestamptz{Time: at, Valid: true}
 	p := store.ClaimTickParams{Job: name, FireAt: ts, LockMode: "none", ToleranceUs: tol, Holder: g.opts.Holder}
 	if g.ledger {
@@ -496,11 +497,26 @@ var errTaken = fmt.Errorf("%w: tick claimed already", ErrSkipped)
 // skipped reports a skip and returns why, naming the tick.
 func (g *Gate) skipped(ctx context.Context, name string, at time.Time, why error) error {
 	g.opts.emit(ctx, Event{Kind: EventSkipped, Name: name, FireAt: at, Holder: g.opts.Holder, Err: why})
-	if at.IsZero() {
-		return fmt.Errorf("%w: %q", why, name)
-	}
-	return fmt.Errorf("%w: %q at %s", why, name, at.Format(time.RFC3339Nano))
+	return &skipError{why: why, name: name, at: at}
 }
+
+// skipError is what skipped returns: why, for the tick (name, at), or for
+// name alone when at is zero. Every instance but one gets it for each tick,
+// so its text is built only when it is read.
+type skipError struct {
+	why  error
+	name string
+	at   time.Time
+}
+
+func (e *skipError) Error() string {
+	if e.at.IsZero() {
+		return fmt.Sprintf("%v: %q", e.why, e.name)
+	}
+	return fmt.Sprintf("%v: %q at %s", e.why, e.name, e.at.Format(time.RFC3339Nano))
+}
+
+func (e *skipError) Unwrap() error { return e.why }
 
 // errLockBusy is the ErrHeld of a tick skipped because another run of its
 // job holds the job's lock.

@@ -2,7 +2,9 @@ package gate_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -257,4 +259,39 @@ func dedicated(b testing.TB, pool *pgxpool.Pool) *pgx.Conn {
 	conn := c.Hijack()
 	b.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
+}
+
+// BenchmarkOnceFiredTogether: 8 instances (each a Gate with its own pool)
+// fire each tick at once, every Once on a goroutine of its own as a cron
+// library starts one per run, and the next tick when all have returned;
+// b.N ticks, each run once.
+func BenchmarkOnceFiredTogether(b *testing.B) {
+	const instances = 8
+	db := ledgerDB(b)
+	gs := make([]*gate.Gate, instances)
+	for i := range gs {
+		gs[i] = newGate(b, db.NewPool(b), fmt.Sprintf("i%d", i), gate.Config{Logger: slog.New(slog.DiscardHandler)})
+	}
+	base := dbNow(b, db.Pool)
+	ctx := context.Background()
+	var ran atomic.Int64
+	job := func(context.Context, gate.Run) error { ran.Add(1); return nil }
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		var wg sync.WaitGroup
+		for _, g := range gs {
+			wg.Go(func() {
+				err := g.Once(ctx, "job", base.Add(time.Duration(i)*time.Microsecond), job)
+				if err != nil && !errors.Is(err, gate.ErrSkipped) {
+					b.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ticks/s")
+	if n := ran.Load(); n != int64(b.N) {
+		b.Fatalf("%d ticks ran %d times in all, want each once", b.N, n)
+	}
 }
