@@ -10,6 +10,7 @@ package lockcore
 // (gate's BenchmarkOnceFiredTogether), stack copies were 15% of the
 // client's CPU, and 4% with this call. On a goroutine whose stack is grown
 // already it costs clearing the frame below.
+//
 //go:noinline
 func GrowStack() {
 	var frame [stackFrame]byte
