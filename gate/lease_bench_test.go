@@ -3,6 +3,7 @@ package gate_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -11,9 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/internal/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/store"
 )
 
 // leaseLatency adds p50 and p99 of ds (in µs) to the benchmark's output.
@@ -177,4 +180,49 @@ func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
 		time.Sleep(time.Millisecond)
 	}
 	b.Fatal("no standby waiting for the election lock")
+}
+
+// BenchmarkLeaseVsShedLock measures DESIGN.md's target for leases side by
+// side with ShedLock's statements on the same database, alternating which
+// goes first each iteration: "do" runs one Lease.Do cycle (acquire, an
+// empty job, release), "statements" the lease's own two statements from
+// package store with nothing of the library around them, whose gap to
+// ShedLock's is what the fencing token costs.
+func BenchmarkLeaseVsShedLock(b *testing.B) {
+	pool := pgtest.Pool(b)
+	ctx := context.Background()
+	if err := shedlock.Create(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	shed := func(int) error {
+		took, err := shedlock.Lock(ctx, pool, "bench-shed", "a", time.Minute)
+		if err != nil {
+			return err
+		}
+		if !took {
+			return errors.New("shedlock row not taken")
+		}
+		return shedlock.Unlock(ctx, pool, "bench-shed", "a", 0)
+	}
+	l := newLease(b, pool, "bench-do", "a", gate.LeaseConfig{AtMost: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	q := store.New(lockcore.ReadCommitted{Pool: pool})
+	for _, c := range []struct {
+		name  string
+		cycle func(int) error
+	}{
+		{"do", func(int) error { return l.Do(ctx, noop) }},
+		{"statements", func(int) error {
+			row, err := q.AcquireLease(ctx, store.AcquireLeaseParams{Name: "bench-sql", Holder: "a", AtMostUs: time.Minute.Microseconds()})
+			if err != nil {
+				return err
+			}
+			n, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: "bench-sql", Fence: row.Fence})
+			if err == nil && n != 1 {
+				err = errors.New("lease not released")
+			}
+			return err
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) { sideBySide(b, "lease", c.cycle, "shedlock", shed) })
+	}
 }
