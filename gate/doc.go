@@ -38,10 +38,13 @@
 // an unlock. The benchmarks in this package measure both side by side with a
 // bare advisory lock cycle and a ShedLock lock-table cycle (ShedLock's table
 // and statements with database time; BenchmarkOnceVsShedLock,
-// BenchmarkExclusiveVsAdvisory). A Once cycle costs about 1.3–1.4 ShedLock
-// cycles (p50, measured in the same run): the difference is the ledger
-// itself, a new row with its index entries and a fencing token per tick where
-// ShedLock updates one row in place.
+// BenchmarkExclusiveVsAdvisory, BenchmarkLeaseVsShedLock), and instances
+// firing each tick together (BenchmarkOnceFiredTogether). A Once cycle costs
+// about 1.3–1.4 ShedLock cycles (p50, measured in the same run): the
+// difference is the ledger itself, a new row with its index entries and a
+// fencing token per tick where ShedLock updates one row in place. The
+// figures, and the floors no ledger of instants goes below, are in
+// docs/BENCHMARKS.md.
 //
 // # Advisory keys
 //
