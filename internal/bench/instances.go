@@ -266,7 +266,7 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 	for _, n := range p.Instances {
 		vs = append(vs, variant{n: n, hand: true})
 	}
-	r.setup("hand-written SQL rows: the same instances, each claiming with the hand-written SKIP LOCKED loop of the baselines scenario (UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING, one fenced finish + effects), prepared, straight to the server: what the server gives a claim loop without pgclaim at these counts")
+	r.setup("hand-written SQL rows: the same instances, each claiming with the hand-written SKIP LOCKED loop of the baselines scenario (UPDATE … WHERE id IN (SELECT … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING, one fenced finish + effects), prepared, straight to the server and behind PgBouncer: what a claim loop without pgclaim gets at these counts")
 	if _, err := bouncer.Find(); err != nil {
 		r.note("PgBouncer rows not run: %v", err)
 	} else {
@@ -279,6 +279,9 @@ func runInstances(ctx context.Context, e *env, p *params, r *ScenarioReport) err
 			for _, n := range p.Instances {
 				vs = append(vs, variant{n: n, bnc: b, spread: spread})
 			}
+		}
+		for _, n := range p.Instances {
+			vs = append(vs, variant{n: n, bnc: b, hand: true})
 		}
 		r.setup("behind PgBouncer (transaction pooling, default_pool_size 20): the same instances through one PgBouncer, their gates LedgerOnly (session advisory locks cannot live behind it)")
 	}

@@ -434,7 +434,7 @@ func ratios(r *Report) []Ratio {
 		w := way{strings.Contains(x.Name, "PgBouncer"), strings.Contains(x.Name, "Spread"), strings.Contains(x.Name, "hand-written")}
 		byWay[w] = append(byWay[w], x)
 	}
-	for _, w := range []way{{false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}, {false, false, true}} {
+	for _, w := range []way{{false, false, false}, {true, false, false}, {false, true, false}, {true, true, false}, {false, false, true}, {true, false, true}} {
 		xs := byWay[w]
 		if len(xs) < 2 {
 			continue
@@ -452,16 +452,21 @@ func ratios(r *Report) []Ratio {
 		throughput(fmt.Sprintf("%s, %d instance processes / %d", what, xs[len(xs)-1].Workers, xs[0].Workers), xs[len(xs)-1], xs[0])
 	}
 	// instances: pgclaim's claims against the hand-written loop at the same
-	// count, straight to the server
-	for _, h := range byWay[way{hand: true}] {
-		for _, w := range []way{{}, {spread: true}} {
-			for _, x := range byWay[w] {
-				if x.Workers == h.Workers {
-					what := "pgclaim claims"
-					if w.spread {
-						what += " (Config.Spread)"
+	// count, the same way in
+	for _, pooled := range []bool{false, true} {
+		for _, h := range byWay[way{pooled: pooled, hand: true}] {
+			for _, w := range []way{{pooled: pooled}, {pooled: pooled, spread: true}} {
+				for _, x := range byWay[w] {
+					if x.Workers == h.Workers {
+						what := "pgclaim claims"
+						if w.spread {
+							what += " (Config.Spread)"
+						}
+						if pooled {
+							what += " behind PgBouncer"
+						}
+						throughput(fmt.Sprintf("%s / hand-written SQL, rows/s, %d instance processes", what, x.Workers), x, h)
 					}
-					throughput(fmt.Sprintf("%s / hand-written SQL, rows/s, %d instance processes", what, x.Workers), x, h)
 				}
 			}
 		}
