@@ -191,19 +191,7 @@ func waitForWaiter(b *testing.B, pool *pgxpool.Pool, name string) {
 func BenchmarkLeaseVsShedLock(b *testing.B) {
 	pool := pgtest.Pool(b)
 	ctx := context.Background()
-	if err := shedlock.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	shed := func(int) error {
-		took, err := shedlock.Lock(ctx, pool, "bench-shed", "a", time.Minute)
-		if err != nil {
-			return err
-		}
-		if !took {
-			return errors.New("shedlock row not taken")
-		}
-		return shedlock.Unlock(ctx, pool, "bench-shed", "a", 0)
-	}
+	shed := shedLockCycle(b, pool)
 	l := newLease(b, pool, "bench-do", "a", gate.LeaseConfig{AtMost: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	q := store.New(lockcore.ReadCommitted{Pool: pool})
 	for _, c := range []struct {

@@ -76,11 +76,8 @@ func floorMechs(name string) []gateMech {
 				Job: jobName, FireAt: ts(at(i)), Holder: holder, ToleranceUs: &tol,
 				LockMode: "try", LockClass: class, LockKey: key,
 			})
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				return errHeldBaseline
-			case err != nil:
-				return err
+			if err != nil {
+				return claimErr(err)
 			}
 			job(i)
 			unlocked, err := q.FinishTickUnlock(ctx, store.FinishTickUnlockParams{
@@ -117,11 +114,8 @@ func floorMechs(name string) []gateMech {
 		atMost := (30 * time.Second).Microseconds()
 		return func(ctx context.Context, i int64) error {
 			row, err := q.AcquireLease(ctx, store.AcquireLeaseParams{Name: lname, Holder: holder, AtMostUs: atMost})
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				return errHeldBaseline
-			case err != nil:
-				return err
+			if err != nil {
+				return claimErr(err)
 			}
 			job(i)
 			n, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: lname, Fence: row.Fence})
@@ -162,10 +156,8 @@ func ledgerFloorOp(ctx context.Context, pool *pgxpool.Pool, claimSQL, jobName st
 		var locked bool
 		err := conn.QueryRow(ctx, claimSQL, jobName, at(i), class, key).Scan(&locked)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return errHeldBaseline
 		case err != nil:
-			return err
+			return claimErr(err)
 		case !locked:
 			return errFloorLock
 		}
@@ -197,4 +189,13 @@ func released(what string, held bool, err error) error {
 		return fmt.Errorf("%s: the lock was not held", what)
 	}
 	return nil
+}
+
+// claimErr is what a floor returns for its claim's error: a skip when the
+// claim returned no row (another contender had it), else the error.
+func claimErr(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errHeldBaseline
+	}
+	return err
 }

@@ -70,13 +70,12 @@ func runInstanceChild() int {
 		return 1
 	}
 	defer pool.Close()
-	ops, err := pgclaimOpsSpread(pool, os.Getenv(envSpread) == "1")
-	if err != nil {
-		out.emit("error", oneLine(err.Error()))
-		return 1
-	}
-	if os.Getenv(envHand) == "1" {
-		ops = handOps(pool, false)
+	ops := handOps(pool, false)
+	if os.Getenv(envHand) != "1" {
+		if ops, err = pgclaimOpsSpread(pool, os.Getenv(envSpread) == "1"); err != nil {
+			out.emit("error", oneLine(err.Error()))
+			return 1
+		}
 	}
 	g, err := gate.New(pool, gate.Config{Holder: fmt.Sprintf("i%d", idx), Logger: quiet, LedgerOnly: os.Getenv(envLedger) == "1"})
 	if err != nil {
