@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -56,6 +57,11 @@ type Migration struct {
 // pool. Concurrent calls from many instances are safe: they serialise on a
 // session advisory lock (MigrationLockID) and each migration is applied once.
 // When nothing is pending it returns without taking the lock.
+//
+// Every call then has the database choose the fencing token for what the
+// server allows (FenceTimeline, or FenceSequence where the WAL control
+// functions are refused, as on Aurora), so call it at every start-up; the
+// application's role may call it once the migrations are applied.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	p, closeDB, err := newProvider(pool)
 	if err != nil {
@@ -66,11 +72,41 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("pgclaim: migrate: %w", err)
 	}
-	if !pending {
-		return nil
+	if pending {
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("pgclaim: migrate: %w", err)
+		}
 	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("pgclaim: migrate: %w", err)
+	return checkFence(ctx, pool)
+}
+
+// The fencing tokens pgclaim_fence() can grant; pgclaim_fence_mode records
+// which is in force (see migration 00010).
+const (
+	// FenceTimeline is the server's WAL timeline * 2^48 + a sequence
+	// value: unique and increasing across every primary promotion. It is
+	// in force where PUBLIC may execute pg_current_wal_insert_lsn() and
+	// pg_walfile_name(pg_lsn).
+	FenceTimeline = "timeline"
+	// FenceSequence is a constant * 2^48 + a sequence value: unique and
+	// increasing on one server and across failovers on shared storage
+	// (Aurora, RDS Multi-AZ instances), but not across the promotion of an
+	// asynchronous streaming replica. It is in force where the WAL control
+	// functions are refused.
+	FenceSequence = "sequence"
+)
+
+// checkFence has the database choose the fencing token pgclaim_fence()
+// grants, for what the server allows now (pgclaim_fence_check(), which
+// switches only when needed), at READ COMMITTED so that a check waiting
+// for another instance's switch sees it.
+func checkFence(ctx context.Context, pool *pgxpool.Pool) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT pgclaim_fence_check()")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pgclaim: migrate: choose the fencing token (pgclaim_fence_check()): %w", err)
 	}
 	return nil
 }

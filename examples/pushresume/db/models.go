@@ -10,6 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// pgclaim: which fencing token pgclaim_fence() grants (timeline or sequence), chosen by pgclaim_fence_check()
+type PgclaimFenceMode struct {
+	OnlyRow   bool
+	Fence     string
+	Base      int64
+	Reason    string
+	DecidedAt time.Time
+}
+
 type PgclaimLock struct {
 	Name      string
 	Holder    string
