@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -15,7 +17,12 @@ type BackfillOptions struct {
 	From, To time.Time
 	// Max is the most instants recorded (at least 1): the oldest Max
 	// instants the ledger lacks; BackfillResult.LeftOut counts the rest.
+	// At most BackfillLimit unless AboveLimit is set.
 	Max int
+	// AboveLimit allows a Max above BackfillLimit: every instant recorded
+	// is a pending run the schedule's live instants queue behind, and a
+	// dry run holds them all in memory.
+	AboveLimit bool
 	// DryRun records nothing: the result lists the instants a backfill
 	// would record now.
 	DryRun bool
@@ -49,6 +56,10 @@ type BackfillResult struct {
 	Clamped bool
 }
 
+// BackfillLimit is the largest BackfillOptions.Max that Backfill accepts
+// without BackfillOptions.AboveLimit.
+const BackfillLimit = 10_000
+
 // maxLeftOut bounds how many instants beyond Max a backfill counts.
 const maxLeftOut = 100_000
 
@@ -81,6 +92,8 @@ func (s *Scheduler) Backfill(ctx context.Context, name string, opts BackfillOpti
 			opts.From.UTC().Format(time.RFC3339Nano), opts.To.UTC().Format(time.RFC3339Nano)))
 	case opts.Max < 1:
 		return res, invalid("BackfillOptions.Max", fmt.Sprintf("must be at least 1, got %d", opts.Max))
+	case opts.Max > BackfillLimit && !opts.AboveLimit:
+		return res, invalid("BackfillOptions.Max", fmt.Sprintf("%d is above the limit of %d: backfill in steps, or set AboveLimit", opts.Max, BackfillLimit))
 	}
 	st, err := loadSchedule(ctx, s.q, name)
 	if err != nil {
@@ -163,4 +176,47 @@ func (s *Scheduler) lacking(ctx context.Context, st *stored, from time.Time, lim
 		from = last
 	}
 	return out, nil
+}
+
+// CancelBackfillResult is what Scheduler.CancelBackfill cancelled.
+type CancelBackfillResult struct {
+	// Cancelled counts the backfilled runs recorded skipped; First and
+	// Last are the oldest and newest of their instants (zero when none).
+	Cancelled   int
+	First, Last time.Time
+}
+
+// CancelBackfill cancels the schedule name's backfill: its backfilled
+// runs that have not started (pending) are recorded skipped with the
+// reason "backfill cancelled by BY", so each instant keeps a decided
+// outcome and a later backfill leaves it alone. A backfilled run already
+// running or retrying is not touched: it finishes as any run. A run an
+// instance claims while this call runs is not cancelled either (the
+// update is a compare-and-swap on the run's state). Unknown name:
+// ErrNotFound.
+func (s *Scheduler) CancelBackfill(ctx context.Context, name, by string) (CancelBackfillResult, error) {
+	var res CancelBackfillResult
+	if name == "" {
+		return res, invalid("name", "must not be empty")
+	}
+	if by == "" {
+		by = "an operator"
+	}
+	var row store.CancelBackfillRow
+	err := s.tx(ctx, func(q *store.Queries) error {
+		var err error
+		row, err = q.CancelBackfill(ctx, store.CancelBackfillParams{Schedule: name, Reason: "backfill cancelled by " + by})
+		return err
+	})
+	if err != nil {
+		return res, opErr("cancel backfill", name, err)
+	}
+	if row.Found == 0 {
+		return res, opErr("cancel backfill", name, pgx.ErrNoRows)
+	}
+	res.Cancelled = int(row.Cancelled)
+	if row.Cancelled > 0 {
+		res.First, res.Last = tm(row.FirstInstant), tm(row.LastInstant)
+	}
+	return res, nil
 }

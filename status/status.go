@@ -46,6 +46,7 @@
 package status
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -57,6 +58,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,6 +105,16 @@ type Config struct {
 	// Logger receives the errors of failed reads and actions. Nil:
 	// slog.Default().
 	Logger *slog.Logger
+	// QueryTimeout bounds the reads of one view: each of its statements
+	// runs under a statement_timeout of QueryTimeout and the whole read
+	// under a deadline of twice that. Zero: 5s.
+	QueryTimeout time.Duration
+	// MaxReads is how many views are read from the database at once;
+	// further requests wait up to QueryTimeout for their turn and are then
+	// answered 503 (with Retry-After). The page reads on Pool, the
+	// application's own pool in an embedded page: this bounds the
+	// connections it takes at MaxReads. Zero: 2.
+	MaxReads int
 }
 
 // Table is a claimed table the claims view shows.
@@ -117,6 +129,12 @@ type Table struct {
 	// StaleAfter: a row in Processing claimed longer ago (or, with a
 	// LeaseUntil column, past its lease) is stuck. Zero: 24h.
 	StaleAfter time.Duration
+	// EstimateAbove: a table with at least this many rows by the planner's
+	// count (pg_class.reltuples) has its rows per state and its reasons
+	// estimated from a sample of its pages, and the page says so; its rows
+	// in Processing are always counted. Zero: 200,000; negative: always
+	// counted.
+	EstimateAbove int64
 }
 
 // Handler serves the status page; New builds one.
@@ -126,6 +144,7 @@ type Handler struct {
 	tables []table
 	log    *slog.Logger
 	cop    *http.CrossOriginProtection
+	reads  chan struct{} // MaxReads slots
 }
 
 type table struct {
@@ -150,8 +169,14 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Pool == nil {
 		return nil, fmt.Errorf("%w: Config.Pool is nil", ErrInvalid)
 	}
-	if cfg.Grace < 0 || cfg.Runs < 0 {
-		return nil, fmt.Errorf("%w: Config.Grace and Config.Runs must not be negative", ErrInvalid)
+	if cfg.Grace < 0 || cfg.Runs < 0 || cfg.QueryTimeout < 0 || cfg.MaxReads < 0 {
+		return nil, fmt.Errorf("%w: Config.Grace, Config.Runs, Config.QueryTimeout and Config.MaxReads must not be negative", ErrInvalid)
+	}
+	if cfg.QueryTimeout == 0 {
+		cfg.QueryTimeout = 5 * time.Second
+	}
+	if cfg.MaxReads == 0 {
+		cfg.MaxReads = 2
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = 30 * time.Second
@@ -173,7 +198,7 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	h := &Handler{cfg: cfg, sched: sched, log: log, cop: http.NewCrossOriginProtection()}
+	h := &Handler{cfg: cfg, sched: sched, log: log, cop: http.NewCrossOriginProtection(), reads: make(chan struct{}, cfg.MaxReads)}
 	for i, t := range cfg.Tables {
 		if t.Processing == "" {
 			t.Processing = "PROCESSING"
@@ -183,6 +208,12 @@ func New(cfg Config) (*Handler, error) {
 		}
 		if t.StaleAfter == 0 {
 			t.StaleAfter = 24 * time.Hour
+		}
+		switch {
+		case t.EstimateAbove == 0:
+			t.EstimateAbove = defaultEstimateAbove
+		case t.EstimateAbove < 0:
+			t.EstimateAbove = 0
 		}
 		spec := t.Table
 		if spec.Key == "" {
@@ -202,10 +233,14 @@ func New(cfg Config) (*Handler, error) {
 		h.tables = append(h.tables, table{Table: t, in: inspect.Table{
 			QName: pgx.Identifier(strings.Split(spec.Name, ".")).Sanitize(), State: quote(spec.State),
 			ClaimedAt: quote(spec.ClaimedAt), LeaseUntil: quote(spec.LeaseUntil), Reason: quote(spec.Reason),
+			EstimateAbove: t.EstimateAbove,
 		}})
 	}
 	return h, nil
 }
+
+// defaultEstimateAbove is Table.EstimateAbove's default.
+const defaultEstimateAbove = 200_000
 
 func quote(c string) string {
 	if c == "" {
@@ -246,7 +281,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	data, err := read(r)
+	select {
+	case h.reads <- struct{}{}:
+	case <-time.After(h.cfg.QueryTimeout):
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, h.cfg.QueryTimeout/time.Second))))
+		http.Error(w, "busy: too many views are being read; try again shortly", http.StatusServiceUnavailable)
+		return
+	case <-r.Context().Done():
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*h.cfg.QueryTimeout)
+	data, err := read(r.WithContext(ctx))
+	cancel()
+	<-h.reads
 	code := http.StatusOK
 	if err != nil {
 		h.log.ErrorContext(r.Context(), "status: reading the view", "view", path, "err", err)
@@ -266,7 +313,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{View: path, Data: data, Actions: h.cfg.Actions, Refresh: int(h.cfg.Refresh.Round(time.Second) / time.Second),
-		OK: r.URL.Query().Get("ok"), Failed: r.URL.Query().Get("failed")}
+		OK: r.URL.Query().Get("ok"), Failed: r.URL.Query().Get("failed"), BackfillLimit: schedule.BackfillLimit}
 	switch {
 	case h.cfg.Refresh < 0 || r.URL.Query().Get("refresh") == "off":
 		p.Refresh, p.Paused = 0, h.cfg.Refresh >= 0
@@ -294,6 +341,7 @@ type page struct {
 	Refresh                       int  // seconds; 0: none
 	Paused                        bool // refresh stopped by ?refresh=off
 	Data                          any
+	BackfillLimit                 int
 }
 
 // csrfToken returns the request's CSRF token, setting a new one in the

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/schedule"
 	"github.com/pgclaim/pgclaim/store"
@@ -71,31 +73,54 @@ type ClaimedTable struct {
 func (h *Handler) views() map[string]func(*http.Request) (any, error) {
 	return map[string]func(*http.Request) (any, error){
 		"schedules": func(r *http.Request) (any, error) { return h.schedules(r.Context()) },
-		"leaders":   func(r *http.Request) (any, error) { return h.leaders(r.Context()) },
+		"leaders": func(r *http.Request) (any, error) {
+			var l Leaders
+			err := h.readTx(r.Context(), func(db inspect.DB) (err error) { l, err = h.leaders(r.Context(), db); return err })
+			return l, err
+		},
 		"locks": func(r *http.Request) (any, error) {
-			l, err := inspect.ReadAllLocks(r.Context(), h.cfg.Pool, h.cfg.Names)
+			var l inspect.Locks
+			err := h.readTx(r.Context(), func(db inspect.DB) (err error) {
+				l, err = inspect.ReadAllLocks(r.Context(), db, h.cfg.Names)
+				return err
+			})
 			return l, err
 		},
 		"claims": func(r *http.Request) (any, error) { return h.claims(r.Context()), nil },
 	}
 }
 
+// readTx runs fn's reads in a read-only transaction whose statements each
+// end after Config.QueryTimeout.
+func (h *Handler) readTx(ctx context.Context, fn func(inspect.DB) error) error {
+	return pgx.BeginTxFunc(ctx, h.cfg.Pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(h.cfg.QueryTimeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
 // recentTerms is how many terms the leaders view lists.
 const recentTerms = 20
 
-func (h *Handler) leaders(ctx context.Context) (Leaders, error) {
-	l, err := inspect.ReadLocks(ctx, h.cfg.Pool, nil)
+func (h *Handler) leaders(ctx context.Context, db inspect.DB) (Leaders, error) {
+	l, err := inspect.ReadLocks(ctx, db, nil)
 	if err != nil {
 		return Leaders{}, err
 	}
-	recent, err := inspect.ReadTerms(ctx, h.cfg.Pool, recentTerms)
+	recent, err := inspect.ReadTerms(ctx, db, recentTerms)
 	return Leaders{Open: l.Elections, Recent: recent}, err
 }
 
 func (h *Handler) claims(ctx context.Context) Claims {
 	out := Claims{Tables: []ClaimedTable{}}
 	for _, t := range h.tables {
-		c, err := inspect.ReadClaims(ctx, h.cfg.Pool, t.in, t.Processing, t.StaleAfter)
+		var c inspect.Claims
+		err := h.readTx(ctx, func(db inspect.DB) (err error) {
+			c, err = inspect.ReadClaims(ctx, db, t.in, t.Processing, t.StaleAfter)
+			return err
+		})
 		ct := ClaimedTable{Claims: c}
 		if err != nil {
 			h.log.ErrorContext(ctx, "status: reading a claimed table", "table", t.Name, "err", err)
@@ -202,6 +227,14 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, action string) {
 		}
 	case "backfill":
 		msg, err = h.backfill(r, name)
+	case "cancel-backfill":
+		var res schedule.CancelBackfillResult
+		if res, err = h.sched.CancelBackfill(ctx, name, h.cfg.Operator(r)); err == nil {
+			msg = fmt.Sprintf("cancelled %d backfilled runs of %s that had not started", res.Cancelled, name)
+			if res.Cancelled > 0 {
+				msg += fmt.Sprintf(" (%s to %s): recorded skipped", fmtTime(res.First), fmtTime(res.Last))
+			}
+		}
 	case "release":
 		view = "locks"
 		msg, err = h.release(r, name)
@@ -231,6 +264,9 @@ func (h *Handler) backfill(r *http.Request, name string) (string, error) {
 	if s := strings.TrimSpace(r.PostFormValue("max")); s != "" {
 		if maxN, err = strconv.Atoi(s); err != nil || maxN < 1 {
 			return "", fmt.Errorf("max: %q is not a positive number", s)
+		}
+		if maxN > schedule.BackfillLimit {
+			return "", fmt.Errorf("max: %d is above the limit of %d: backfill in steps, or from the CLI with 'pgclaim schedules backfill --above-limit'", maxN, schedule.BackfillLimit)
 		}
 	}
 	dry := r.PostFormValue("record") != "yes"

@@ -61,6 +61,50 @@ func (q *Queries) BackfillRuns(ctx context.Context, arg BackfillRunsParams) (Bac
 	return i, err
 }
 
+const cancelBackfill = `-- name: CancelBackfill :one
+WITH s AS (
+    SELECT name FROM pgclaim_schedules WHERE name = $1::text
+), u AS (
+    UPDATE pgclaim_schedule_runs r
+    SET state = 'skipped', finished_at = now(), reason = $2::text
+    FROM s
+    WHERE r.schedule = s.name AND r.kind = 'backfill' AND r.state = 'pending'
+    RETURNING r.instant
+)
+SELECT (SELECT count(*) FROM s)::bigint AS found,
+       (SELECT count(*) FROM u)::bigint AS cancelled,
+       (SELECT min(instant) FROM u)::timestamptz AS first_instant,
+       (SELECT max(instant) FROM u)::timestamptz AS last_instant
+`
+
+type CancelBackfillParams struct {
+	Schedule string
+	Reason   string
+}
+
+type CancelBackfillRow struct {
+	Found        int64
+	Cancelled    int64
+	FirstInstant pgtype.Timestamptz
+	LastInstant  pgtype.Timestamptz
+}
+
+// Record a schedule's backfilled runs that have not started (pending) as
+// skipped with reason: a compare-and-swap on their state, so a run an
+// instance claims meanwhile runs and is not cancelled. found is 0 when no
+// schedule of that name is stored.
+func (q *Queries) CancelBackfill(ctx context.Context, arg CancelBackfillParams) (CancelBackfillRow, error) {
+	row := q.db.QueryRow(ctx, cancelBackfill, arg.Schedule, arg.Reason)
+	var i CancelBackfillRow
+	err := row.Scan(
+		&i.Found,
+		&i.Cancelled,
+		&i.FirstInstant,
+		&i.LastInstant,
+	)
+	return i, err
+}
+
 const ledgerInstants = `-- name: LedgerInstants :many
 SELECT instant FROM pgclaim_schedule_runs
 WHERE schedule = $1::text

@@ -30,7 +30,8 @@ pgclaim_schedule_runs). Every subcommand takes --database-url and --json.
   trigger NAME                          record a manual run of NAME now (once, however many operators trigger)
   backfill NAME --from T --to T [--max N] [--yes]
                                         record NAME's instants in (from, to] that the ledger lacks, as runs
-                                        (a dry run unless --yes)
+                                        (a dry run unless --yes; --max at most 10000 without --above-limit)
+  cancel-backfill NAME [--by WHO]       record NAME's backfilled runs that have not started as skipped
   missed NAME [--since T] [--limit N]   instants of NAME that were due and that no instance recorded
 
 Times (T) are RFC 3339 (2026-03-01T09:00:00Z, 2026-03-01T10:00:00+01:00), a
@@ -40,17 +41,18 @@ UTC. Run 'pgclaim schedules SUBCOMMAND -h' for a subcommand's flags.`
 
 // schedulesSubs are the subcommands of "pgclaim schedules".
 var schedulesSubs = map[string]func(ctx context.Context, e *env, args []string) error{
-	"list":     runSchedulesList,
-	"pause":    runSchedulesPause,
-	"resume":   runSchedulesResume,
-	"trigger":  runSchedulesTrigger,
-	"backfill": runSchedulesBackfill,
-	"missed":   runSchedulesMissed,
+	"list":            runSchedulesList,
+	"pause":           runSchedulesPause,
+	"resume":          runSchedulesResume,
+	"trigger":         runSchedulesTrigger,
+	"backfill":        runSchedulesBackfill,
+	"cancel-backfill": runSchedulesCancelBackfill,
+	"missed":          runSchedulesMissed,
 }
 
 func runSchedules(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return usagef("a subcommand is required: list, pause, resume, trigger, backfill or missed")
+		return usagef("a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill or missed")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -59,7 +61,7 @@ func runSchedules(ctx context.Context, e *env, args []string) error {
 	}
 	sub, ok := schedulesSubs[args[0]]
 	if !ok {
-		return usagef("unknown subcommand %q: want list, pause, resume, trigger, backfill or missed", args[0])
+		return usagef("unknown subcommand %q: want list, pause, resume, trigger, backfill, cancel-backfill or missed", args[0])
 	}
 	return sub(ctx, e, args[1:])
 }
@@ -381,7 +383,10 @@ that the ledger lacks as pending runs of kind backfill: an instance running
 the schedule runs each once, oldest first, with its retry policy. Each
 instant is recorded once even when two backfills overlap; an instant already
 in the ledger (run, skipped, triggered or backfilled) is left as it is. At
-most --max instants, the oldest; the others are counted. The range is cut
+most --max instants, the oldest; the others are counted. --max is at most
+10000 unless --above-limit is given: each instant recorded is a run the
+schedule's live instants queue behind ('pgclaim schedules cancel-backfill'
+undoes a backfill that has not run yet). The range is cut
 back to the schedule's frontier, the newest instant its scheduler has
 recorded: the later ones are the scheduler's, which decides missed ones by
 the catch-up policy.
@@ -392,6 +397,7 @@ nothing.`)
 	toS := f.String("to", "", "the range's end `T`, inclusive (required)")
 	maxN := f.Int("max", 100, "record at most `N` instants, the oldest")
 	yes := f.Bool("yes", false, "record them (without it: a dry run)")
+	above := f.Bool("above-limit", false, fmt.Sprintf("allow --max above %d", schedule.BackfillLimit))
 	var from, to time.Time
 	name, pool, s, err := openNamed(ctx, f, args, nil, func() error {
 		for _, fl := range []string{"from", "to"} {
@@ -413,6 +419,9 @@ nothing.`)
 		if *maxN < 1 {
 			return usagef("--max must be at least 1, got %d", *maxN)
 		}
+		if *maxN > schedule.BackfillLimit && !*above {
+			return usagef("--max %d is above the limit of %d: backfill in steps, or add --above-limit", *maxN, schedule.BackfillLimit)
+		}
 		return nil
 	})
 	if err != nil {
@@ -423,7 +432,7 @@ nothing.`)
 	if err != nil {
 		return schedFail("reading "+name, name, err)
 	}
-	res, err := s.Backfill(ctx, name, schedule.BackfillOptions{From: from, To: to, Max: *maxN, DryRun: !*yes})
+	res, err := s.Backfill(ctx, name, schedule.BackfillOptions{From: from, To: to, Max: *maxN, DryRun: !*yes, AboveLimit: *above})
 	if err != nil {
 		return schedFail("backfilling "+name, name, err)
 	}
@@ -439,6 +448,48 @@ nothing.`)
 		return writeJSON(e.stdout, out)
 	}
 	return printBackfill(e.stdout, out)
+}
+
+type cancelBackfillJSON struct {
+	Schedule  string     `json:"schedule"`
+	Cancelled int        `json:"cancelled"`
+	First     *time.Time `json:"first"`
+	Last      *time.Time `json:"last"`
+}
+
+func runSchedulesCancelBackfill(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "schedules cancel-backfill", "schedules cancel-backfill NAME [--by WHO] [--database-url URL] [--json]", `
+Cancels the backfill of the schedule NAME: its backfilled runs that have not
+started (pending) are recorded skipped, with the reason "backfill cancelled
+by WHO"; a later backfill of the same range leaves them alone. Backfilled
+runs already running or retrying finish as any run.`)
+	by := f.String("by", "", "who cancels it (`WHO`; default: $USER)")
+	name, pool, s, err := openNamed(ctx, f, args, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if *by == "" {
+		*by = e.getenv("USER")
+	}
+	res, err := s.CancelBackfill(ctx, name, *by)
+	if err != nil {
+		return schedFail("cancelling the backfill of "+name, name, err)
+	}
+	if f.json {
+		out := cancelBackfillJSON{Schedule: name, Cancelled: res.Cancelled}
+		if res.Cancelled > 0 {
+			first, last := res.First.UTC(), res.Last.UTC()
+			out.First, out.Last = &first, &last
+		}
+		return writeJSON(e.stdout, out)
+	}
+	if res.Cancelled == 0 {
+		fmt.Fprintf(e.stdout, "%s has no backfilled run waiting: nothing cancelled\n", name)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "cancelled %s of %s (%s to %s): recorded skipped\n", plural(int64(res.Cancelled), "backfilled run", "backfilled runs"), name, fmtTime(res.First), fmtTime(res.Last))
+	return nil
 }
 
 func printBackfill(w io.Writer, out backfillJSON) error {

@@ -205,6 +205,35 @@ nothing recorded: pass --yes to record them
 	}
 }
 
+// A backfill's --max is bounded unless --above-limit; a recorded backfill
+// is cancelled by cancel-backfill.
+func TestSchedulesBackfillBoundedAndCancelled(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	registerSchedules(t, db, schedule.Definition{Name: "report", Spec: "0 6 * * *", Version: 1})
+	args := []string{"schedules", "backfill", "report", "--from", "2026-03-01 06:00", "--to", "2026-03-04T06:00:00Z", "--database-url", db.URL}
+	r := cli(t, "", append(args, "--max", "200000")...)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "stderr", r.stderr, "--max 200000 is above the limit of 10000", "--above-limit")
+	r = cli(t, "", append(args, "--max", "200000", "--above-limit", "--yes")...)
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "recorded 3 instants")
+
+	r = cli(t, "", "schedules", "cancel-backfill", "report", "--by", "ops", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	if want := "cancelled 3 backfilled runs of report (2026-03-02 06:00:00Z to 2026-03-04 06:00:00Z): recorded skipped\n"; r.stdout != want {
+		t.Errorf("cancel-backfill: %q, want %q", r.stdout, want)
+	}
+	r = cli(t, "", "schedules", "cancel-backfill", "report", "--json", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	if res := decodeJSON[cancelBackfillJSON](t, r.stdout); res.Cancelled != 0 || res.First != nil {
+		t.Errorf("cancel-backfill again: %+v", res)
+	}
+	r = cli(t, "", "schedules", "cancel-backfill", "nope", "--database-url", db.URL)
+	wantCode(t, r, exitError)
+	wantContains(t, "stderr", r.stderr, `no schedule named "nope"`)
+}
+
 // Every instance is down past the grace: the CLI reports the missed
 // instants from the database alone.
 func TestSchedulesMissed(t *testing.T) {

@@ -66,3 +66,22 @@ FROM pgclaim_schedule_runs r
 WHERE r.schedule = sqlc.arg(schedule)::text
 ORDER BY r.instant DESC
 LIMIT sqlc.arg(max_runs)::int4;
+
+-- name: CancelBackfill :one
+-- Record a schedule's backfilled runs that have not started (pending) as
+-- skipped with reason: a compare-and-swap on their state, so a run an
+-- instance claims meanwhile runs and is not cancelled. found is 0 when no
+-- schedule of that name is stored.
+WITH s AS (
+    SELECT name FROM pgclaim_schedules WHERE name = sqlc.arg(schedule)::text
+), u AS (
+    UPDATE pgclaim_schedule_runs r
+    SET state = 'skipped', finished_at = now(), reason = sqlc.arg(reason)::text
+    FROM s
+    WHERE r.schedule = s.name AND r.kind = 'backfill' AND r.state = 'pending'
+    RETURNING r.instant
+)
+SELECT (SELECT count(*) FROM s)::bigint AS found,
+       (SELECT count(*) FROM u)::bigint AS cancelled,
+       (SELECT min(instant) FROM u)::timestamptz AS first_instant,
+       (SELECT max(instant) FROM u)::timestamptz AS last_instant;
