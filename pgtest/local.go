@@ -19,8 +19,8 @@ import (
 )
 
 // findBinDir locates a directory holding initdb and postgres: dir if given,
-// else PATH, else `pg_config --bindir`, else the newest
-// /usr/lib/postgresql/*/bin.
+// else the one PGCLAIM_TEST_PG_BIN names, else PATH, else
+// `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin.
 func findBinDir(dir string) (string, error) {
 	has := func(d string) bool {
 		for _, b := range []string{"initdb", "postgres"} {
@@ -35,6 +35,12 @@ func findBinDir(dir string) (string, error) {
 			return dir, nil
 		}
 		return "", fmt.Errorf("no initdb and postgres in %s", dir)
+	}
+	if dir = os.Getenv(EnvBin); dir != "" {
+		if has(dir) {
+			return dir, nil
+		}
+		return "", fmt.Errorf("%s=%s: no initdb and postgres there", EnvBin, dir)
 	}
 	if p, err := exec.LookPath("initdb"); err == nil && has(filepath.Dir(p)) {
 		return filepath.Dir(p), nil
@@ -199,7 +205,7 @@ func (c *localCluster) startReaper() error {
 func (c *localCluster) initdb(ctx context.Context) error {
 	var out bytes.Buffer
 	cmd := c.command(ctx, "initdb", "-D", filepath.Join(c.dir, "data"), "-U", "postgres",
-		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync", "--no-instructions")
+		"--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync") // --no-instructions is 14+
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("initdb: %v: %s", err, strings.TrimSpace(out.String()))
@@ -292,6 +298,25 @@ func (c *localCluster) stop() {
 	case <-time.After(10 * time.Second):
 		_ = cmd.Process.Kill()
 		<-done
+	}
+}
+
+// shutdown stops the server cleanly (a fast shutdown, SIGINT: sessions are
+// ended and a shutdown checkpoint is written), so its data directory can be
+// copied.
+func (c *localCluster) shutdown() error {
+	c.mu.Lock()
+	cmd, done := c.cmd, c.done
+	c.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+		return nil
+	case <-time.After(time.Minute):
+		return fmt.Errorf("postgres did not shut down within a minute; log: %s", c.logTail())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,8 +26,11 @@ type PairConfig struct {
 	// commits then wait.
 	Synchronous bool
 	// BinDir, when set, is the directory holding the PostgreSQL binaries
-	// (initdb, postgres, pg_basebackup), as in Config.
+	// (initdb, postgres, and pg_basebackup if there is one), as in Config:
+	// unset, PGCLAIM_TEST_PG_BIN, else a search.
 	BinDir string
+
+	noBaseBackup bool // copy the primary as without pg_basebackup (tests)
 }
 
 // Pair is a primary and a streaming standby of it: two clusters started
@@ -70,14 +74,20 @@ func NewPair(t testing.TB, cfg PairConfig) *Pair {
 // StartPair initialises and starts a primary, takes a base backup of it
 // with pg_basebackup (-R: the copy starts as a standby streaming from the
 // primary), starts the standby and returns once it streams (and, with
-// cfg.Synchronous, is the primary's synchronous standby). Without local
-// binaries the error wraps ErrUnavailable.
+// cfg.Synchronous, is the primary's synchronous standby). Where the server
+// binaries come without pg_basebackup (server-only builds), the base backup
+// is a copy of the primary's data directory taken while it is shut down,
+// with the standby's settings written as pg_basebackup -R would. Without
+// local binaries the error wraps ErrUnavailable.
 func StartPair(ctx context.Context, cfg PairConfig) (*Pair, error) {
 	// Two small servers: a failover test needs few connections.
 	settings := []string{"max_connections=100", "shared_buffers=32MB", "wal_keep_size=256MB"}
 	primary, err := newLocalCluster(cfg.BinDir)
-	if err == nil {
-		primary.binDir, err = baseBackupDir(primary.binDir)
+	basebackup := false
+	if err == nil && !cfg.noBaseBackup {
+		if dir, ok := baseBackupDir(primary.binDir); ok {
+			primary.binDir, basebackup = dir, true
+		}
 	}
 	if err != nil {
 		if primary != nil {
@@ -101,13 +111,17 @@ func StartPair(ctx context.Context, cfg PairConfig) (*Pair, error) {
 		return fail(err)
 	}
 	p.standby.settings = settings
-	var out bytes.Buffer
-	cmd := p.standby.command(ctx, "pg_basebackup", "-D", filepath.Join(p.standby.dir, "data"),
-		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres",
-		"-X", "stream", "-R", "-c", "fast", "--no-sync")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fail(fmt.Errorf("pg_basebackup: %v: %s", err, strings.TrimSpace(out.String())))
+	if basebackup {
+		var out bytes.Buffer
+		cmd := p.standby.command(ctx, "pg_basebackup", "-D", filepath.Join(p.standby.dir, "data"),
+			"-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres",
+			"-X", "stream", "-R", "-c", "fast", "--no-sync")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			return fail(fmt.Errorf("pg_basebackup: %v: %s", err, strings.TrimSpace(out.String())))
+		}
+	} else if err := p.coldCopy(ctx); err != nil {
+		return fail(err)
 	}
 	if err := p.standby.startOnFreePort(ctx); err != nil {
 		return fail(err)
@@ -130,19 +144,64 @@ func StartPair(ctx context.Context, cfg PairConfig) (*Pair, error) {
 
 // baseBackupDir returns the directory holding pg_basebackup with the
 // postgres binary found in bin: bin itself, or the directory its postgres
-// links to (a PATH directory may hold links to initdb and postgres only).
-func baseBackupDir(bin string) (string, error) {
+// links to (a PATH directory may hold links to initdb and postgres only);
+// ok is false when there is none. A pg_basebackup of another version is
+// never used: it refuses newer servers.
+func baseBackupDir(bin string) (dir string, ok bool) {
 	has := func(d string) bool {
 		fi, err := os.Stat(filepath.Join(d, "pg_basebackup"))
 		return err == nil && !fi.IsDir()
 	}
 	if has(bin) {
-		return bin, nil
+		return bin, true
 	}
 	if real, err := filepath.EvalSymlinks(filepath.Join(bin, "postgres")); err == nil && has(filepath.Dir(real)) {
-		return filepath.Dir(real), nil
+		return filepath.Dir(real), true
 	}
-	return "", fmt.Errorf("no pg_basebackup in %s or beside the postgres it links to", bin)
+	return "", false
+}
+
+// coldCopy makes the standby's data directory without pg_basebackup: it
+// shuts the primary down cleanly, copies its data directory, starts it
+// again on its port, and writes into the copy what pg_basebackup -R
+// writes (standby.signal, and primary_conninfo in postgresql.auto.conf).
+// A copy of a cleanly shut down cluster needs no backup label: it starts
+// from the shutdown checkpoint and streams the rest.
+func (p *Pair) coldCopy(ctx context.Context) error {
+	src, dst := filepath.Join(p.primary.dir, "data"), filepath.Join(p.standby.dir, "data")
+	if err := p.primary.shutdown(); err != nil {
+		return fmt.Errorf("shut the primary down for a copy: %w", err)
+	}
+	var out bytes.Buffer
+	cp := exec.CommandContext(ctx, "cp", "-a", src, dst)
+	cp.SysProcAttr = &syscall.SysProcAttr{Credential: p.standby.cred}
+	cp.Stdout, cp.Stderr = &out, &out
+	if err := cp.Run(); err != nil {
+		return fmt.Errorf("copy the primary's data directory: %v: %s", err, strings.TrimSpace(out.String()))
+	}
+	if err := p.primary.start(ctx); err != nil {
+		return fmt.Errorf("restart the primary after the copy: %w", err)
+	}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", p.primary.port)
+	write := func(name, text string, flag int) error {
+		f, err := os.OpenFile(filepath.Join(dst, name), flag|os.O_WRONLY|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(text)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil && p.standby.cred != nil {
+			err = os.Chown(filepath.Join(dst, name), int(p.standby.cred.Uid), int(p.standby.cred.Gid))
+		}
+		return err
+	}
+	if err := write("standby.signal", "", os.O_TRUNC); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Join(dst, "postmaster.pid"))
+	return write("postgresql.auto.conf", "primary_conninfo = '"+conninfo+"'\n", os.O_APPEND)
 }
 
 // primaryExec runs statements on the primary's maintenance database.

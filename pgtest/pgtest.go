@@ -27,6 +27,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -37,6 +38,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim"
@@ -194,10 +196,20 @@ func (s *Server) CreateDatabase(ctx context.Context, tpl Template) (*Database, e
 	if err != nil {
 		return nil, err
 	}
+	v, err := s.serverVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
 	name := "pgtest_" + tpl.Name + "_" + randomSuffix()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
-		" TEMPLATE "+pgx.Identifier{tplName}.Sanitize()+" STRATEGY FILE_COPY"); err != nil {
-		return nil, fmt.Errorf("pgtest: create database: %w", err)
+	stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tplName}.Sanitize()
+	if v >= 150000 {
+		// 15 made WAL_LOG the default strategy, which writes the whole
+		// template to WAL; FILE_COPY, the only strategy before 15, copies
+		// the files and logs one record.
+		stmt += " STRATEGY FILE_COPY"
+	}
+	if _, err := admin.Exec(ctx, stmt); err != nil {
+		return nil, fmt.Errorf("pgtest: create database: %w", createErr(err))
 	}
 	db := &Database{Name: name, URL: s.DatabaseURL(name), Server: s}
 	if db.Pool, err = db.OpenPool(ctx); err != nil {
@@ -205,6 +217,16 @@ func (s *Server) CreateDatabase(ctx context.Context, tpl Template) (*Database, e
 		return nil, err
 	}
 	return db, nil
+}
+
+// createErr adds to a CREATE DATABASE error what the role lacks, when it is
+// the privilege: the server's own message is the whole story otherwise.
+func createErr(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+		return fmt.Errorf("%w (the role needs the CREATEDB privilege)", err)
+	}
+	return err
 }
 
 func randomSuffix() string {
@@ -269,7 +291,7 @@ func (s *Server) buildTemplate(ctx context.Context, tpl Template) (string, error
 		return "", err
 	}
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+q); err != nil {
-		return "", fmt.Errorf("pgtest: create template: %w", err)
+		return "", fmt.Errorf("pgtest: create template: %w", createErr(err))
 	}
 	if err := s.setupTemplate(ctx, building, tpl); err != nil {
 		_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+q+" WITH (FORCE)")

@@ -19,6 +19,13 @@ import (
 // creates one database per test on that server and drops it afterwards.
 const EnvURL = "PGCLAIM_TEST_DATABASE_URL"
 
+// EnvBin names the environment variable holding the directory of the
+// PostgreSQL server binaries (initdb, postgres) pgtest runs its own clusters
+// from: the local cluster of Start and the Pair. Set it to run a suite on
+// one major version, e.g. to the bin directory .ci/pg-major.sh prints. Unset,
+// pgtest searches PATH, pg_config and /usr/lib/postgresql/*/bin.
+const EnvBin = "PGCLAIM_TEST_PG_BIN"
+
 // Source says where a Server came from.
 type Source string
 
@@ -49,6 +56,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	admin     *pgxpool.Pool
+	version   int // server_version_num, once read
 	templates map[string]*templateState
 }
 
@@ -94,19 +102,41 @@ func (s *Server) Admin(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
+// serverVersion returns the server's server_version_num (150004 for
+// 15.4), read once.
+func (s *Server) serverVersion(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	v := s.version
+	s.mu.Unlock()
+	if v != 0 {
+		return v, nil
+	}
+	admin, err := s.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := admin.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+		return 0, fmt.Errorf("pgtest: server version: %w", err)
+	}
+	s.mu.Lock()
+	s.version = v
+	s.mu.Unlock()
+	return v, nil
+}
+
+// terminateWait is how long Terminate and TerminateDatabase wait for a
+// backend to exit.
+const terminateWait = 5 * time.Second
+
 // Terminate ends the server backend with process id pid
 // (pg_terminate_backend) and waits up to five seconds for it to exit. A pool
 // that held a connection to that backend sees its next query on it fail.
 func (s *Server) Terminate(ctx context.Context, pid uint32) error {
-	admin, err := s.Admin(ctx)
+	n, err := s.terminate(ctx, "pid = $1", int32(pid))
 	if err != nil {
-		return err
-	}
-	var ok bool
-	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", int32(pid)).Scan(&ok); err != nil {
 		return fmt.Errorf("pgtest: terminate backend %d: %w", pid, err)
 	}
-	if !ok {
+	if n == 0 {
 		return fmt.Errorf("pgtest: terminate backend %d: no such backend", pid)
 	}
 	return nil
@@ -115,17 +145,59 @@ func (s *Server) Terminate(ctx context.Context, pid uint32) error {
 // TerminateDatabase ends every backend connected to database name (except
 // the caller's own) and returns how many it ended.
 func (s *Server) TerminateDatabase(ctx context.Context, name string) (int, error) {
-	admin, err := s.Admin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var n int
-	err = admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
-		FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, name).Scan(&n)
+	n, err := s.terminate(ctx, "datname = $1 AND pid <> pg_backend_pid()", name)
 	if err != nil {
 		return 0, fmt.Errorf("pgtest: terminate backends of %q: %w", name, err)
 	}
 	return n, nil
+}
+
+// terminate ends the backends of pg_stat_activity matching cond (with one
+// argument, arg) and waits up to terminateWait for them to exit; it
+// returns how many it signalled. From PostgreSQL 14 on the server waits
+// (pg_terminate_backend(pid, timeout)); on 13, which has only the
+// one-argument form, terminate polls until the backends have left
+// pg_stat_activity and released their locks.
+func (s *Server) terminate(ctx context.Context, cond string, arg any) (int, error) {
+	admin, err := s.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v, err := s.serverVersion(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	if v >= 140000 {
+		err = admin.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, %d))
+			FROM pg_stat_activity WHERE `, terminateWait.Milliseconds())+cond, arg).Scan(&n)
+		return n, err
+	}
+	var pids []int32
+	err = admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)), coalesce(array_agg(pid), '{}')
+		FROM pg_stat_activity WHERE `+cond, arg).Scan(&n, &pids)
+	if err != nil || n == 0 {
+		return n, err
+	}
+	deadline := time.Now().Add(terminateWait)
+	for {
+		var alive bool
+		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = ANY($1))
+			OR EXISTS (SELECT FROM pg_locks WHERE pid = ANY($1))`, pids).Scan(&alive)
+		switch {
+		case err != nil:
+			return n, err
+		case !alive:
+			return n, nil
+		case time.Now().After(deadline):
+			return n, fmt.Errorf("still running %v after %v", pids, terminateWait)
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // Restart stops the server immediately (as after a crash: every session is
@@ -171,8 +243,9 @@ type Config struct {
 	URL string
 	// NoContainer skips the testcontainers-go source.
 	NoContainer bool
-	// BinDir, when set, is the directory holding initdb and postgres, instead
-	// of searching PATH, pg_config and /usr/lib/postgresql/*/bin.
+	// BinDir, when set, is the directory holding initdb and postgres. Unset,
+	// it is the PGCLAIM_TEST_PG_BIN environment variable (EnvBin), else
+	// pgtest searches PATH, pg_config and /usr/lib/postgresql/*/bin.
 	BinDir string
 	// Logf, when set, receives progress messages (which source was chosen).
 	Logf func(format string, args ...any)
@@ -183,8 +256,9 @@ type Config struct {
 //  1. the server named by PGCLAIM_TEST_DATABASE_URL (or opts.URL);
 //  2. a container from testcontainers-go's postgres module, when a Docker
 //     engine answers;
-//  3. an ephemeral cluster started from local PostgreSQL binaries (found on
-//     PATH, via pg_config, or under /usr/lib/postgresql/*/bin), run as the
+//  3. an ephemeral cluster started from local PostgreSQL binaries (in
+//     opts.BinDir or PGCLAIM_TEST_PG_BIN, else found on PATH, via
+//     pg_config, or under /usr/lib/postgresql/*/bin), run as the
 //     postgres user when the process is root, on a free loopback port.
 //
 // When none is available the error wraps ErrUnavailable and names all three
@@ -246,8 +320,9 @@ func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 	reasons = append(reasons, "local binaries: "+err.Error())
 	return nil, fmt.Errorf("%w: set %s to a server's connection string (role with CREATEDB), "+
 		"or run a Docker engine for testcontainers-go, "+
-		"or install PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin (%s)",
-		ErrUnavailable, EnvURL, strings.Join(reasons, "; "))
+		"or install PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin "+
+		"or name their directory in %s (%s)",
+		ErrUnavailable, EnvURL, EnvBin, strings.Join(reasons, "; "))
 }
 
 func fromURL(ctx context.Context, u string) (*Server, error) {

@@ -194,8 +194,13 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		leader.Holder == nil || *leader.Holder != "host-a:101" {
 		t.Errorf("election leader's lock = %+v", *leader)
 	}
-	if *waiter.ApplicationName != "svc-standby" || waiter.WaitStart == nil || waiter.Holder != nil {
-		t.Errorf("standby's waiting lock = %+v", *waiter)
+	// pg_locks.waitstart is PostgreSQL 14+: on 13 the wait's start is unknown.
+	var serverVersion int
+	if err := db.Pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&serverVersion); err != nil {
+		t.Fatal(err)
+	}
+	if *waiter.ApplicationName != "svc-standby" || (waiter.WaitStart != nil) != (serverVersion >= 140000) || waiter.Holder != nil {
+		t.Errorf("standby's waiting lock = %+v (server %d)", *waiter, serverVersion)
 	}
 
 	unknown := findAdvisory(out.Advisory, "", true)
@@ -228,7 +233,11 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		t.Errorf("--name did not resolve the lock: %+v", out.Advisory)
 	}
 
-	// The table view.
+	// The table view. Without waitstart (13) a waiter's SINCE is its session's start.
+	waitSince := ""
+	if serverVersion < 140000 {
+		waitSince = "session "
+	}
 	r = cli(t, "", "locks", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
 	lines := strings.Split(r.stdout, "\n")
@@ -241,7 +250,7 @@ VALUES ('old-lease', 'host-c:303', now() - interval '2 hours', now() - interval 
 		`^NAME +KEY +STATE +PID +APPLICATION +CLIENT +HOLDER +SINCE$`,
 		fmt.Sprintf(`^push-resume \(job\) +%d/%d +held +%d +svc-active +\S+ +host-a:101 +%s$`, jobClass, jobKey, jobPID, regexp.QuoteMeta(fmtTime(ledgerStart))),
 		fmt.Sprintf(`^notifier \(election\) +%d/%d +held +\d+ +svc-active +\S+ +host-a:101 +\S+ \S+$`, elClass, elKey),
-		fmt.Sprintf(`^notifier \(election\) +%d/%d +waiting +\d+ +svc-standby +\S+ +- +\S+ \S+$`, elClass, elKey),
+		fmt.Sprintf(`^notifier \(election\) +%d/%d +waiting +\d+ +svc-standby +\S+ +- +%s\S+ \S+$`, elClass, elKey, waitSince),
 		fmt.Sprintf(`^\? \(pgclaim; unknown name, try --name\) +%d/%d +held +\d+ +psql +`, adhocClass, adhocKey),
 		`^- \(not pgclaim's\) +42 +held +\d+ +psql +\S+ +- +session `,
 		`^ELECTIONS \(open terms in pgclaim_terms\)$`,

@@ -142,7 +142,9 @@ func (e *env) machine(ctx context.Context) Machine {
 func (e *env) database(ctx context.Context) (*pgtest.Database, error) {
 	db, err := e.srv.CreateDatabase(ctx, pgtest.Template{Name: "pgclaim"})
 	if err != nil {
-		return nil, fmt.Errorf("create database (the role needs CREATEDB): %w", err)
+		// pgtest's error says what is wrong, and names CREATEDB when the
+		// role lacks it.
+		return nil, err
 	}
 	return db, nil
 }

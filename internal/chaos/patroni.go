@@ -29,6 +29,7 @@ import (
 	pgclaim "github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/internal/bouncer"
 	"github.com/pgclaim/pgclaim/internal/child"
+	"github.com/pgclaim/pgclaim/pgtest"
 )
 
 // ErrNoPatroni is returned when the patroni, patronictl or etcd binaries
@@ -41,8 +42,9 @@ type patroniBins struct {
 }
 
 // findPatroni returns the binaries: PATH, or the Debian locations, and the
-// PostgreSQL server binaries Patroni runs (the newest
-// /usr/lib/postgresql/*/bin, or pg_config's).
+// PostgreSQL server binaries Patroni runs (the directory
+// PGCLAIM_TEST_PG_BIN names, else pg_config's, else the newest
+// /usr/lib/postgresql/*/bin).
 func findPatroni() (patroniBins, error) {
 	var b patroniBins
 	look := func(name string) string {
@@ -63,6 +65,17 @@ func findPatroni() (patroniBins, error) {
 	has := func(d string) bool {
 		_, err := os.Stat(filepath.Join(d, "postgres"))
 		return err == nil
+	}
+	if d := os.Getenv(pgtest.EnvBin); d != "" {
+		// The binaries a run was asked to use, or none: a run on one major
+		// version never runs Patroni on another.
+		for _, tool := range []string{"postgres", "initdb", "pg_ctl", "pg_controldata", "pg_basebackup", "pg_rewind"} {
+			if _, err := os.Stat(filepath.Join(d, tool)); err != nil {
+				return b, fmt.Errorf("chaos: Patroni needs %s, not in %s=%s (server-only builds lack the client tools)", tool, pgtest.EnvBin, d)
+			}
+		}
+		b.pgBin = d
+		return b, nil
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil && has(strings.TrimSpace(string(out))) {
 		b.pgBin = strings.TrimSpace(string(out))
