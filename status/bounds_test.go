@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -144,4 +146,51 @@ ANALYZE big`); err != nil {
 	if _, html := get(t, srv.Client(), srv.URL+"/claims"); !strings.Contains(html, "are estimates") || !strings.Contains(html, "Rows (estimated)") {
 		t.Errorf("the page does not say the counts are estimates:\n%s", html)
 	}
+}
+
+// With Config.Authenticated, an anonymous viewer gets no action forms and
+// its actions are refused; an authenticated one acts as Config.Operator
+// names it, and is offered a log out.
+func TestAuthenticatedActions(t *testing.T) {
+	sc, _ := serve(t, false)
+	h, err := status.New(status.Config{
+		Pool: sc.Pool, Tables: scenario.Tables(), Grace: scenario.Grace, Actions: true, Logger: slog.New(slog.DiscardHandler),
+		Authenticated: func(r *http.Request) bool { return r.Header.Get("X-User") != "" },
+		Operator:      func(r *http.Request) string { return "user " + r.Header.Get("X-User") },
+		LoginPath:     "login", LogoutPath: "logout",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	_, html := get(t, srv.Client(), srv.URL+"/schedules")
+	if strings.Contains(html, `name="csrf"`) || !strings.Contains(html, `id="login" href="login"`) {
+		t.Errorf("anonymous: action forms shown, or no log in link:\n%s", html)
+	}
+	if code, _, body := post(t, srv.Client(), srv.URL+"/actions/pause", url.Values{"name": {scenario.Ticking}, "note": {"x"}}); code != http.StatusUnauthorized {
+		t.Errorf("anonymous pause: %d %s, want 401", code, body)
+	}
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Transport: userTransport("alice"), CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	_, html = get(t, c, srv.URL+"/schedules")
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindStringSubmatch(html)
+	if m == nil || !strings.Contains(html, `<form class="inline" method="post" action="logout">`) {
+		t.Fatalf("authenticated: no action forms or no log out:\n%s", html)
+	}
+	if code, _, _ := post(t, c, srv.URL+"/actions/pause", url.Values{"csrf": {m[1]}, "name": {scenario.Ticking}, "note": {"x"}, "by": {"mallory"}}); code != http.StatusSeeOther {
+		t.Fatalf("authenticated pause: %d", code)
+	}
+	if st, err := sc.Operator.Status(t.Context(), scenario.Ticking); err != nil || st.PausedBy != "user alice" {
+		t.Errorf("paused by %q (%v), want the authenticated user", st.PausedBy, err)
+	}
+}
+
+// userTransport sends X-User: name with every request.
+type userTransport string
+
+func (u userTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-User", string(u))
+	return http.DefaultTransport.RoundTrip(r)
 }

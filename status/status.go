@@ -99,9 +99,22 @@ type Config struct {
 	// authentication first). False: the handler is read-only and refuses
 	// every POST with 403.
 	Actions bool
-	// Operator names who acted, stored with a pause when the form names
-	// nobody. Nil: "status page".
+	// Operator names who acted, from the request's authenticated identity
+	// (set by your authentication middleware): it is recorded with a pause
+	// and a cancelled backfill, and logged with every action. The form
+	// cannot name anyone. Nil: "status page".
 	Operator func(r *http.Request) string
+	// Authenticated says whether a request comes from an authenticated
+	// operator (as your authentication middleware decided). Only they see
+	// the action forms (when Actions is true), database errors in full,
+	// and the backend pids, application names and client addresses of
+	// the locks view. Nil: every viewer is anonymous for what they see;
+	// actions still follow Actions.
+	Authenticated func(r *http.Request) bool
+	// LoginPath and LogoutPath, relative to where the handler is mounted,
+	// are linked from the page's header: "log in" for an anonymous viewer,
+	// a "log out" button (a POST) for an authenticated one. Empty: no link.
+	LoginPath, LogoutPath string
 	// Logger receives the errors of failed reads and actions. Nil:
 	// slog.Default().
 	Logger *slog.Logger
@@ -312,8 +325,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = enc.Encode(data)
 		return
 	}
-	p := page{View: path, Data: data, Actions: h.cfg.Actions, Refresh: int(h.cfg.Refresh.Round(time.Second) / time.Second),
-		OK: r.URL.Query().Get("ok"), Failed: r.URL.Query().Get("failed"), BackfillLimit: schedule.BackfillLimit}
+	authed := h.authenticated(r)
+	p := page{View: path, Data: data, Actions: h.cfg.Actions && (h.cfg.Authenticated == nil || authed), Refresh: int(h.cfg.Refresh.Round(time.Second) / time.Second),
+		OK: r.URL.Query().Get("ok"), Failed: r.URL.Query().Get("failed"), BackfillLimit: schedule.BackfillLimit,
+		Authenticated: authed, LoginPath: h.cfg.LoginPath, LogoutPath: h.cfg.LogoutPath, ActionsConfigured: h.cfg.Actions}
 	switch {
 	case h.cfg.Refresh < 0 || r.URL.Query().Get("refresh") == "off":
 		p.Refresh, p.Paused = 0, h.cfg.Refresh >= 0
@@ -323,7 +338,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.Error = err.Error()
 	}
-	if h.cfg.Actions {
+	if p.Actions {
 		p.CSRF = h.csrfToken(w, r)
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -342,6 +357,14 @@ type page struct {
 	Paused                        bool // refresh stopped by ?refresh=off
 	Data                          any
 	BackfillLimit                 int
+	Authenticated                 bool
+	ActionsConfigured             bool // Config.Actions
+	LoginPath, LogoutPath         string
+}
+
+// authenticated says whether r comes from an authenticated operator.
+func (h *Handler) authenticated(r *http.Request) bool {
+	return h.cfg.Authenticated != nil && h.cfg.Authenticated(r)
 }
 
 // csrfToken returns the request's CSRF token, setting a new one in the

@@ -269,7 +269,8 @@ func TestActions(t *testing.T) {
 		t.Fatalf("pause: %d %q %s", code, loc, body)
 	}
 	st, err := sc.Operator.Status(ctx, scenario.Ticking)
-	if err != nil || !st.Paused || st.PausedNote != "deploying <b>v2</b>" || st.PausedBy != "alice" {
+	// The form's "by" names nobody: Config.Operator does.
+	if err != nil || !st.Paused || st.PausedNote != "deploying <b>v2</b>" || st.PausedBy != "status page" {
 		t.Fatalf("after pause: %+v, %v", st, err)
 	}
 	_, html := get(t, c, srv.URL+"/pgclaim/schedules?"+strings.SplitN(loc, "?", 2)[1])

@@ -188,6 +188,10 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, action string) {
 		http.Error(w, "actions are disabled: this status page is read-only", http.StatusForbidden)
 		return
 	}
+	if h.cfg.Authenticated != nil && !h.authenticated(r) {
+		http.Error(w, "refused: log in first", http.StatusUnauthorized)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 	if err := h.checkCSRF(r); err != nil {
 		http.Error(w, "refused: "+err.Error(), http.StatusForbidden)
@@ -205,11 +209,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request, action string) {
 			err = fmt.Errorf("a note saying why is required to pause %q", name)
 			break
 		}
-		by := strings.TrimSpace(r.PostFormValue("by"))
-		if by == "" {
-			by = h.cfg.Operator(r)
-		}
-		if err = h.sched.Pause(ctx, name, note, by); err == nil {
+		if err = h.sched.Pause(ctx, name, note, h.cfg.Operator(r)); err == nil {
 			msg = fmt.Sprintf("paused %s", name)
 		}
 	case "resume":

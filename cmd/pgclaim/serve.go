@@ -2,10 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"html/template"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +22,9 @@ func init() {
 // envActionToken is read when --action-token is not given.
 const envActionToken = "PGCLAIM_ACTION_TOKEN"
 
+// maxRequestBody bounds every request's body.
+const maxRequestBody = 64 << 10
+
 // defaultServeAddr is loopback: the page is reachable from this host only.
 const defaultServeAddr = "127.0.0.1:7373"
 
@@ -37,7 +39,12 @@ It binds ` + defaultServeAddr + ` (loopback) unless --addr says otherwise. It is
 read-only unless an action token is given with --action-token or the
 ` + envActionToken + ` environment variable: then pause, resume, trigger,
 backfill and lease release are enabled for whoever logs in at /login with
-that token (a cookie), and every action also carries a CSRF token.
+that token, and every action also carries a CSRF token. The token must be at
+least 16 random characters ('openssl rand -hex 16'); a login sets a signed
+session cookie (not the token) that expires after --session or at /logout.
+Failed logins are logged and slowed down. Actions are recorded as done by
+the session. Off loopback, serve HTTPS with --tls-cert and --tls-key (or
+put it behind a TLS proxy): without TLS the token travels in clear text.
 
 --table takes NAME, or NAME:OPTION=VALUE,... with the options state,
 claimed_at, lease_until, reason (its columns, as 'pgclaim claims' takes
@@ -45,7 +52,7 @@ them), processing (the state of claimed rows) and stale_after (a duration),
 for example --table 'push_requests:reason=fail_reason,lease_until=lease_until'.`
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "serve [--addr HOST:PORT] [--table SPEC]... [--action-token TOKEN] [--database-url URL]", serveAbout)
+	f := newFlags(e, "serve", "serve [--addr HOST:PORT] [--table SPEC]... [--action-token TOKEN] [--tls-cert FILE --tls-key FILE] [--database-url URL]", serveAbout)
 	addr := f.String("addr", defaultServeAddr, "listen on `HOST:PORT`")
 	var tables, names stringList
 	f.Var(&tables, "table", "show the claimed table `SPEC` (repeatable; see above)")
@@ -53,6 +60,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	token := f.String("action-token", "", "enable actions for those who log in with `TOKEN` (default: $"+envActionToken+")")
 	grace := graceFlag(f)
 	refresh := f.Duration("refresh", 5*time.Second, "the page reloads itself every `DURATION`")
+	sessionTTL := f.Duration("session", 8*time.Hour, "a login lasts `DURATION` (or until logging out)")
+	certFile := f.String("tls-cert", "", "serve HTTPS with the certificate in `FILE` (PEM; with --tls-key)")
+	keyFile := f.String("tls-key", "", "the certificate's private key in `FILE` (PEM; with --tls-cert)")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err
@@ -69,8 +79,24 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *token == "" {
 		*token = e.getenv(envActionToken)
 	}
-	if *token != "" && len(*token) < 16 {
-		return usagef("the action token must be at least 16 characters long")
+	if *token != "" {
+		if err := checkTokenStrength(*token); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if *sessionTTL <= 0 {
+		return usagef("--session must be positive, got %v", *sessionTTL)
+	}
+	if (*certFile == "") != (*keyFile == "") {
+		return usagef("--tls-cert and --tls-key go together")
+	}
+	var tlsCfg *tls.Config
+	if *certFile != "" {
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			return usagef("--tls-cert, --tls-key: %v", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	specs := make([]status.Table, 0, len(tables))
 	for _, t := range tables {
@@ -92,32 +118,59 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	h, err := status.New(status.Config{
-		Pool: pool, Tables: specs, Grace: *grace, Refresh: *refresh, Names: names, Actions: *token != "", Logger: log,
-		Operator: func(r *http.Request) string { return "pgclaim serve (" + r.RemoteAddr + ")" },
-	})
+	cfg := status.Config{Pool: pool, Tables: specs, Grace: *grace, Refresh: *refresh, Names: names, Actions: *token != "", Logger: log}
+	if *token != "" {
+		cfg.Operator = func(r *http.Request) string {
+			who, _ := actorOf(r)
+			return "pgclaim serve: " + who
+		}
+		cfg.Authenticated = func(r *http.Request) bool { _, ok := actorOf(r); return ok }
+		cfg.LoginPath, cfg.LogoutPath = "login", "logout"
+	}
+	h, err := status.New(cfg)
 	if err != nil {
 		return usagef("%s", strings.TrimPrefix(flagNames.Replace(err.Error()), "status: invalid config: "))
 	}
 	var handler http.Handler = h
 	if *token != "" {
-		handler = tokenAuth(*token, h)
+		handler = newTokenAuth(*token, *sessionTTL, log, h)
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return failf("pick another --addr", "cannot listen on %s: %v", *addr, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{
+		Handler: http.MaxBytesHandler(handler, maxRequestBody), TLSConfig: tlsCfg,
+		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	mode := "read-only (actions disabled; pass --action-token or set " + envActionToken + " to enable them)"
 	if *token != "" {
 		mode = "actions enabled for those who log in at /login with the action token"
 	}
-	fmt.Fprintf(e.stderr, "serving the status page on http://%s/ — %s\n", ln.Addr(), mode)
+	scheme := "http"
+	if tlsCfg != nil {
+		scheme = "https"
+	}
+	fmt.Fprintf(e.stderr, "serving the status page on %s://%s/ — %s\n", scheme, ln.Addr(), mode)
 	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !net.ParseIP(host).IsLoopback() {
-		fmt.Fprintf(e.stderr, "warning: %s is not a loopback address: the page is reachable from other hosts\n", host)
+		switch {
+		case tlsCfg != nil:
+			fmt.Fprintf(e.stderr, "warning: %s is not a loopback address: the page is reachable from other hosts\n", host)
+		case *token != "":
+			fmt.Fprintf(e.stderr, "warning: %s is not a loopback address and --tls-cert is not given: the page is reachable from other hosts, and the action token and session cookie travel in clear text; serve HTTPS (--tls-cert, --tls-key) or bind loopback behind a TLS proxy\n", host)
+		default:
+			fmt.Fprintf(e.stderr, "warning: %s is not a loopback address and --tls-cert is not given: the page is reachable from other hosts, in clear text\n", host)
+		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
+	go func() {
+		if tlsCfg != nil {
+			done <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		done <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-done:
 		return failf("", "serving: %v", err)
@@ -169,53 +222,4 @@ func parseTableSpec(s string) (status.Table, error) {
 		}
 	}
 	return t, nil
-}
-
-// actionCookie carries the action token of a logged-in operator.
-const actionCookie = "pgclaim_action_token"
-
-var loginPage = template.Must(template.New("login").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>pgclaim · log in</title>
-<style>body{font:14px system-ui,sans-serif;margin:3em}input{font:inherit}</style></head>
-<body><h1>pgclaim status: log in to act</h1>
-{{if .}}<p style="color:#a4161a">{{.}}</p>{{end}}
-<form method="post" action="login"><label>Action token <input type="password" name="token" autofocus required></label> <button>Log in</button></form>
-<p><a href="./">Back to the page</a> (read-only without logging in)</p></body></html>`))
-
-// tokenAuth lets POSTs through only from a client that presents the action
-// token: as a cookie set by logging in at /login, or as an
-// "Authorization: Bearer" header. GETs pass (the page is read-only to
-// them).
-func tokenAuth(token string, next http.Handler) http.Handler {
-	match := func(s string) bool { return subtle.ConstantTimeCompare([]byte(s), []byte(token)) == 1 }
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/login" {
-			if r.Method != http.MethodPost {
-				w.Header().Set("Content-Type", "text/html; charset=utf-8")
-				_ = loginPage.Execute(w, "")
-				return
-			}
-			if !match(r.PostFormValue("token")) {
-				w.Header().Set("Content-Type", "text/html; charset=utf-8")
-				w.WriteHeader(http.StatusForbidden)
-				_ = loginPage.Execute(w, "wrong token")
-				return
-			}
-			http.SetCookie(w, &http.Cookie{Name: actionCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-			w.Header().Set("Location", "./")
-			w.WriteHeader(http.StatusSeeOther)
-			return
-		}
-		if r.Method == http.MethodGet || r.Method == http.MethodHead {
-			next.ServeHTTP(w, r)
-			return
-		}
-		bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		c, _ := r.Cookie(actionCookie)
-		if !match(bearer) && (c == nil || !match(c.Value)) {
-			http.Error(w, "refused: log in at /login with the action token first", http.StatusUnauthorized)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
