@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -142,13 +144,42 @@ const (
 	defaultAttempts   = 3
 )
 
+// MaxNameLen is the longest schedule name, in bytes.
+const MaxNameLen = 200
+
+// checkName enforces the character set of schedule names: 1 to MaxNameLen
+// bytes of UTF-8 of printable characters — letters, marks, digits,
+// punctuation, symbols and the ASCII space, not at either end. Control
+// characters (terminal escapes, tabs, newlines), format characters
+// (bidirectional overrides) and other spaces are refused: a name is
+// printed by the CLI and logged as it is.
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("must not be empty")
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("is %d bytes long, more than %d", len(name), MaxNameLen)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%q is not valid UTF-8", name)
+	case strings.TrimSpace(name) != name:
+		return fmt.Errorf("%q starts or ends with a space", name)
+	}
+	for i, r := range name {
+		if !unicode.IsGraphic(r) || (r != ' ' && unicode.IsSpace(r)) {
+			return fmt.Errorf("%q has the character %U at byte %d: names are printable characters (letters, digits, punctuation, symbols, the ASCII space)", name, r, i)
+		}
+	}
+	return nil
+}
+
 // normalize validates d and fills its defaults, returning the parsed spec.
 // Errors name the field and wrap ErrInvalid.
 func (d Definition) normalize() (Definition, *cronSpec, error) {
 	f := func(name, msg string) error { return invalid("Definition."+name, msg) }
+	if err := checkName(d.Name); err != nil {
+		return d, nil, f("Name", err.Error())
+	}
 	switch {
-	case d.Name == "":
-		return d, nil, f("Name", "must not be empty")
 	case d.Spec == "":
 		return d, nil, f("Spec", "must not be empty")
 	case d.Version < 1:

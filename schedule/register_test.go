@@ -174,6 +174,11 @@ func TestRegisterBadInput(t *testing.T) {
 		field string
 	}{
 		{func(d *Definition) { d.Name = "" }, "Definition.Name"},
+		{func(d *Definition) { d.Name = "report\x1b]0;pwned\x07" }, "Definition.Name"},
+		{func(d *Definition) { d.Name = "report\nsecond line" }, "Definition.Name"},
+		{func(d *Definition) { d.Name = "evil\u202egnp.exe" }, "Definition.Name"},
+		{func(d *Definition) { d.Name = " padded" }, "Definition.Name"},
+		{func(d *Definition) { d.Name = strings.Repeat("x", MaxNameLen+1) }, "Definition.Name"},
 		{func(d *Definition) { d.Spec = "" }, "Definition.Spec"},
 		{func(d *Definition) { d.Spec = "61 * * * *" }, "Definition.Spec"},
 		{func(d *Definition) { d.Spec = "every day" }, "Definition.Spec"},

@@ -58,7 +58,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if f.json && *markdown {
 		return usagef("--json and --markdown exclude each other")
 	}
-	cfg := bench.Config{Quick: *quick, DatabaseURL: f.url, SVG: *svg, Progress: e.stderr}
+	cfg := bench.Config{Quick: *quick, DatabaseURL: f.url, SVG: *svg, Progress: e.progress}
 	if *scenarios != "" {
 		cfg.Scenarios = strings.Split(*scenarios, ",")
 		for _, s := range cfg.Scenarios {

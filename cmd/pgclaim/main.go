@@ -76,8 +76,12 @@ func lookup(name string) (command, bool) {
 // env is what a subcommand may use of the outside world.
 type env struct {
 	stdin          io.Reader
-	stdout, stderr io.Writer
+	stdout, stderr io.Writer // escaped (safeWriter) by runEnv
 	getenv         func(string) string
+	// progress is standard error as given, for progress lines that
+	// rewrite themselves with carriage returns; nothing stored is written
+	// to it.
+	progress io.Writer
 }
 
 func main() {
@@ -101,6 +105,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 func runEnv(ctx context.Context, e *env, args []string) int {
+	if e.progress == nil {
+		e2 := *e
+		e2.progress = e.stderr
+		e2.stdout, e2.stderr = newSafeWriter(e.stdout), newSafeWriter(e.stderr)
+		e = &e2
+	}
 	if len(args) == 0 {
 		printUsage(e.stderr)
 		return exitUsage

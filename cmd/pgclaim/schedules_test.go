@@ -299,8 +299,8 @@ func TestSchedulesErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "pgclaim schedules: a subcommand is required: list, pause, resume, trigger, backfill or missed\n"},
-		{[]string{"frob"}, "pgclaim schedules: unknown subcommand \"frob\": want list, pause, resume, trigger, backfill or missed\n"},
+		{nil, "pgclaim schedules: a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill or missed\n"},
+		{[]string{"frob"}, "pgclaim schedules: unknown subcommand \"frob\": want list, pause, resume, trigger, backfill, cancel-backfill or missed\n"},
 		{[]string{"pause", "report"}, "pgclaim schedules: --note is required\n"},
 		{[]string{"trigger"}, "pgclaim schedules: the schedule's NAME is required\n"},
 		{[]string{"trigger", "report", "other"}, "pgclaim schedules: unexpected argument \"other\"\n"},

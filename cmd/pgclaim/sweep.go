@@ -138,7 +138,7 @@ func runSweep(ctx context.Context, e *env, args []string) error {
 	var shown []sweptRowJSON
 	byState := map[string]int{}
 	var stale int64
-	progress := progressWriter(e.stderr, f.json)
+	progress := progressWriter(e.progress, f.json)
 	sw, err := claim.NewSweeper(c, claim.SweeperConfig[any]{
 		StaleAfter: *olderThan,
 		Failed:     *to,
