@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgclaim/pgclaim/claim"
+	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/status"
 	"github.com/pgclaim/pgclaim/status/internal/scenario"
@@ -193,4 +196,71 @@ func (u userTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("X-User", string(u))
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// An anonymous viewer sees that a read failed, not the connection's user,
+// database, host and port; an authenticated one (or with
+// AnonymousDetails) sees the error in full.
+func TestAnonymousErrorsWithoutConnectionDetails(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://secretuser:pw@127.0.0.1:1/secretdb?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, tc := range []struct {
+		name string
+		cfg  status.Config
+		full bool
+	}{
+		{"anonymous", status.Config{}, false},
+		{"AnonymousDetails", status.Config{AnonymousDetails: true}, true},
+		{"authenticated", status.Config{Authenticated: func(*http.Request) bool { return true }}, true},
+	} {
+		tc.cfg.Pool, tc.cfg.Logger = pool, slog.New(slog.DiscardHandler)
+		h, err := status.New(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{"/schedules", "/schedules.json", "/locks"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			body := rec.Body.String()
+			leaks := strings.Contains(body, "secretuser") || strings.Contains(body, "secretdb") || strings.Contains(body, "127.0.0.1:1")
+			if rec.Code != http.StatusInternalServerError || leaks != tc.full {
+				t.Errorf("%s GET %s: %d, connection details shown %v, want %v:\n%s", tc.name, path, rec.Code, leaks, tc.full, body)
+			}
+		}
+	}
+}
+
+// The locks view shows advisory locks' sessions (pids, applications,
+// client addresses) to authenticated viewers only.
+func TestLocksSessionsOnlyWhenLoggedIn(t *testing.T) {
+	sc, _ := serve(t, false)
+	h, err := status.New(status.Config{
+		Pool: sc.Pool, Grace: scenario.Grace, Logger: slog.New(slog.DiscardHandler), Names: []string{scenario.Running},
+		Authenticated: func(r *http.Request) bool { return r.Header.Get("X-User") != "" },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	anon := getJSON[inspect.Locks](t, srv.Client(), srv.URL+"/locks.json")
+	if len(anon.Advisory) == 0 {
+		t.Fatal("no advisory locks in the scenario")
+	}
+	for _, a := range anon.Advisory {
+		if a.PID != nil || a.ClientAddr != nil || a.ApplicationName != nil {
+			t.Errorf("anonymous: advisory lock %q shows its session: %+v", a.Name, a)
+		}
+	}
+	if _, html := get(t, srv.Client(), srv.URL+"/locks"); strings.Contains(html, "<th>PID</th>") || strings.Contains(html, "<th>Client</th>") {
+		t.Errorf("anonymous: the locks page has session columns:\n%s", html)
+	}
+	c := &http.Client{Transport: userTransport("alice")}
+	authed := getJSON[inspect.Locks](t, c, srv.URL+"/locks.json")
+	if len(authed.Advisory) == 0 || authed.Advisory[0].PID == nil {
+		t.Errorf("authenticated: no pid shown: %+v", authed.Advisory)
+	}
 }

@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/claim"
@@ -115,6 +116,13 @@ type Config struct {
 	// are linked from the page's header: "log in" for an anonymous viewer,
 	// a "log out" button (a POST) for an authenticated one. Empty: no link.
 	LoginPath, LogoutPath string
+	// AnonymousDetails shows anonymous viewers what only authenticated
+	// ones see otherwise: database errors in full (a failed connection
+	// names the user, database, host and port) and the sessions of the
+	// locks view (backend pids, application names, client addresses).
+	// False: an anonymous viewer sees that a read failed and its SQLSTATE,
+	// and advisory locks without their sessions.
+	AnonymousDetails bool
 	// Logger receives the errors of failed reads and actions. Nil:
 	// slog.Default().
 	Logger *slog.Logger
@@ -304,7 +312,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*h.cfg.QueryTimeout)
-	data, err := read(r.WithContext(ctx))
+	detailed := h.cfg.AnonymousDetails || h.authenticated(r)
+	data, err := read(r.WithContext(context.WithValue(ctx, detailKey{}, detailed)))
 	cancel()
 	<-h.reads
 	code := http.StatusOK
@@ -319,7 +328,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		if err != nil {
-			_ = enc.Encode(map[string]string{"error": err.Error()})
+			_ = enc.Encode(map[string]string{"error": errorText(err, detailed)})
 			return
 		}
 		_ = enc.Encode(data)
@@ -336,8 +345,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.Refresh = 1
 	}
 	if err != nil {
-		p.Error = err.Error()
+		p.Error = errorText(err, detailed)
 	}
+	p.Detailed = detailed
 	if p.Actions {
 		p.CSRF = h.csrfToken(w, r)
 	}
@@ -360,6 +370,30 @@ type page struct {
 	Authenticated                 bool
 	ActionsConfigured             bool // Config.Actions
 	LoginPath, LogoutPath         string
+	Detailed                      bool // sessions and full errors shown
+}
+
+// detailKey marks a read's context: may the viewer see sessions and full
+// errors?
+type detailKey struct{}
+
+func detailed(ctx context.Context) bool { d, _ := ctx.Value(detailKey{}).(bool); return d }
+
+// errorText is err as a viewer may see it: in full when detailed, else
+// without what it says of the connection (user, database, host, port),
+// which the log has.
+func errorText(err error, detailed bool) string {
+	if detailed {
+		return err.Error()
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe):
+		return fmt.Sprintf("the database refused a read: %s (SQLSTATE %s); details in the server's log", pe.Message, pe.Code)
+	case errors.Is(err, context.DeadlineExceeded):
+		return "the read took too long; details in the server's log"
+	}
+	return "the read failed (the database may be unreachable); details in the server's log"
 }
 
 // authenticated says whether r comes from an authenticated operator.

@@ -84,6 +84,12 @@ func (h *Handler) views() map[string]func(*http.Request) (any, error) {
 				l, err = inspect.ReadAllLocks(r.Context(), db, h.cfg.Names)
 				return err
 			})
+			if !detailed(r.Context()) {
+				for i := range l.Advisory {
+					a := &l.Advisory[i]
+					a.PID, a.ApplicationName, a.ClientAddr, a.BackendStart = nil, nil, nil, nil
+				}
+			}
 			return l, err
 		},
 		"claims": func(r *http.Request) (any, error) { return h.claims(r.Context()), nil },
@@ -124,7 +130,7 @@ func (h *Handler) claims(ctx context.Context) Claims {
 		ct := ClaimedTable{Claims: c}
 		if err != nil {
 			h.log.ErrorContext(ctx, "status: reading a claimed table", "table", t.Name, "err", err)
-			ct = ClaimedTable{Claims: inspect.Claims{Table: t.in.QName, Processing: t.Processing}, Error: err.Error()}
+			ct = ClaimedTable{Claims: inspect.Claims{Table: t.in.QName, Processing: t.Processing}, Error: errorText(err, detailed(ctx))}
 		}
 		out.Tables = append(out.Tables, ct)
 	}
