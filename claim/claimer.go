@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 )
 
 // DBTX is what every operation runs on: *pgxpool.Pool, *pgx.Conn and
@@ -181,7 +183,7 @@ func serializationFailure(err error) bool {
 func (c *Claimer[K]) stmt(ctx context.Context, f func(DBTX) error) error {
 	err := f(c.db)
 	if !serializationFailure(err) {
-		return err
+		return pgerr.Explain(err) // a missing privilege names the grant
 	}
 	b, ok := c.db.(txBeginner)
 	if !ok {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 )
 
 // ErrPanic is matched by the error recorded for work that panicked.
@@ -283,6 +284,9 @@ func (r *run[K]) fail(err error) {
 // refused returns the error of a run that ends because the table refused to
 // move a row to state, the value of field.
 func refused(field, state string, err error) error {
+	if pgerr.Permanent(err) {
+		return fmt.Errorf("claim: worker: moving a row to %s %q: %w", field, state, pgerr.Explain(err))
+	}
 	return fmt.Errorf("claim: worker: moving a row to %s %q: %w: the table refuses it: %w", field, state, ErrInvalid, err)
 }
 
@@ -375,6 +379,10 @@ loop:
 		if err != nil {
 			<-sem
 			if workCtx.Err() != nil {
+				break
+			}
+			if pgerr.Permanent(err) {
+				r.fail(fmt.Errorf("claim: worker: claiming rows from Config.From %q to Config.To %q: %w", w.c.c.from, w.c.c.to, pgerr.Explain(err)))
 				break
 			}
 			if permanent(err) {

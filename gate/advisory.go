@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -106,7 +107,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 	sent := time.Now()
 	fence, ok, err := g.lock(ctx, s, name, class, key)
 	if err != nil {
-		return err
+		return pgerr.Explain(err)
 	}
 	if !ok {
 		return g.skipped(ctx, name, time.Time{}, ErrHeld)

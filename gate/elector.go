@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -420,6 +421,8 @@ func (e *Elector) stand(ctx context.Context, delay time.Duration, try func() (*t
 			return nil, ctx.Err()
 		case errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed):
 			return nil, err
+		case pgerr.Permanent(err): // a missing privilege: no retry cures it
+			return nil, pgerr.Explain(err)
 		case !errors.Is(err, pgx.ErrNoRows):
 			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		}

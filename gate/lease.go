@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -190,7 +191,7 @@ func (l *Lease) Do(ctx context.Context, fn Func) error {
 	}
 	h, err := l.TryAcquire(ctx)
 	if err != nil {
-		return err
+		return pgerr.Explain(err)
 	}
 	run := Run{Name: l.name, Holder: l.o.Holder, Fence: h.fence}
 	return l.in.runHeld(ctx, run, leaseHold{h}, fn, true)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -197,7 +198,7 @@ func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func)
 		return invalid("fn", "must not be nil")
 	}
 	tol := g.tolerance.Microseconds()
-	return g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn)
+	return pgerr.Explain(g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn))
 }
 
 // CatchUp runs the tick that was missed while no instance was up: it takes

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -130,8 +131,13 @@ func (s *Scheduler) setStored(e *entry, st *stored) {
 	s.mu.Unlock()
 }
 
-// retryLater logs err and asks for another look after a poll interval.
+// retryLater logs err and asks for another look after a poll interval; a
+// missing privilege, which no retry cures, ends Run with it instead.
 func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result {
+	if pgerr.Permanent(err) {
+		r.err = fmt.Errorf("schedule: %q: %w", r.name, pgerr.Explain(err))
+		return r
+	}
 	if ctx.Err() == nil {
 		s.log.WarnContext(ctx, "schedule: attend", "schedule", r.name, "error", err)
 	}

@@ -241,6 +241,7 @@ type result struct {
 	name     string
 	wake     time.Time // database time of the next wake-up; zero: none but polls
 	handBack bool      // an attempt was handed back at shutdown
+	err      error     // a failure no retry cures: Run ends with it
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the
@@ -248,7 +249,9 @@ type result struct {
 // error after the runs in flight have ended (their contexts are cancelled
 // with ctx). Run must not be called twice at once. Behind a connection
 // pooler without Config.LeaseLocks it returns an error wrapping
-// gate.ErrPooler at once: session locks cannot be trusted there.
+// gate.ErrPooler at once: session locks cannot be trusted there. A
+// privilege the role lacks (SQLSTATE 42501) ends it with an error naming
+// the privilege and the statement that grants it.
 func (s *Scheduler) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.running {
@@ -267,6 +270,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.zombies.Wait() // after the holders below have returned
+	// A holder's failure that no retry cures ends Run with it.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 
 	kicks := make(chan string, 64)
 	var wg sync.WaitGroup
@@ -333,7 +339,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		timer.Reset(d)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return context.Cause(ctx)
 		case <-timer.C:
 		case <-s.changed:
 		case name := <-kicks:
@@ -351,6 +357,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				kicked[name] = true
 			}
 		case r := <-results:
+			if r.err != nil {
+				fail(r.err)
+			}
 			delete(active, r.name)
 			wake[r.name] = r.wake
 			if again[r.name] {

@@ -10,6 +10,7 @@
 //	pgclaim schedules SUB ...     stored schedules: list, pause, resume, trigger, backfill, missed
 //	pgclaim schema [--out DIR]    write pgclaim's migrations (for an application's sqlc schema)
 //	pgclaim serve [--addr A]      serve the status page (read-only unless given an action token)
+//	pgclaim grants --role NAME    print the GRANT statements an application role needs
 //
 // The database is named by --database-url or the DATABASE_URL environment
 // variable. Output is an aligned table; --json prints JSON for scripts.
