@@ -11,6 +11,7 @@
 //	pgclaim schema [--out DIR]    write pgclaim's migrations (for an application's sqlc schema)
 //	pgclaim serve [--addr A]      serve the status page (read-only unless given an action token)
 //	pgclaim grants --role NAME    print the GRANT statements an application role needs
+//	pgclaim doctor [--instances N] check the database and this DSN: version, fence, pooling, grants, connections
 //
 // The database is named by --database-url or the DATABASE_URL environment
 // variable. Output is an aligned table; --json prints JSON for scripts.

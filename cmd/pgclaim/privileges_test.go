@@ -41,6 +41,8 @@ func twoRoles(t *testing.T) (db *pgtest.Database, owner, app *roletest.Role) {
 	ctx := context.Background()
 	db = unmigrated(t)
 	exec1(t, db, roletest.RevokeWAL)
+	// PostgreSQL 13 and 14 let every role create in schema public.
+	exec1(t, db, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 	exec1(t, db, appTable)
 	owner = roletest.New(t, db, "GRANT CREATE ON SCHEMA public TO ROLE")
 	if err := pgclaim.Migrate(ctx, owner.Pool); err != nil {

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/internal/bouncer"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// verdicts returns each check's verdict from doctor's table.
+func verdicts(t *testing.T, r result) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, l := range strings.Split(r.stdout, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && regexp.MustCompile(`^(ok|warn|blocker)$`).MatchString(f[1]) {
+			out[f[0]] = f[1]
+		}
+	}
+	if len(out) != 6 {
+		t.Fatalf("doctor printed %d checks, want 6:\n%s", len(out), r)
+	}
+	return out
+}
+
+func wantVerdicts(t *testing.T, r result, want map[string]string) {
+	t.Helper()
+	got := verdicts(t, r)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("check %s: %s, want %s:\n%s", k, got[k], v, r)
+		}
+	}
+}
+
+// TestDoctor: a migrated database reached directly as a superuser: every
+// check ok, exit 0; the same in JSON.
+func TestDoctor(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	r := cli(t, "", "doctor", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	wantVerdicts(t, r, map[string]string{"server": "ok", "migrations": "ok", "fence": "ok", "sessions": "ok", "privileges": "ok", "connections": "ok"})
+	wantContains(t, "doctor", r.stdout, "supported (13-18)", "timeline (timeline 1): tokens unique and increasing across restarts and every primary promotion",
+		"session advisory locks and LISTEN work", "2 instances x (4 pool + 2 dedicated) = 12 connections")
+
+	r = cli(t, "", "doctor", "--json", "--instances", "3", "--pool-max-conns", "10", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	out := decodeJSON[doctorJSON](t, r.stdout)
+	if out.Database != db.Name || out.Blockers != 0 || len(out.Checks) != 6 {
+		t.Errorf("doctor --json = %+v", out)
+	}
+	wantContains(t, "connections", out.Checks[5].Detail, "3 instances x (10 pool + 2 dedicated) = 36 connections")
+}
+
+// TestDoctorBlockers: a database never migrated, and more instances than
+// max_connections holds: blockers, exit 1.
+func TestDoctorBlockers(t *testing.T) {
+	t.Parallel()
+	db := unmigrated(t)
+	r := cli(t, "", "doctor", "--instances", "10000", "--database-url", db.URL)
+	wantCode(t, r, exitError)
+	wantVerdicts(t, r, map[string]string{"server": "ok", "migrations": "blocker", "fence": "blocker", "sessions": "ok", "connections": "blocker"})
+	wantContains(t, "doctor", r.stdout, "not migrated", "raise max_connections to at least")
+	wantContains(t, "stderr", r.stderr, "pgclaim doctor: 3 blocker(s)")
+}
+
+// TestDoctorApplicationRole: as an application role with the documented
+// grants where the WAL functions are refused: the sequence fence, with its
+// guarantee; a revoked privilege is a blocker naming the grant.
+func TestDoctorApplicationRole(t *testing.T) {
+	t.Parallel()
+	db, _, app := twoRoles(t)
+	r := cli(t, "", "doctor", "--database-url", app.URL)
+	wantCode(t, r, exitOK)
+	wantVerdicts(t, r, map[string]string{"migrations": "ok", "fence": "warn", "sessions": "ok", "privileges": "ok"})
+	wantContains(t, "doctor", r.stdout, "sequence (base 1; the server refuses the WAL functions: permission denied for function",
+		"not across the promotion of an asynchronous streaming replica", "has every grant pgclaim needs in schema public")
+
+	exec1(t, db, "REVOKE INSERT, DELETE ON pgclaim_ticks FROM "+app.Ident())
+	exec1(t, db, "REVOKE USAGE ON SEQUENCE pgclaim_fence_seq FROM "+app.Ident())
+	r = cli(t, "", "doctor", "--database-url", app.URL)
+	wantCode(t, r, exitError)
+	wantVerdicts(t, r, map[string]string{"fence": "blocker", "privileges": "blocker"})
+	wantContains(t, "doctor", r.stdout,
+		"lacks INSERT, DELETE on table pgclaim_ticks; USAGE on sequence pgclaim_fence_seq",
+		fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "public"."pgclaim_ticks" TO "%s";`, app.Name),
+		"this role cannot take a token: ", "GRANT USAGE, SELECT ON SEQUENCE pgclaim_fence_seq")
+}
+
+// poolURL is a URL for cfg's server, database and user.
+func poolURL(cfg *pgxpool.Config) string {
+	cc := cfg.ConnConfig
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(cc.User, cc.Password), Host: fmt.Sprintf("%s:%d", cc.Host, cc.Port),
+		Path: "/" + cc.Database, RawQuery: "sslmode=disable"}
+	return u.String()
+}
+
+// TestDoctorPooler: through a proxy that announces another backend pid, as
+// a pooler does, and through PgBouncer in transaction mode: session locks
+// and LISTEN are reported not to work, with the advice to use lease locks.
+func TestDoctorPooler(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	r := cli(t, "", "doctor", "--database-url", poolURL(pgprobe.ProxyConfig(t, db.Pool, true, nil)))
+	wantCode(t, r, exitOK)
+	wantVerdicts(t, r, map[string]string{"sessions": "warn", "fence": "ok"})
+	wantContains(t, "doctor", r.stdout, "a connection pooler is in between", "session advisory locks and LISTEN do not work through this DSN", "use lease locks")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := bouncer.Start(ctx, db.Server.URL(), db.Name)
+	if errors.Is(err, bouncer.ErrNotFound) {
+		t.Logf("PgBouncer not checked: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	r = cli(t, "", "doctor", "--database-url", b.URL(db.Name, "doctor"))
+	wantCode(t, r, exitOK)
+	wantVerdicts(t, r, map[string]string{"sessions": "warn", "migrations": "ok", "fence": "ok", "privileges": "ok"})
+	wantContains(t, "doctor", r.stdout, "a connection pooler is in between", "through a pooler, the server sees the pooler's connections")
+}

@@ -1,0 +1,13 @@
+// Package budget is the connection budget of one pgclaim instance, in one
+// place: what 'pgclaim doctor' plans max_connections with, and what the
+// packages that hold sessions outside the pool promise to stay within.
+package budget
+
+// DedicatedSessions is how many sessions one instance holds outside its
+// pool's MaxConns by default: the session the gate's and the scheduler's
+// advisory locks live on, and the scheduler's LISTEN session.
+const DedicatedSessions = 2
+
+// PerInstance is the most connections one instance holds with a pool of
+// maxConns: maxConns + DedicatedSessions.
+func PerInstance(maxConns int) int { return maxConns + DedicatedSessions }
