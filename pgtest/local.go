@@ -98,11 +98,12 @@ fi
 rm -rf "$1"
 `
 
-func startLocal(ctx context.Context, binDir string) (*Server, error) {
+func startLocal(ctx context.Context, binDir string, settings []string) (*Server, error) {
 	c, err := newLocalCluster(binDir)
 	if err != nil {
 		return nil, err
 	}
+	c.settings = settings
 	if err := c.initdb(ctx); err != nil {
 		return nil, err
 	}

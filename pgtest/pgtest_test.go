@@ -82,7 +82,7 @@ func TestProvisionOrder(t *testing.T) {
 		return sources{
 			url:       func(context.Context, string) (*Server, error) { return mk("url") },
 			container: func(context.Context) (*Server, error) { return mk("container") },
-			local:     func(context.Context, string) (*Server, error) { return mk("local") },
+			local:     func(context.Context, string, []string) (*Server, error) { return mk("local") },
 		}
 	}
 	cases := []struct {
@@ -251,8 +251,9 @@ func TestRestartLocalCluster(t *testing.T) {
 		t.Skip(err)
 	}
 	// A cluster of its own: restarting the shared one would disturb the
-	// other tests of this process.
-	s, err := startLocal(ctx, "")
+	// other tests of this process. Its extra setting holds across the
+	// restart.
+	s, err := startLocal(ctx, "", []string{"max_connections=37"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,6 +285,10 @@ func TestRestartLocalCluster(t *testing.T) {
 	}
 	if after := backendPID(t, db.Pool); after == before {
 		t.Fatal("same backend pid after a restart")
+	}
+	var mc string
+	if err := db.Pool.QueryRow(ctx, "SELECT current_setting('max_connections')").Scan(&mc); err != nil || mc != "37" {
+		t.Fatalf("max_connections after restart = %q (%v), want the extra setting 37", mc, err)
 	}
 	if err := db.Drop(ctx); err != nil {
 		t.Fatal(err)

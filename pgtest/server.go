@@ -249,6 +249,11 @@ type Config struct {
 	BinDir string
 	// Logf, when set, receives progress messages (which source was chosen).
 	Logf func(format string, args ...any)
+	// Settings are extra "name=value" server settings for a cluster started
+	// from local binaries (e.g. "max_connections=100"), applied after
+	// pgtest's own, which they override. A server named by URL or a
+	// container is used as it is: check current_setting where it matters.
+	Settings []string
 }
 
 // Start provisions a PostgreSQL server, trying in order:
@@ -279,7 +284,7 @@ func Start(ctx context.Context, opts ...Config) (*Server, error) {
 type sources struct {
 	url       func(ctx context.Context, url string) (*Server, error)
 	container func(ctx context.Context) (*Server, error) // errNoEngine when no Docker engine answers
-	local     func(ctx context.Context, binDir string) (*Server, error)
+	local     func(ctx context.Context, binDir string, settings []string) (*Server, error)
 }
 
 var realSources = sources{url: fromURL, container: startContainer, local: startLocal}
@@ -312,7 +317,7 @@ func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 		}
 		reasons = append(reasons, "testcontainers: "+err.Error())
 	}
-	s, err := src.local(ctx, o.BinDir)
+	s, err := src.local(ctx, o.BinDir, o.Settings)
 	if err == nil {
 		logf("pgtest: started a local PostgreSQL cluster")
 		return s, nil
