@@ -207,3 +207,29 @@ func TestReasonLost(t *testing.T) {
 		t.Errorf("after Release: %s, reason %v; want PAUSED with the reason kept", st, deref(r))
 	}
 }
+
+// With FailAfter equal to StaleAfter, a row swept for its claim's age says
+// so once: "claimed at T, more than 24h0m0s ago", not that and "claimed
+// more than 24h0m0s ago" again.
+func TestSweepReasonSaysItOnce(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 1)
+	plain, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	if _, err := plain.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `UPDATE jobs SET claimed_at = claimed_at - interval '2 days' WHERE id = 1`)
+	sw, err := NewSweeper(plain, SweeperConfig[int64]{StaleAfter: 24 * time.Hour, Failed: "FAILED", Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3}, FailAfter: 24 * time.Hour, BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sw.Sweep(ctx)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Sweep = %+v, %v", got, err)
+	}
+	if r := got[0].Reason; strings.Count(r, "24h0m0s ago") != 1 || got[0].State != "FAILED" {
+		t.Errorf("reason %q (state %s): want the age stated once, FAILED", r, got[0].State)
+	}
+}

@@ -493,19 +493,34 @@ func (s *Sweeper[K]) reasonExpr(q *builder, staleAfter string) string {
 	if staleAfter != "" {
 		claimedLong = "'claimed at ' || " + ts(t.claimedAt) + " || ', more than ' || " + q.arg(s.cfg.StaleAfter.String()) + " || ' ago'"
 	}
+	failClause := func() string {
+		failAfter := q.arg(micros(s.cfg.FailAfter))
+		return " || CASE WHEN pgclaim_t." + t.claimedAt + " < statement_timestamp() - (" + failAfter +
+			"::bigint * interval '1 microsecond') THEN ', claimed more than ' || " + q.arg(s.cfg.FailAfter.String()) + " || ' ago' ELSE '' END"
+	}
+	// With FailAfter equal to StaleAfter, a row stale by its claim's age
+	// already reads "claimed at T, more than D ago": the FailAfter clause
+	// would repeat it, so only a row stale by its lease gets it.
+	sameAge := staleAfter != "" && s.cfg.FailAfter == s.cfg.StaleAfter
 	var what string
 	switch {
 	case t.leaseUntil == "":
 		what = claimedLong
+		if s.cfg.FailAfter > 0 && !sameAge {
+			what += failClause()
+		}
 	case staleAfter == "":
 		what = "'lease expired at ' || " + ts(t.leaseUntil)
+		if s.cfg.FailAfter > 0 {
+			what += failClause()
+		}
+	case sameAge:
+		what = "CASE WHEN pgclaim_t." + t.leaseUntil + " IS NOT NULL THEN 'lease expired at ' || " + ts(t.leaseUntil) + failClause() + " ELSE " + claimedLong + " END"
 	default:
 		what = "CASE WHEN pgclaim_t." + t.leaseUntil + " IS NOT NULL THEN 'lease expired at ' || " + ts(t.leaseUntil) + " ELSE " + claimedLong + " END"
-	}
-	if s.cfg.FailAfter > 0 {
-		failAfter := q.arg(micros(s.cfg.FailAfter))
-		what += " || CASE WHEN pgclaim_t." + t.claimedAt + " < statement_timestamp() - (" + failAfter +
-			"::bigint * interval '1 microsecond') THEN ', claimed more than ' || " + q.arg(s.cfg.FailAfter.String()) + " || ' ago' ELSE '' END"
+		if s.cfg.FailAfter > 0 {
+			what += failClause()
+		}
 	}
 	var who []string
 	if t.claimedBy != "" {

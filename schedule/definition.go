@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgclaim/pgclaim/store"
@@ -229,6 +230,11 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	}
 	spec, err := parseSpec(d.Spec, d.TimeZone)
 	if err != nil {
+		// parseSpec's message names the spec already: state the field once.
+		var fe *fieldError
+		if errors.As(err, &fe) && fe.field == "Spec" {
+			return d, nil, f("Spec", fe.msg)
+		}
 		return d, nil, f("Spec", fmt.Sprintf("%q: %s", d.Spec, strings.TrimPrefix(err.Error(), "schedule: ")))
 	}
 	if d.CatchUpCap == 0 {
@@ -301,7 +307,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("schedule: %q: read definition: %w", name, err)
+		return nil, fmt.Errorf("schedule: %q: read definition: %w", name, schemaHint(err))
 	}
 	d := Definition{
 		Name: r.Name, Spec: r.Spec, TimeZone: r.TimeZone, Version: int(r.Version),
@@ -321,6 +327,59 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 	}, nil
 }
 
+// differences names the fields in which a and b (normalized) differ, with
+// both values: `Spec ("0 9 * * *" here, "0 10 * * *" stored)`.
+func differences(here, stored Definition) []string {
+	var out []string
+	add := func(field string, h, s any) {
+		if h != s {
+			out = append(out, fmt.Sprintf("%s (%#v here, %#v stored)", field, h, s))
+		}
+	}
+	add("Spec", here.Spec, stored.Spec)
+	add("TimeZone", here.TimeZone, stored.TimeZone)
+	add("CatchUp", string(here.CatchUp), string(stored.CatchUp))
+	add("CatchUpWindow", here.CatchUpWindow.String(), stored.CatchUpWindow.String())
+	add("CatchUpCap", here.CatchUpCap, stored.CatchUpCap)
+	add("Overlap", string(here.Overlap), string(stored.Overlap))
+	add("Retry.MaxAttempts", here.Retry.MaxAttempts, stored.Retry.MaxAttempts)
+	add("Retry.Backoff", here.Retry.Backoff.String(), stored.Retry.Backoff.String())
+	add("Retry.MaxBackoff", here.Retry.MaxBackoff.String(), stored.Retry.MaxBackoff.String())
+	add("ExpectedDuration", here.ExpectedDuration.String(), stored.ExpectedDuration.String())
+	add("LateAfter", here.LateAfter.String(), stored.LateAfter.String())
+	add("Jitter", here.Jitter.String(), stored.Jitter.String())
+	add("Lease", here.Lease.String(), stored.Lease.String())
+	return out
+}
+
+// followReason says why Register follows the stored definition st rather
+// than d, and what to do about it.
+func followReason(d, st Definition) string {
+	diff := strings.Join(differences(d, st), ", ")
+	if diff == "" {
+		diff = "no setting"
+	}
+	switch {
+	case d.Version == st.Version:
+		return fmt.Sprintf("this instance's definition differs from the stored one in %s, at the same version %d: the stored one is kept and followed; "+
+			"raise Definition.Version (to %d) to replace it", diff, d.Version, d.Version+1)
+	case d.Version < st.Version:
+		return fmt.Sprintf("the stored definition is version %d, newer than this instance's version %d (blue/green: the newer deployment's wins), and differs in %s: "+
+			"this instance follows the stored one until it registers version %d or higher", st.Version, d.Version, diff, st.Version+1)
+	}
+	return fmt.Sprintf("this instance's definition (version %d) differs from the stored one (version %d) in %s, which it follows", d.Version, st.Version, diff)
+}
+
+// schemaHint adds to err, when it says one of pgclaim's tables does not
+// exist (SQLSTATE 42P01), what to do: migrate first.
+func schemaHint(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" && strings.Contains(pe.Message, "pgclaim_") {
+		return fmt.Errorf("%w: pgclaim's tables are not in this database (or not on its search_path): run 'pgclaim migrate up' or call pgclaim.Migrate first", err)
+	}
+	return err
+}
+
 // register stores d (normalized) by the version rule and returns whether
 // it was inserted or replaced the stored one.
 func register(ctx context.Context, q *store.Queries, d Definition) (changed bool, err error) {
@@ -335,7 +394,7 @@ func register(ctx context.Context, q *store.Queries, d Definition) (changed bool
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("schedule: %q: register: %w", d.Name, err)
+		return false, fmt.Errorf("schedule: %q: register: %w", d.Name, schemaHint(err))
 	}
 	return true, nil
 }

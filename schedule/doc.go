@@ -52,7 +52,8 @@
 // the stored version only ever moves up, whatever order the instances
 // start in. An instance whose definition differs from the stored one (a
 // lower version, or an equal version with other settings) follows the
-// stored one, logs a warning and reports EventFollowed: refusing instead
+// stored one, logs a warning naming the fields that differ (at an equal
+// version: raise Version to replace it) and reports EventFollowed: refusing instead
 // would stop the old deployment's scheduler during the very switch the
 // rule exists for. The pause state is operational and never written by
 // registration. A new version that keeps the spec and zone keeps
@@ -198,8 +199,11 @@
 //
 // An instant that was due (after starts_at, outside the latest pause) and
 // has no row after Config.Grace is missed. The runner that finds one
-// reports EventMissed (a warning) and records it by the catch-up policy,
-// marking the row missed. Scheduler.Missed lists, from the database
+// reports EventMissed and records it by the catch-up policy, marking the
+// row missed. The hooks hear of each instant; the log gets one warning per
+// schedule for the instants recorded together (how many, the first and
+// the last, the policy's reason), each instant at debug level: after a
+// downtime a line per instant would bury what matters. Scheduler.Missed lists, from the database
 // alone, the missed instants no instance has recorded yet — when every
 // instance is down, that is the only place they show.
 //

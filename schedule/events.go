@@ -114,6 +114,11 @@ func (noHooks) Observe(context.Context, Event) {}
 // taken over, followed, late and overdue at warn.
 func (s *Scheduler) emit(ctx context.Context, e Event) {
 	s.hooks.Observe(ctx, e)
+	s.logEvent(ctx, e, eventLevel(e))
+}
+
+// eventLevel is the level emit logs e at.
+func eventLevel(e Event) slog.Level {
 	level := slog.LevelInfo
 	switch e.Kind {
 	case EventStarted:
@@ -128,6 +133,11 @@ func (s *Scheduler) emit(ctx context.Context, e Event) {
 			level = slog.LevelError
 		}
 	}
+	return level
+}
+
+// logEvent logs e at level.
+func (s *Scheduler) logEvent(ctx context.Context, e Event, level slog.Level) {
 	if !s.log.Enabled(ctx, level) {
 		return
 	}
@@ -156,4 +166,59 @@ func (s *Scheduler) emit(ctx context.Context, e Event) {
 		attrs = append(attrs, slog.String("error", e.Err.Error()))
 	}
 	s.log.LogAttrs(ctx, level, "schedule: "+e.Kind.String(), attrs...)
+}
+
+// emitRecorded reports the events of instants recorded together — missed
+// ones decided by the catch-up policy, instants skipped by a policy — to
+// the hooks one by one, and logs them as one line: after a downtime a
+// line per instant would bury what matters. The line (at warn when any
+// was missed, else at info) counts the missed and the skipped instants,
+// names the first and the last and the first skip's reason; each
+// instant's own line is logged at debug.
+func (s *Scheduler) emitRecorded(ctx context.Context, evs []Event) {
+	if len(evs) == 1 {
+		s.emit(ctx, evs[0])
+		return
+	}
+	var missed, skipped int
+	var first, last time.Time
+	var reason string
+	for _, e := range evs {
+		s.hooks.Observe(ctx, e)
+		s.logEvent(ctx, e, slog.LevelDebug)
+		switch e.Kind {
+		case EventMissed:
+			missed++
+		case EventSkipped:
+			skipped++
+			if reason == "" {
+				reason = e.Reason
+			}
+		}
+		if first.IsZero() || e.Instant.Before(first) {
+			first = e.Instant
+		}
+		if e.Instant.After(last) {
+			last = e.Instant
+		}
+	}
+	if len(evs) == 0 {
+		return
+	}
+	level, msg := slog.LevelInfo, "schedule: skipped"
+	if missed > 0 {
+		level, msg = slog.LevelWarn, "schedule: missed"
+	}
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("schedule", evs[0].Schedule), slog.Int("missed", missed), slog.Int("skipped", skipped),
+		slog.Time("first", first), slog.Time("last", last), slog.String("holder", evs[0].Holder),
+	}
+	if reason != "" {
+		attrs = append(attrs, slog.String("reason", reason))
+	}
+	attrs = append(attrs, slog.String("detail", "each instant is logged at debug level"))
+	s.log.LogAttrs(ctx, level, msg, attrs...)
 }

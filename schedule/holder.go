@@ -487,14 +487,16 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 	if err != nil {
 		return fmt.Errorf("schedule: %q: record instants: %w", name, err)
 	}
+	var evs []Event
 	for _, r := range recs {
 		if r.missed {
-			s.emit(ctx, Event{Kind: EventMissed, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
+			evs = append(evs, Event{Kind: EventMissed, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
 		}
 		if r.state == stateSkipped {
-			s.emit(ctx, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
+			evs = append(evs, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
 		}
 	}
+	s.emitRecorded(ctx, evs)
 	return nil
 }
 

@@ -2,6 +2,10 @@ package schedule
 
 import (
 	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,5 +57,80 @@ func TestMissedInstants(t *testing.T) {
 	}
 	if _, _, err := in.s.Missed(ctx, "nope", time.Time{}, 1); err == nil {
 		t.Error("unknown schedule: no error")
+	}
+}
+
+// recLog collects log records.
+type recLog struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *recLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *recLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r.Clone())
+	return nil
+}
+func (l *recLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *recLog) WithGroup(string) slog.Handler      { return l }
+
+// lines returns the records at level or above whose message starts with
+// prefix, and their attributes.
+func (l *recLog) lines(level slog.Level, prefix string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]string
+	for _, r := range l.recs {
+		if r.Level >= level && strings.HasPrefix(r.Message, prefix) {
+			m := map[string]string{"msg": r.Message}
+			r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// After a downtime, the instants missed are logged as one line per
+// schedule (count, first, last), each instant at debug level; the hooks
+// still hear of each.
+func TestMissedLoggedAsOneLine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	ev := &events{}
+	logs := &recLog{}
+	in := newInstance(t, db, "a", Config{Grace: time.Second, Logger: slog.New(logs)}, ev)
+	def := Definition{Name: "every-second", Spec: "* * * * * *", Version: 1, CatchUp: CatchUpNone}
+	if err := in.s.Register(ctx, def, nop); err != nil {
+		t.Fatal(err)
+	}
+	t0 := dbNow(t, db.Pool)
+	// Three minutes down.
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedules SET starts_at = $1`, t0.Add(-3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	missed, _, err := in.s.Missed(ctx, def.Name, time.Time{}, 1000)
+	if err != nil || len(missed) < 170 {
+		t.Fatalf("missed %d (%v), want about 180", len(missed), err)
+	}
+	in.start(t)
+	waitFor(t, 20*time.Second, "the missed instants recorded", func() bool {
+		return len(ev.of(EventMissed)) >= len(missed)
+	})
+	in.stop()
+	warn := logs.lines(slog.LevelInfo, "schedule: missed")
+	if len(warn) != 1 {
+		t.Fatalf("%d lines at info or above for %d missed instants, want 1: %v", len(warn), len(missed), warn)
+	}
+	if w := warn[0]; w["missed"] != strconv.Itoa(len(missed)) || w["first"] == "" || w["last"] == "" || !strings.HasPrefix(w["reason"], "missed: ") {
+		t.Errorf("the summary line %v; want missed=%d, first, last and the policy's reason", w, len(missed))
+	}
+	if n := len(logs.lines(slog.LevelInfo, "schedule: skipped")); n != 0 {
+		t.Errorf("%d skipped lines at info beside the summary, want 0", n)
+	}
+	if n := len(logs.lines(slog.LevelDebug, "schedule: missed")); n < 1+len(missed) {
+		t.Errorf("%d missed lines in all, want the summary and %d at debug", n, len(missed))
 	}
 }

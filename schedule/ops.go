@@ -80,7 +80,7 @@ func opErr(op, name string, err error) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: %q", ErrNotFound, name)
 	default:
-		return fmt.Errorf("schedule: %q: %s: %w", name, op, err)
+		return fmt.Errorf("schedule: %q: %s: %w", name, op, schemaHint(err))
 	}
 }
 

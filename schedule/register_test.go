@@ -76,6 +76,14 @@ func TestRegisterVersionRule(t *testing.T) {
 	if f := ev.of(EventFollowed); len(f) != 2 || !strings.Contains(f[0].Reason, "version 1") || !strings.Contains(f[1].Reason, "version 2") {
 		t.Fatalf("followed events %+v", f)
 	}
+	// The same version with another spec: the warning names the field, both
+	// values, and says to raise Version.
+	if r := ev.of(EventFollowed)[1].Reason; !strings.Contains(r, `Spec ("0 10 * * *" here, "0 9 * * *" stored)`) || !strings.Contains(r, "raise Definition.Version (to 3)") {
+		t.Errorf("same version, other spec: %q; want the field named and Version to raise", r)
+	}
+	if r := ev.of(EventFollowed)[0].Reason; !strings.Contains(r, "Overlap") || !strings.Contains(r, "Retry.MaxAttempts") || strings.Contains(r, "Spec (") {
+		t.Errorf("older version: %q; want Overlap and Retry.MaxAttempts named, not Spec", r)
+	}
 	// A new spec moves starts_at: its earlier instants were never due.
 	v3 := v2
 	v3.Version, v3.Spec = 3, "0 11 * * *"
@@ -222,5 +230,33 @@ func TestRegisterBadInput(t *testing.T) {
 	}
 	if _, _, err := in.s.Trigger(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("trigger unknown: %v", err)
+	}
+}
+
+// Register before Migrate says what to do.
+func TestRegisterBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabaseFrom(t, pgtest.Template{Name: "schedule_unmigrated", Unmigrated: true})
+	s, err := New(db.Pool, Config{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Register(context.Background(), Definition{Name: "x", Spec: "0 9 * * *", Version: 1}, nop)
+	if err == nil || !strings.Contains(err.Error(), "run 'pgclaim migrate up' or call pgclaim.Migrate first") {
+		t.Fatalf("Register before Migrate: %v; want it to say to migrate", err)
+	}
+	if err := s.Pause(context.Background(), "x", "n", "b"); err == nil || !strings.Contains(err.Error(), "pgclaim migrate up") {
+		t.Errorf("Pause before Migrate: %v; want it to say to migrate", err)
+	}
+}
+
+// A spec that does not parse is named once in the error.
+func TestBadSpecNamedOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	in := newInstance(t, db, "a", Config{}, nil)
+	err := in.s.Register(context.Background(), Definition{Name: "x", Spec: "0 9 * *", Version: 1}, nop)
+	if err == nil || strings.Count(err.Error(), `"0 9 * *"`) != 1 || strings.Count(err.Error(), "Spec") != 1 {
+		t.Errorf("bad spec: %v; want the field and the spec once", err)
 	}
 }

@@ -3,7 +3,6 @@ package schedule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"reflect"
@@ -202,7 +201,7 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 	if !changed && !reflect.DeepEqual(st.def, d) {
 		s.emit(ctx, Event{
 			Kind: EventFollowed, Schedule: d.Name, Holder: s.holder,
-			Reason: fmt.Sprintf("this instance's definition (version %d) differs from the stored one (version %d), which it follows", d.Version, st.def.Version),
+			Reason: followReason(d, st.def),
 		})
 	}
 	s.mu.Lock()
