@@ -26,7 +26,12 @@ and a bare advisory lock; the stale sweeper against one giant UPDATE; leader
 failover against a polling standby; claim latency as the table grows; the
 scheduler's idle cost, cost per instant and wake-up lag against gate.Once
 (scenario schedules: 8 instances, 200 idle schedules, then 5, 25 and 200
-due every second; 4 instances × 25 schedules with --quick).
+due every second; 4 instances × 25 schedules with --quick); and many jobs
+due at one instant on many instances of a stock server (max_connections
+100) against River's periodic jobs and the robfig adapter (scenario herd:
+8 × 50, 8 × 500 and 64 × 100 every 10 s, 8 × 200 every second; River's side
+is built from internal/bench/herdriver, a module of its own; --quick runs
+pgclaim's side at 4 × 50 only).
 
 Without --database-url a throwaway PostgreSQL is provisioned as the tests do
 (PGCLAIM_TEST_DATABASE_URL, a container, or local PostgreSQL binaries).

@@ -26,7 +26,7 @@ import (
 )
 
 // Scenarios lists the scenario names in the order they run.
-var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "instances", "schedules"}
+var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "instances", "schedules", "herd"}
 
 // Config configures a benchmark run.
 type Config struct {
@@ -109,6 +109,9 @@ type params struct {
 	SchedIdle          time.Duration
 	SchedBusy          time.Duration
 	SchedBacklogs      []int
+
+	// herd: each shape in turn, each side in turn (see herdShape).
+	HerdShapes []herdShape
 }
 
 type point struct{ Workers, Batch int }
@@ -159,6 +162,16 @@ func fullParams() *params {
 		SchedIdle:          20 * time.Second,
 		SchedBusy:          20 * time.Second,
 		SchedBacklogs:      []int{50, 2000},
+
+		HerdShapes: []herdShape{
+			{Instances: 8, Schedules: 50, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
+			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
+			{Instances: 8, Schedules: 200, Period: time.Second, Instants: 20, Sides: []string{"pgclaim", "river"}},
+			{Instances: 8, Schedules: 200, Period: 10 * time.Second, Instants: 3, Sides: []string{"robfig", "pgclaim"}},
+			// 64 × (MaxConns + the dedicated sessions) does not fit in 100
+			// connections: the server is sized to the stated budget.
+			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Sides: []string{"pgclaim", "river"}},
+		},
 	}
 }
 
@@ -207,6 +220,9 @@ func quickParams() *params {
 		SchedIdle:          4 * time.Second,
 		SchedBusy:          5 * time.Second,
 		SchedBacklogs:      []int{50, 500},
+
+		// River's side needs a build of its own module: left out here.
+		HerdShapes: []herdShape{{Instances: 4, Schedules: 50, Period: 10 * time.Second, Instants: 2, Sides: []string{"pgclaim"}}},
 	}
 }
 
@@ -350,6 +366,7 @@ var scenarioFuncs = map[string]struct {
 	"scale":     {"Scale: claim latency as the table grows, 1,000 claimable rows", runScale},
 	"instances": {"Instances: claim throughput and gate costs with many instance processes against one server", runInstances},
 	"schedules": {"Schedules: the scheduler's idle cost, cost per instant and wake-up lag, against gate.Once", runSchedules},
+	"herd":      {"Herd: many jobs due at one instant on many instances, on a stock server, against River's periodic jobs", runHerd},
 }
 
 // Run runs the selected scenarios and returns the report. It returns an

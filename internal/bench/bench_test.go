@@ -65,6 +65,8 @@ func tinyParams() *params {
 		SchedSettle:        5 * time.Second,
 		SchedIdle:          2 * time.Second,
 		SchedBusy:          3 * time.Second,
+
+		HerdShapes: []herdShape{{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Sides: []string{"pgclaim", "robfig"}}},
 	}
 }
 
@@ -334,4 +336,43 @@ func scenario(t *testing.T, rep *Report, name string) *ScenarioReport {
 	}
 	t.Fatalf("no scenario %q in the report", name)
 	return nil
+}
+
+// TestBenchHerd runs the herd scenario at a tiny size on a server of its
+// own with max_connections = 100: every due (job, instant) ran once on both
+// pgclaim sides, backends and lag were measured, and River's side
+// runs too when PGCLAIM_BENCH_HERDRIVER names a built herdriver.
+func TestBenchHerd(t *testing.T) {
+	srv := pgtest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := tinyParams()
+	if os.Getenv(envHerdRiver) != "" {
+		p.HerdShapes[0].Sides = append(p.HerdShapes[0].Sides, "river")
+	}
+	var progress bytes.Buffer
+	rep, err := Run(ctx, Config{Quick: true, Scenarios: []string{"herd"}, Progress: &progress, params: p, server: srv})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	var out bytes.Buffer
+	if err := rep.WriteText(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	sc := rep.Scenarios[0]
+	if len(sc.Results) != len(p.HerdShapes[0].Sides) {
+		t.Fatalf("%d results, want one per side\n%s", len(sc.Results), out.String())
+	}
+	for _, r := range sc.Results {
+		if r.Extra["due"] != 15 || float64(r.Ops) != r.Extra["due"] || r.Extra["duplicates"] != 0 {
+			t.Errorf("%s: ran %d of %v due, %v duplicates; want all 15 once", r.Name, r.Ops, r.Extra["due"], r.Extra["duplicates"])
+		}
+		if r.Extra["backends_peak"] == 0 {
+			t.Errorf("%s: no backends sampled", r.Name)
+		}
+		if r.P99us <= 0 || r.Extra["transactions_per_instant"] <= 0 {
+			t.Errorf("%s: lag p99 %v µs, %v transactions per instant: not measured", r.Name, r.P99us, r.Extra["transactions_per_instant"])
+		}
+	}
 }
