@@ -6,9 +6,12 @@
 // PGCLAIM_TEST_DATABASE_URL; a container from testcontainers-go when a Docker
 // engine answers; an ephemeral cluster started from local PostgreSQL binaries
 // (as the postgres user when the process runs as root), removed when the test
-// process exits. When none is available, tests are skipped with a message
-// naming the three options — except when the CI environment variable is
-// "true", where they fail.
+// process exits. PGCLAIM_TEST_PG_BIN names the directory of the binaries for
+// every cluster pgtest starts (the local one, and NewPair's), so that a run
+// uses one major version throughout; PostgreSQL 13 to 18 are supported.
+// When none is available, tests are skipped with a message naming the three
+// options — except when the CI environment variable is "true", where they
+// fail.
 //
 // Applications using pgclaim can call NewDatabaseFrom with a Template whose
 // Setup applies their own migrations, so each test starts from their full
