@@ -328,6 +328,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	for _, cfg := range []status.Config{
 		{},
 		{Pool: pool, Grace: -time.Second},
+		{Pool: pool, QueryTimeout: -time.Second},
+		{Pool: pool, MaxReads: -1},
 		{Pool: pool, Tables: []status.Table{{Table: claim.Table{Name: ""}}}},
 		{Pool: pool, Tables: []status.Table{{Table: claim.Table{Name: "t", State: "bad\x00col"}}}},
 	} {
