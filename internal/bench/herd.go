@@ -294,6 +294,23 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 	}()
 	defer func() { stopSampling(); <-sampled }()
 
+	// Connected before the side starts: a side may fill the server.
+	// The counts' own connection is left out of the backends sampled.
+	pc, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		return hs, err
+	}
+	pc.MaxConns, pc.MinConns = 1, 1
+	pc.ConnConfig.RuntimeParams["application_name"] = herdCounter
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return hs, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return hs, err
+	}
+	defer pool.Close()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var stop func() error
@@ -341,18 +358,6 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 		return hs, err
 	}
 	// Wait until every measured instant's rows are in (or up to 10 s).
-	// The counts' own connection is left out of the backends sampled.
-	pc, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		return hs, err
-	}
-	pc.MaxConns = 1
-	pc.ConnConfig.RuntimeParams["application_name"] = herdCounter
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return hs, err
-	}
-	defer pool.Close()
 	deadline := last.Add(10 * time.Second)
 	for {
 		n, err := scanInt64(ctx, pool, `SELECT count(DISTINCT (name, instant)) FROM herd_effects WHERE instant BETWEEN $1 AND $2`, first, last)
@@ -467,6 +472,10 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 		}
 	}
 	var failed atomic.Int64
+	// Registration is bounded as a whole: on a full server every Register
+	// may wait out its retries, and the phase must still end.
+	regCtx, regCancel := context.WithTimeout(ctx, time.Minute+time.Duration(sh.Schedules)*20*time.Millisecond)
+	defer regCancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
@@ -474,7 +483,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			in, err := openCountedPool(ctx, url, herdPoolConns)
+			in, err := herdPool(ctx, url)
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
@@ -496,9 +505,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 				job := func(ctx context.Context, run schedule.Run) error {
 					return herdEffect(ctx, in.pool, run.Schedule, run.Instant, errs)
 				}
-				rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				err := s.Register(rctx, schedule.Definition{Name: name, Spec: sh.spec(), Version: 1}, job)
-				cancel()
+				err := s.Register(regCtx, schedule.Definition{Name: name, Spec: sh.spec(), Version: 1}, job)
 				if err != nil {
 					if failed.Add(1) == 1 {
 						errs.mu.Lock()
@@ -576,7 +583,7 @@ func herdRobfig(ctx context.Context, url string, sh herdShape, errs *herdErrs) (
 		}
 	}
 	for i := range sh.Instances {
-		in, err := openCountedPool(ctx, url, herdPoolConns)
+		in, err := herdPool(ctx, url)
 		if err != nil {
 			closeAll()
 			return nil, nil, 0, nil, err
@@ -761,3 +768,21 @@ const (
 	gateDedicated  = 1 // gate.Gate
 	riverDedicated = 1 // a River client's listener (riverpgxv5 hijacks it from the pool)
 )
+
+// herdPool is an instance's pool with a statement counter. It does not
+// connect: on a full server the instance starts anyway, and what it then
+// cannot do is what the scenario reports.
+func herdPool(ctx context.Context, url string) (*schedInstance, error) {
+	c := &stmtCounter{}
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = herdPoolConns
+	pc.ConnConfig.Tracer = c
+	p, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	return &schedInstance{pool: p, count: c}, nil
+}
