@@ -16,6 +16,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/sql/migrations"
 )
 
@@ -99,14 +100,15 @@ const (
 // checkFence has the database choose the fencing token pgclaim_fence()
 // grants, for what the server allows now (pgclaim_fence_check(), which
 // switches only when needed), at READ COMMITTED so that a check waiting
-// for another instance's switch sees it.
+// for another instance's switch sees it. A standby is left alone: it
+// answers no WAL insert location, and grants no token.
 func checkFence(ctx context.Context, pool *pgxpool.Pool) error {
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "SELECT pgclaim_fence_check()")
+		_, err := tx.Exec(ctx, "SELECT CASE WHEN NOT pg_is_in_recovery() THEN pgclaim_fence_check() END")
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pgclaim: migrate: choose the fencing token (pgclaim_fence_check()): %w", err)
+		return fmt.Errorf("pgclaim: migrate: choose the fencing token (pgclaim_fence_check()): %w", pgerr.Explain(err))
 	}
 	return nil
 }

@@ -49,6 +49,7 @@ func TestDoctor(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
 	r := cli(t, "", "doctor", "--database-url", db.URL)
+	t.Logf("pgclaim doctor:\n%s", r.stdout)
 	wantCode(t, r, exitOK)
 	wantVerdicts(t, r, map[string]string{"server": "ok", "migrations": "ok", "fence": "ok", "sessions": "ok", "privileges": "ok", "connections": "ok"})
 	wantContains(t, "doctor", r.stdout, "supported (13-18)", "timeline (timeline 1): tokens unique and increasing across restarts and every primary promotion",

@@ -8,13 +8,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/pgtest"
@@ -59,6 +62,10 @@ func New(t testing.TB, db *pgtest.Database, grants ...string) *Role {
 	}
 	q := r.Ident()
 	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '%s'", q, r.Password)); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" && os.Getenv("CI") != "true" {
+			t.Skipf("roletest: the test server's role may not create roles (it needs CREATEROLE): %v", err)
+		}
 		t.Fatalf("roletest: create role: %v", err)
 	}
 	t.Cleanup(func() { r.drop(t) })
