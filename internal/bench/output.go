@@ -496,6 +496,29 @@ func ratios(r *Report) []Ratio {
 			}
 		}
 	}
+	// herd: pgclaim's scheduler and the robfig path against River's
+	// periodic jobs, shape by shape.
+	for _, rv := range results("herd") {
+		shape, ok := strings.CutSuffix(rv.Name, ", river")
+		if !ok {
+			continue
+		}
+		for _, side := range []string{"pgclaim", "robfig"} {
+			pg, ok := find("herd", func(x Result) bool { return x.Name == shape+", "+side })
+			if !ok {
+				continue
+			}
+			if pg.P99us > 0 && rv.P99us > 0 {
+				add(shape+": start lag p99, "+side+" / River", pg, rv, pg.P99us/rv.P99us, side+" p99 "+fmtUs(pg.P99us), "River p99 "+fmtUs(rv.P99us))
+			}
+			if a, b := pg.Extra["backends_peak"], rv.Extra["backends_peak"]; a > 0 && b > 0 {
+				add(shape+": backends, "+side+" / River", pg, rv, a/b, fmt.Sprintf("%s %.0f", side, a), fmt.Sprintf("River %.0f", b))
+			}
+			if a, b := pg.Extra["transactions_per_instant"], rv.Extra["transactions_per_instant"]; a > 0 && b > 0 {
+				add(shape+": transactions per instant, "+side+" / River", pg, rv, a/b, fmt.Sprintf("%s %.0f", side, a), fmt.Sprintf("River %.0f", b))
+			}
+		}
+	}
 	return out
 }
 
