@@ -533,6 +533,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 				it.cancel()
 			}
 		}
+		deadline := time.After(30 * time.Second)
 		for _, it := range insts {
 			if it.cancel == nil {
 				continue
@@ -542,8 +543,10 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 				if e != nil && !errors.Is(e, context.Canceled) {
 					err = cmpErr(err, e)
 				}
-			case <-time.After(30 * time.Second):
-				err = cmpErr(err, errors.New("a scheduler did not stop within 30 s"))
+			case <-deadline:
+				err = cmpErr(err, errors.New("the schedulers did not stop within 30 s"))
+				closeAll()
+				return err
 			}
 		}
 		closeAll()
@@ -571,9 +574,16 @@ func herdRobfig(ctx context.Context, url string, sh herdShape, errs *herdErrs) (
 	var ins []*schedInstance
 	var gates []*gate.Gate
 	var crons []*cron.Cron
+	// Cancelled first at stop: the runs in progress (a job waiting for a
+	// connection of a full server) end, and the crons' Stop returns.
+	ctx, cancel := context.WithCancel(ctx)
 	closeAll := func() {
+		cancel()
 		for _, c := range crons {
-			<-c.Stop().Done()
+			select {
+			case <-c.Stop().Done():
+			case <-time.After(30 * time.Second):
+			}
 		}
 		for _, g := range gates {
 			g.Close()
