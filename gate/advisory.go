@@ -99,21 +99,28 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
-	s, err := g.sessions.Get(ctx)
-	if err != nil {
-		return err
-	}
 	class, key := AdvisoryKey(name)
-	sent := time.Now()
-	fence, ok, err := g.lock(ctx, s, name, class, key)
-	if err != nil {
-		return pgerr.Explain(err)
-	}
+	free, ok := g.sessions.Reserve(ctx, class, key, g.wait)
 	if !ok {
 		return g.skipped(ctx, name, time.Time{}, ErrHeld)
 	}
+	s, err := g.sessions.Get(ctx)
+	if err != nil {
+		free()
+		return err
+	}
+	sent := time.Now()
+	fence, ok, err := g.lock(ctx, s, name, class, key)
+	if err != nil {
+		free()
+		return pgerr.Explain(err)
+	}
+	if !ok {
+		free()
+		return g.skipped(ctx, name, time.Time{}, ErrHeld)
+	}
 	run := Run{Name: name, Holder: g.opts.Holder, Fence: fence}
-	return g.hold(ctx, s, sent, run, fn, lockRelease{class: class, key: key})
+	return g.hold(ctx, s, sent, run, fn, lockRelease{class: class, key: key}, free)
 }
 
 // lock takes the advisory lock (class, key) for name on s, waiting up to
@@ -154,9 +161,9 @@ func (lockRelease) record(context.Context, Run, Outcome, error) error { return n
 // dropped afterwards) and reports the run. sent is when the statement that
 // took the lock was sent: the session counts as confirmed from then for
 // sessionValidity.
-func (g *Gate) hold(ctx context.Context, s *lockcore.Session, sent time.Time, run Run, fn Func, r releaser) error {
+func (g *Gate) hold(ctx context.Context, s *lockcore.Session, sent time.Time, run Run, fn Func, r releaser, free func()) error {
 	g.opts.emit(ctx, Event{Kind: EventAcquired, Name: run.Name, FireAt: run.FireAt, Holder: run.Holder, Fence: run.Fence})
-	h := &sessionHold{g: g, s: s, run: run, r: r}
+	h := &sessionHold{g: g, s: s, run: run, r: r, free: free}
 	var cancel context.CancelCauseFunc
 	h.ctx, cancel = context.WithCancelCause(context.Background())
 	valid := lockcore.NewValidity(sent, sessionValidity, nil)
@@ -177,6 +184,7 @@ type sessionHold struct {
 	s      *lockcore.Session
 	run    Run
 	r      releaser
+	free   func()          // ends the lock's reservation in this process (Sessions.Reserve)
 	ctx    context.Context // cancelled when the watcher finds the session lost
 	keeper *lockcore.Keeper
 	lost   error // what the watcher reported; read after keeper.Stop
@@ -194,6 +202,7 @@ func (h *sessionHold) lostEvent(err error) Event {
 // is written through the pool instead.
 func (h *sessionHold) Release(ctx context.Context, out lockcore.Outcome, jobErr error) (error, error) {
 	g, s, run := h.g, h.s, h.run
+	defer h.free()
 	lost := h.keeper.Stop()
 	if lost == nil {
 		// A session that does not answer within its validity is closed

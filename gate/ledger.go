@@ -318,11 +318,23 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		return g.opts.runHeld(ctx, run, ledgerHold{g: g, run: run}, fn, true)
 	}
 
+	p.LockClass, p.LockKey = AdvisoryKey(name)
+	free, ok := g.sessions.Reserve(ctx, p.LockClass, p.LockKey, g.wait)
+	if !ok {
+		// A run of this process holds the job's lock (or is taking it):
+		// the server cannot tell, the session being the same.
+		return g.heldSkip(ctx, name, at)
+	}
+	held := false
+	defer func() {
+		if !held {
+			free()
+		}
+	}()
 	s, err := g.sessions.Get(ctx)
 	if err != nil {
 		return err
 	}
-	p.LockClass, p.LockKey = AdvisoryKey(name)
 	p.LockMode = "try"
 	sent := time.Now()
 	var row store.ClaimTickRow
@@ -353,7 +365,8 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		}
 	}
 	run := Run{Name: name, FireAt: at, Holder: g.opts.Holder, Fence: row.Fence}
-	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey})
+	held = true
+	return g.hold(ctx, s, sent, run, fn, tickRelease{g: g, class: p.LockClass, key: p.LockKey}, free)
 }
 
 // claimAfterWait waits for the job's lock on s (Config.LockWait), then

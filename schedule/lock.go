@@ -221,6 +221,7 @@ func (h *advisoryHeld) do(ctx context.Context, fn func(ctx context.Context, q *s
 	defer h.mu.Unlock()
 	h.unwatch()
 	if err := h.cause(); err != nil {
+		h.s.Close() // ended already: hand it back
 		return err
 	}
 	// A statement not answered within the validity ends the session (pgx
@@ -232,6 +233,7 @@ func (h *advisoryHeld) do(ctx context.Context, fn func(ctx context.Context, q *s
 	cancel()
 	if h.s.Conn.IsClosed() {
 		h.markLost(err)
+		h.s.Close() // ended already: hand it back
 		return h.cause()
 	}
 	if err == nil {

@@ -46,6 +46,14 @@ type Run struct {
 // failed attempt, retried per the schedule's RetryPolicy.
 type Job func(ctx context.Context, run Run) error
 
+// DedicatedConns is how many connections a running Scheduler holds besides
+// its pool's (which bounds everything else it and its jobs do): one session
+// holding the advisory locks of every schedule it runs, and one listening
+// for notifications. With Config.LeaseLocks it holds none. An instance's
+// budget is therefore the pool's MaxConns + DedicatedConns, whatever the
+// number of schedules.
+const DedicatedConns = 2
+
 // Config configures a Scheduler. The zero value is ready to use.
 type Config struct {
 	// Holder identifies this instance in runs and logs. Default

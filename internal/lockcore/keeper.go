@@ -84,10 +84,11 @@ func (v *Validity) Stop() {
 // Keeper confirms, on its own goroutine, that a lock is still held, until it
 // is stopped or finds the lock lost. Session.Watch and Renew start one.
 type Keeper struct {
-	stop  context.CancelFunc
-	start *time.Timer
-	done  chan struct{}
-	err   error // why the lock was lost; read after done
+	stopFn func() error // a watch on a shared session (Session.Watch)
+	stop   context.CancelFunc
+	start  *time.Timer
+	done   chan struct{}
+	err    error // why the lock was lost; read after done
 }
 
 // keep starts loop after after (0: at once). loop returns nil when its
@@ -109,6 +110,9 @@ func keep(ctx context.Context, after time.Duration, loop func(stop context.Conte
 // Stop ends the keeper and returns why the lock was lost, or nil. It must
 // not be called from onLost.
 func (k *Keeper) Stop() error {
+	if k.stopFn != nil {
+		return k.stopFn()
+	}
 	k.stop()
 	if k.start.Stop() {
 		close(k.done) // never started

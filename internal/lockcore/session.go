@@ -23,60 +23,190 @@ var ErrPooler = errors.New("gate: connection goes through a pooler; session advi
 var ErrClosed = errors.New("gate: closed")
 
 const (
-	// maxIdleSessions is how many dedicated connections a cache keeps for
-	// reuse once their lock is released: enough for as many jobs running at
-	// once, so a busy gate does not open a connection per run.
-	maxIdleSessions = 16
-	// maxIdleTime: a kept connection unused this long is closed.
-	maxIdleTime = time.Minute
-	// checkIdleAfter: a cached session idle this long is checked (without
-	// a round trip) before reuse.
+	// checkIdleAfter: a shared session idle this long is checked (without
+	// a round trip) before use.
 	checkIdleAfter = time.Second
+	// statementBound bounds a statement on a shared session whose caller
+	// set no deadline: one statement that never returns would stall every
+	// lock of the process.
+	statementBound = 30 * time.Second
 )
 
 // Session is a connection taken out of the pool (pgxpool.Conn.Hijack) and
-// dedicated to holding advisory locks. It never goes back to the pool: after
-// an explicit, confirmed unlock it is kept in its Sessions cache, otherwise
-// it is closed, which makes the server drop any lock it held.
+// dedicated to holding advisory locks: all the locks of the Sessions it
+// belongs to, which one session holds at once (the server drops them all
+// together when it ends). It never goes back to the pool.
+//
+// A session is used by one caller at a time: Sessions.Get hands it out for
+// statements, and Sessions.Put, Session.Watch or Session.Close hand it back;
+// Keeper.Stop of a watch takes it again. While nobody runs statements on
+// it, one goroutine watches it for all the locks it holds.
 type Session struct {
-	Conn      *pgx.Conn
-	Q         *store.Queries // statements on Conn
-	pid       uint32
+	Conn *pgx.Conn
+	Q    *store.Queries // statements on Conn; each answered one confirms the session
+	pid  uint32
+	c    *Sessions
+
+	// guarded by c.mu
 	idleSince time.Time
+	watches   map[*watch]struct{}
+	keeper    *Keeper // the watch of the idle session; nil while in use
+	ended     error   // why the session ended (nil while open)
 }
 
-// Sessions is a cache of idle dedicated connections taken from one pool.
-// The zero value with Pool set is ready to use.
+// watch is one lock's watch on a shared session.
+type watch struct {
+	valid  *Validity // nil: confirmed by pings only
+	every  time.Duration
+	onLost func(error)
+	k      *Keeper
+	once   sync.Once // lose or stop, whichever comes first
+	taken  sync.Once // Stop takes the session once
+}
+
+func (w *watch) lose(err error) {
+	w.once.Do(func() {
+		w.k.err = err
+		if w.onLost != nil {
+			w.onLost(err)
+		}
+		close(w.k.done)
+	})
+}
+
+// Sessions gives out the one dedicated session its locks are held on, and
+// opens another when that one has ended. Whatever the number of locks held
+// or tried at once, it holds one connection taken out of Pool. The zero
+// value with Pool set is ready to use.
 type Sessions struct {
-	Pool   *pgxpool.Pool
-	mu     sync.Mutex
-	idle   []*Session
-	closed bool
+	Pool *pgxpool.Pool
+
+	once   sync.Once
+	use    chan struct{} // a token: exclusive use of cur for statements
+	mu       sync.Mutex
+	cur      *Session
+	inUse    bool
+	closed   bool
+	reserved map[[2]int32]chan struct{} // closed when the key is free again
 }
 
-// Get returns a dedicated session: a cached one that still looks alive, or a
-// new one taken from the pool. It returns ErrClosed after Close, and an error
-// wrapping ErrPooler behind a connection pooler.
-func (c *Sessions) Get(ctx context.Context) (*Session, error) {
+// Reserve claims the advisory key (class, key) within this process before
+// the lock is taken on the shared session, waiting up to wait for another
+// caller's reservation to end: a session holds an advisory lock any number
+// of times, so the server cannot keep two callers of one process apart. ok
+// false means another caller here holds or is taking the lock. Call free
+// once the lock is released or lost.
+func (c *Sessions) Reserve(ctx context.Context, class, key int32, wait time.Duration) (free func(), ok bool) {
+	k := [2]int32{class, key}
+	var timeout <-chan time.Time
 	for {
 		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return nil, ErrClosed
+		if c.reserved == nil {
+			c.reserved = map[[2]int32]chan struct{}{}
 		}
-		n := len(c.idle)
-		if n == 0 {
+		ch, busy := c.reserved[k]
+		if !busy {
+			ch = make(chan struct{})
+			c.reserved[k] = ch
 			c.mu.Unlock()
-			break
+			var once sync.Once
+			return func() {
+				once.Do(func() {
+					c.mu.Lock()
+					delete(c.reserved, k)
+					c.mu.Unlock()
+					close(ch)
+				})
+			}, true
 		}
-		s := c.idle[n-1]
-		c.idle = c.idle[:n-1]
 		c.mu.Unlock()
-		if time.Since(s.idleSince) >= checkIdleAfter && !s.Alive() {
-			s.Close()
-			continue
+		if wait <= 0 {
+			return nil, false
 		}
-		return s, nil
+		if timeout == nil {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return nil, false
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+func (c *Sessions) init() { c.once.Do(func() { c.use = make(chan struct{}, 1) }) }
+
+// take waits for exclusive use of the session, then stops its watch.
+func (c *Sessions) take(ctx context.Context) error {
+	c.init()
+	select {
+	case c.use <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.mu.Lock()
+	c.inUse = true
+	s := c.cur
+	var k *Keeper
+	if s != nil {
+		k, s.keeper = s.keeper, nil
+	}
+	c.mu.Unlock()
+	if k != nil {
+		k.Stop()
+	}
+	return nil
+}
+
+// give hands the session back: its watch starts again while locks are held
+// on it.
+func (c *Sessions) give() {
+	c.mu.Lock()
+	if !c.inUse {
+		c.mu.Unlock()
+		return
+	}
+	c.inUse = false
+	if s := c.cur; s != nil && s.ended == nil && len(s.watches) > 0 && s.keeper == nil {
+		s.keeper = s.watchIdle()
+	}
+	if s := c.cur; s != nil {
+		s.idleSince = time.Now()
+	}
+	c.mu.Unlock()
+	<-c.use
+}
+
+// Get returns the dedicated session for statements, once no other caller
+// uses it: the current one if it still looks alive, or a new one taken from
+// the pool. The caller hands it back with Put, Watch or Close. It returns
+// ErrClosed after Close, and an error wrapping ErrPooler behind a connection
+// pooler.
+func (c *Sessions) Get(ctx context.Context) (*Session, error) {
+	if err := c.take(ctx); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	closed, s := c.closed, c.cur
+	c.mu.Unlock()
+	if closed {
+		c.give()
+		return nil, ErrClosed
+	}
+	if s != nil {
+		c.mu.Lock()
+		idle := time.Since(s.idleSince)
+		c.mu.Unlock()
+		if s.Conn.IsClosed() || (idle >= checkIdleAfter && !s.Alive()) {
+			s.end(errors.New("the session ended"))
+			s = nil
+		} else {
+			return s, nil
+		}
 	}
 	// A fresh connection from the pool may turn out dead (the server
 	// restarted since the pool last used it); the setup statement changes
@@ -85,7 +215,14 @@ func (c *Sessions) Get(ctx context.Context) (*Session, error) {
 	if err != nil && !errors.Is(err, ErrPooler) && ctx.Err() == nil {
 		s, err = c.open(ctx)
 	}
-	return s, err
+	if err != nil {
+		c.give()
+		return nil, err
+	}
+	c.mu.Lock()
+	c.cur = s
+	c.mu.Unlock()
+	return s, nil
 }
 
 // open takes a connection out of the pool and prepares it for locking.
@@ -94,59 +231,107 @@ func (c *Sessions) open(ctx context.Context) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gate: acquire connection: %w", err)
 	}
-	s := &Session{Conn: pc.Hijack()}
-	s.Q = store.New(s.Conn)
+	s := &Session{Conn: pc.Hijack(), c: c, watches: map[*watch]struct{}{}}
+	s.Q = store.New(bounded{s.Conn, s})
 	row, err := s.Q.SessionSetup(ctx)
 	if err != nil {
-		s.Close()
+		CloseConn(s.Conn)
 		return nil, fmt.Errorf("gate: prepare lock connection: %w", err)
 	}
 	s.pid = uint32(row.Pid)
 	if announced := s.Conn.PgConn().PID(); announced != s.pid {
-		s.Close()
+		CloseConn(s.Conn)
 		return nil, fmt.Errorf("%w (pg_backend_pid %d, announced %d)", ErrPooler, s.pid, announced)
 	}
 	return s, nil
 }
 
-// Put caches a session whose locks are all released, or closes it.
+// Put hands back a session taken with Get (or with a watch's Stop) whose
+// statements are done. A session left busy or inside a transaction is
+// closed, which drops every lock it held.
 func (c *Sessions) Put(s *Session) {
 	if s.Conn.IsClosed() || s.Conn.PgConn().IsBusy() || s.Conn.PgConn().TxStatus() != 'I' {
 		s.Close()
 		return
 	}
-	s.idleSince = time.Now()
-	c.mu.Lock()
-	if c.closed || len(c.idle) >= maxIdleSessions {
-		c.mu.Unlock()
-		s.Close()
-		return
-	}
-	c.idle = append(c.idle, s)
-	// Get takes the most recently used, so the oldest sit at the front;
-	// close those idle too long.
-	var stale []*Session
-	for len(c.idle) > 0 && s.idleSince.Sub(c.idle[0].idleSince) > maxIdleTime {
-		stale = append(stale, c.idle[0])
-		c.idle[0] = nil
-		c.idle = c.idle[1:]
-	}
-	c.mu.Unlock()
-	for _, s := range stale {
-		s.Close()
-	}
+	c.give()
 }
 
-// Close closes every idle session and refuses new ones.
+// Close closes the session once no caller uses it, and refuses new ones;
+// the locks still held on it are lost.
 func (c *Sessions) Close() {
+	c.init()
+	c.use <- struct{}{}
 	c.mu.Lock()
-	idle := c.idle
-	c.idle = nil
 	c.closed = true
-	c.mu.Unlock()
-	for _, s := range idle {
-		s.Close()
+	s := c.cur
+	var k *Keeper
+	if s != nil {
+		k, s.keeper = s.keeper, nil
 	}
+	c.mu.Unlock()
+	if k != nil {
+		k.Stop()
+	}
+	if s != nil {
+		s.end(ErrClosed)
+	}
+	<-c.use
+}
+
+// bounded runs each statement on a shared session without its caller's
+// cancellation (a cancelled statement closes the connection, which would
+// drop every other caller's locks), within the caller's deadline, or
+// statementBound when it has none.
+// Each statement answered confirms the locks held on the session.
+type bounded struct {
+	conn *pgx.Conn
+	s    *Session
+}
+
+func boundCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		d = time.Now().Add(statementBound)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), d)
+}
+
+func (b bounded) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	ctx, cancel := boundCtx(ctx)
+	defer cancel()
+	sent := time.Now()
+	tag, err := b.conn.Exec(ctx, sql, args...)
+	if err == nil {
+		b.s.confirm(sent)
+	}
+	return tag, err
+}
+
+func (b bounded) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	// Rows are read after Query returns: no deadline of our own here.
+	return b.conn.Query(context.WithoutCancel(ctx), sql, args...)
+}
+
+func (b bounded) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	ctx, cancel := boundCtx(ctx)
+	return boundRow{b.conn.QueryRow(ctx, sql, args...), cancel, b.s, time.Now()}
+}
+
+type boundRow struct {
+	r      pgx.Row
+	cancel context.CancelFunc
+	s      *Session
+	sent   time.Time
+}
+
+func (r boundRow) Scan(dest ...any) error {
+	defer r.cancel()
+	err := r.r.Scan(dest...)
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		r.s.confirm(r.sent)
+	}
+	return err
 }
 
 // Alive reads what the server may have sent an idle session (a FATAL from
@@ -157,8 +342,37 @@ func (s *Session) Alive() bool {
 	return s.Conn.PgConn().CheckConn() == nil && !s.Conn.IsClosed()
 }
 
-// Close closes the connection; the server then releases its locks.
-func (s *Session) Close() { CloseConn(s.Conn) }
+// Close closes the connection, which makes the server release every lock
+// held on it (each watch on it reports the loss), and hands the session
+// back.
+func (s *Session) Close() {
+	s.end(errors.New("the session was closed"))
+	if s.c != nil {
+		s.c.give()
+	}
+}
+
+// end closes the session for good: every watch on it is lost with err, and
+// its Sessions opens another at the next Get.
+func (s *Session) end(err error) {
+	CloseConn(s.Conn)
+	if s.c == nil {
+		return
+	}
+	s.c.mu.Lock()
+	if s.ended == nil {
+		s.ended = err
+	}
+	ws := s.watches
+	s.watches = map[*watch]struct{}{}
+	if s.c.cur == s {
+		s.c.cur = nil
+	}
+	s.c.mu.Unlock()
+	for w := range ws {
+		w.lose(err)
+	}
+}
 
 // CloseConn closes c, a connection taken out of its pool, and cuts its
 // socket, so the server sees the session end (and frees its locks) at once.
@@ -177,20 +391,39 @@ func CloseConn(c *pgx.Conn) {
 // the statement that grants it, or ok false when another session holds the
 // lock.
 func (s *Session) TryLock(ctx context.Context, class, key int32, wait time.Duration) (fence int64, ok bool, err error) {
-	if wait <= 0 {
+	deadline := time.Now().Add(wait)
+	for {
 		row, err := s.Q.AdvisoryTryLock(ctx, store.AdvisoryTryLockParams{LockClass: class, LockKey: key})
-		return row.Fence, row.Locked && err == nil, err
+		left := time.Until(deadline)
+		if err != nil || row.Locked || left <= 0 {
+			return row.Fence, row.Locked && err == nil, err
+		}
+		// Waiting on the server would keep the session from every other
+		// lock of the process: try again shortly, the session free
+		// meanwhile.
+		s.c.give()
+		t := time.NewTimer(min(retryLockEvery, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		_ = s.c.take(context.Background())
+		s.c.mu.Lock()
+		gone := s.c.cur != s || s.ended != nil
+		s.c.mu.Unlock()
+		if gone || s.Conn.IsClosed() {
+			return 0, false, errors.New("the session ended while waiting for the lock")
+		}
+		if ctx.Err() != nil {
+			return 0, false, ctx.Err()
+		}
 	}
-	fence, err = s.Q.AdvisoryLockWait(ctx, store.AdvisoryLockWaitParams{
-		LockTimeout: lockTimeout(wait),
-		LockClass:   class,
-		LockKey:     key,
-	})
-	if isLockTimeout(err) {
-		return 0, false, nil
-	}
-	return fence, err == nil, err
 }
+
+// retryLockEvery is how often TryLock tries a lock held elsewhere while it
+// waits.
+const retryLockEvery = 25 * time.Millisecond
 
 // Unlock releases the advisory lock (class, key) held by s and keeps s for
 // reuse in c, or closes s when the unlock is not confirmed.
@@ -200,22 +433,6 @@ func (c *Sessions) Unlock(ctx context.Context, s *Session, class, key int32) {
 		return
 	}
 	c.Put(s)
-}
-
-// lockTimeout renders d for the lock_timeout setting (milliseconds, at
-// least 1).
-func lockTimeout(d time.Duration) string {
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	return fmt.Sprintf("%dms", ms)
-}
-
-// isLockTimeout reports SQLSTATE 55P03 lock_not_available.
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // Ended reports whether err, from a statement on s, means the session has
@@ -264,26 +481,77 @@ type WatchConfig struct {
 	Validity *Validity
 }
 
-// Watch starts a Keeper watching s while it holds a lock. The watching
-// goroutine blocks reading the connection's socket (pgconn's
+// Watch registers a lock held on s and hands s back (as Put does): while
+// nobody runs statements on s, one goroutine watches it for every lock held
+// on it, blocking on the connection's socket (pgconn's
 // WaitForNotification): a terminated backend or a server shutdown sends a
 // FATAL error and closes the socket, which ends the read at once. After
-// c.Every of silence it pings, to find a dead network. Pings run with ctx's
-// values, not its cancellation; the watch ends when ctx does. When the
-// session is lost, onLost is called once, from the watching goroutine.
+// c.Every of silence (the shortest of the locks' settings) it pings, to
+// find a dead network. Every ping and every statement answered on s
+// confirms c.Validity. When the session is lost, onLost is called once,
+// from the watching goroutine, for each lock on it; a lock whose validity
+// runs out unconfirmed ends the session (ErrExpired), since a session that
+// does not answer may have lost every lock.
 //
-// A network that goes silent (open sockets, no answer) is found by the
-// ping's deadline: with c.Validity, at the latest when the validity runs
-// out (ErrExpired), that is its length after the send time of the last
-// ping answered; without, at most 2×c.Every after the last answer.
-func (s *Session) Watch(ctx context.Context, c WatchConfig, onLost func(error)) *Keeper {
-	values := context.WithoutCancel(ctx)
-	return keep(ctx, c.After, func(stop context.Context) error {
+// The returned Keeper's Stop unregisters the lock and takes s again for
+// statements (hand it back with Put or Close); Done is closed when the
+// session is lost or the watch stopped. ctx is not used for cancellation:
+// the watch ends by Stop or with the session. c.After is ignored: the
+// session is watched anyway while it holds locks.
+func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *Keeper {
+	w := &watch{valid: c.Validity, every: c.Every, onLost: onLost, k: &Keeper{done: make(chan struct{})}}
+	w.k.stopFn = func() error {
+		s.c.mu.Lock()
+		_, on := s.watches[w]
+		delete(s.watches, w)
+		s.c.mu.Unlock()
+		first := false
+		w.taken.Do(func() { first = true })
+		if !first {
+			<-w.k.done
+			return w.k.err
+		}
+		_ = s.c.take(context.Background())
+		if on {
+			w.once.Do(func() { close(w.k.done) })
+		}
+		<-w.k.done
+		return w.k.err
+	}
+	s.c.mu.Lock()
+	ended := s.ended
+	if ended == nil {
+		s.watches[w] = struct{}{}
+	}
+	s.c.mu.Unlock()
+	if ended != nil {
+		w.lose(ended)
+	}
+	s.c.give()
+	return w.k
+}
+
+// watchIdle starts the watch of an idle session holding locks; called with
+// c.mu held.
+func (s *Session) watchIdle() *Keeper {
+	return keep(context.Background(), 0, func(stop context.Context) error {
 		pc := s.Conn.PgConn()
 		for {
-			wait, until := c.Every, time.Time{}
-			if c.Validity != nil {
-				until = c.Validity.Until()
+			every, until := PingEvery, time.Time{}
+			s.c.mu.Lock()
+			for w := range s.watches {
+				if w.every > 0 {
+					every = min(every, w.every)
+				}
+				if w.valid != nil {
+					if u := w.valid.Until(); until.IsZero() || u.Before(until) {
+						until = u
+					}
+				}
+			}
+			s.c.mu.Unlock()
+			wait := every
+			if !until.IsZero() {
 				if wait = min(wait, time.Until(until)); wait <= 0 {
 					return ErrExpired
 				}
@@ -300,25 +568,35 @@ func (s *Session) Watch(ctx context.Context, c WatchConfig, onLost func(error)) 
 			}
 			if quiet && !pc.IsClosed() {
 				sent := time.Now()
-				if c.Validity == nil {
-					until = sent.Add(c.Every)
+				if until.IsZero() {
+					until = sent.Add(every)
 				}
-				pctx, pcancel := context.WithDeadline(values, until)
+				pctx, pcancel := context.WithDeadline(context.Background(), until)
 				err = pc.Ping(pctx)
 				pcancel()
 				if err == nil {
-					if c.Validity != nil {
-						c.Validity.Confirm(sent)
-					}
+					s.confirm(sent)
 					continue
 				}
-				if c.Validity != nil && !time.Now().Before(until) {
-					// No answer before the validity ran out: a silent
+				if !time.Now().Before(until) {
+					// No answer before a validity ran out: a silent
 					// network, or a server too slow to count on.
 					return ErrExpired
 				}
 			}
 			return err
 		}
-	}, onLost)
+	}, func(err error) { s.end(err) })
+}
+
+// confirm extends the validity of every lock on s after an answer to a
+// statement sent at sent.
+func (s *Session) confirm(sent time.Time) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	for w := range s.watches {
+		if w.valid != nil {
+			w.valid.Confirm(sent)
+		}
+	}
 }

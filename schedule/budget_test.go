@@ -1,0 +1,131 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// TestConnectionBudget runs several instances, each with a pool of a few
+// connections, over many schedules all due at the same instants, against a
+// database whose connection limit is exactly their stated budget
+// (instances × (MaxConns + DedicatedConns)): the backends on it never exceed
+// the budget, and every instant due while they ran succeeded exactly once.
+func TestConnectionBudget(t *testing.T) {
+	const instances, schedules, maxConns = 4, 30, 3
+	budget := instances * (maxConns + DedicatedConns)
+	db := pgtest.NewDatabase(t)
+	effectsTable(t, db.Pool)
+	ctx := context.Background()
+	admin, err := db.Server.Admin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Pool.Reset() // its idle connections would count against the limit
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %q CONNECTION LIMIT %d`, db.Name, budget)); err != nil {
+		t.Fatal(err)
+	}
+
+	var most atomic.Int64
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() {
+		defer sampling.Done()
+		for sampleCtx.Err() == nil {
+			var n int64
+			if err := admin.QueryRow(sampleCtx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, db.Name).Scan(&n); err == nil && n > most.Load() {
+				most.Store(n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	sep := "?"
+	if strings.Contains(db.URL, "?") {
+		sep = "&"
+	}
+	var ins []*instance
+	for i := range instances {
+		pool, err := pgxpool.New(ctx, fmt.Sprintf("%s%spool_max_conns=%d", db.URL, sep, maxConns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		s, err := New(pool, Config{Holder: fmt.Sprintf("i%d", i), Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range schedules {
+			def := Definition{Name: fmt.Sprintf("herd-%02d", j), Spec: "*/2 * * * * *", Version: 1}
+			if err := s.Register(ctx, def, func(ctx context.Context, r Run) error {
+				_, err := pool.Exec(ctx, `INSERT INTO effects (schedule, instant, attempt, fence, holder) VALUES ($1, $2, $3, $4, $5)`,
+					r.Schedule, r.Instant, r.Attempt, r.Fence, r.Holder)
+				time.Sleep(50 * time.Millisecond)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ins = append(ins, &instance{s: s, pool: pool})
+	}
+	from := dbNow(t, admin).Add(2 * time.Second).Truncate(2 * time.Second)
+	for _, in := range ins {
+		in.start(t)
+	}
+	time.Sleep(8 * time.Second)
+	to := dbNow(t, admin).Add(-2 * time.Second).Truncate(2 * time.Second)
+	// Let the instants due by then finish, then stop.
+	time.Sleep(2 * time.Second)
+	for _, in := range ins {
+		in.stop()
+	}
+	stopSampling()
+	sampling.Wait()
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %q CONNECTION LIMIT -1`, db.Name)); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Logf("%d instances × %d schedules, pools of %d: at most %d backends (budget %d)", instances, schedules, maxConns, most.Load(), budget)
+	if most.Load() > int64(budget) {
+		t.Errorf("%d backends on the database, over the budget of %d", most.Load(), budget)
+	}
+	var due, succeeded, effects, doubled int
+	if err := db.Pool.QueryRow(ctx, `
+		WITH due AS (
+			SELECT s.name, i AS instant FROM pgclaim_schedules s,
+				generate_series($1::timestamptz, $2::timestamptz, interval '2 seconds') i
+			WHERE s.name LIKE 'herd-%')
+		SELECT count(*),
+			count(*) FILTER (WHERE r.state = 'succeeded'),
+			coalesce(sum((SELECT count(*) FROM effects e WHERE e.schedule = due.name AND e.instant = due.instant)), 0),
+			count(*) FILTER (WHERE (SELECT count(*) FROM effects e WHERE e.schedule = due.name AND e.instant = due.instant) > 1)
+		FROM due LEFT JOIN pgclaim_schedule_runs r ON r.schedule = due.name AND r.instant = due.instant`,
+		from, to).Scan(&due, &succeeded, &effects, &doubled); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("instants due from %s to %s: %d, succeeded %d, effects %d", from.Format(time.TimeOnly), to.Format(time.TimeOnly), due, succeeded, effects)
+	if rows, err := db.Pool.Query(ctx, `SELECT coalesce(r.state, 'none'), count(*), max(r.started_at - r.instant)::text FROM pgclaim_schedules s
+		CROSS JOIN generate_series($1::timestamptz, $2::timestamptz, interval '2 seconds') i
+		LEFT JOIN pgclaim_schedule_runs r ON r.schedule = s.name AND r.instant = i GROUP BY 1`, from, to); err == nil {
+		for rows.Next() {
+			var st string
+			var n int
+			var lag *string
+			_ = rows.Scan(&st, &n, &lag)
+			t.Logf("state %s: %d (max start lag %v)", st, n, lag)
+		}
+		rows.Close()
+	}
+	if due == 0 || succeeded != due || effects != due || doubled != 0 {
+		t.Errorf("%d instants due, %d succeeded, %d effects, %d instants with more than one effect; want every one succeeded once", due, succeeded, effects, doubled)
+	}
+}
