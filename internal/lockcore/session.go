@@ -81,8 +81,8 @@ func (w *watch) lose(err error) {
 type Sessions struct {
 	Pool *pgxpool.Pool
 
-	once   sync.Once
-	use    chan struct{} // a token: exclusive use of cur for statements
+	once     sync.Once
+	use      chan struct{} // a token: exclusive use of cur for statements
 	mu       sync.Mutex
 	cur      *Session
 	inUse    bool
