@@ -56,23 +56,34 @@
 // # Connections and lost locks
 //
 // A session advisory lock belongs to a connection, and a pooled connection
-// returned to its pool keeps its locks. So the gate takes connections out of
-// the pool (pgxpool.Conn.Hijack) and uses them only for locking: a lock is
-// always released by an explicit pg_advisory_unlock whose result is checked
-// before the connection is kept for the next run, and a connection whose
-// unlock is not confirmed is closed, which makes the server drop its locks.
-// Up to a few such connections are kept; Gate.Close closes them.
+// returned to its pool keeps its locks. So a Gate takes one connection out
+// of the pool (pgxpool.Conn.Hijack) and holds all its advisory locks on it,
+// whatever the number of jobs, ticks or locks: a session may hold many, and
+// the server drops them all at once when it ends. Statements on it run one
+// at a time (taking or releasing a lock is one short statement); a caller
+// waiting for a lock (Config.LockWait) tries again every 25 ms, leaving the
+// session to the others meanwhile. Two runs of one process cannot be told
+// apart by the server (a session takes a lock it holds again), so the Gate
+// keeps them apart itself: a job whose lock a run of this process holds is
+// skipped with ErrHeld, as if another instance held it. A lock is always
+// released by an explicit pg_advisory_unlock whose result is checked; a
+// session whose unlock is not confirmed is closed (which drops every lock on
+// it) and the next lock opens another. Gate.Close closes it.
 //
-// While a job runs, a goroutine blocks reading its lock connection. A
-// terminated backend or a server shutdown or restart closes it, which the
-// read sees at once (within milliseconds in the tests): the job's context is
-// cancelled with a cause wrapping ErrLockLost, EventLost is reported, the
-// ledger records the run as lost, and Once or Exclusive return ErrLockLost
-// once the job has returned. The watch starts a millisecond into the run, so
-// a job that returns sooner costs no goroutine; for it, the release statement
-// finds an ended session, with the same outcome. On the server side, the lock connection sets
-// TCP keepalives (the server drops a vanished client's session, and its
-// locks, within about 11 s) and turns idle_session_timeout off.
+// Connection budget: a Gate holds DedicatedConns (one) connection besides
+// its pool, an Elector of the Advisory mechanism two of its own (the
+// candidate's session and, while leading, a spare), Lease none. Jobs' own
+// work goes through the application's pool.
+//
+// While locks are held and no statement runs, one goroutine blocks reading
+// the session. A terminated backend or a server shutdown or restart closes
+// it, which the read sees at once (within milliseconds in the tests): every
+// running job's context is cancelled with a cause wrapping ErrLockLost,
+// EventLost is reported, the ledger records the runs as lost, and Once or
+// Exclusive return ErrLockLost once the job has returned. On the server
+// side, the lock session sets TCP keepalives (the server drops a vanished
+// client's session, and its locks, within about 11 s) and turns
+// idle_session_timeout off.
 //
 // # Silent network
 //

@@ -107,9 +107,9 @@ type Gate struct {
 // refuses a database without pgclaim's tables with an error wrapping
 // ErrInvalid that names them and the fix (a database it cannot reach then
 // is a warning in the log, not an error: the service may start while the
-// server restarts; NewLease and NewElector do the same). The advisory lock
-// is held on a connection taken out of pool for the length of a run; up to
-// a few such connections are kept for reuse until Close.
+// server restarts; NewLease and NewElector do the same). The advisory locks
+// are held on one connection taken out of pool (see DedicatedConns), kept
+// until Close.
 func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if pool == nil {
 		return nil, invalid("pool", "must not be nil")
@@ -150,7 +150,12 @@ func (g *Gate) Holder() string { return g.opts.Holder }
 // later than that after its instant would be refused anyway.
 func (g *Gate) SkewTolerance() time.Duration { return g.tolerance }
 
-// Close closes the connections kept for reuse. Runs in progress finish
+// DedicatedConns is how many connections a Gate holds besides its pool: the
+// one session its advisory locks are held on, whatever the number of jobs.
+// With Config.LedgerOnly it holds none.
+const DedicatedConns = 1
+
+// Close closes the session its locks are held on. Runs in progress finish
 // normally; calls after Close return ErrClosed. The pool is not closed.
 func (g *Gate) Close() {
 	g.sessions.Close()

@@ -20,7 +20,7 @@ import (
 // (instances × (MaxConns + DedicatedConns)): the backends on it never exceed
 // the budget, and every instant due while they ran succeeded exactly once.
 func TestConnectionBudget(t *testing.T) {
-	const instances, schedules, maxConns = 4, 30, 3
+	const instances, schedules, maxConns = 4, 25, 3
 	budget := instances * (maxConns + DedicatedConns)
 	db := pgtest.NewDatabase(t)
 	effectsTable(t, db.Pool)

@@ -88,12 +88,25 @@
 // # Locks
 //
 // By default the lock is a session advisory lock (two-int4 key from
-// gate.AdvisoryKey of "pgclaim.schedule:"+name) held on a connection taken
-// out of the pool and watched while held: the server drops it the moment
-// the holder's session ends, so another instance takes a dead holder's run
-// over at once, as attempt n+1 with a fresh fence, when its poll or next
-// instant finds the lock free. A terminated backend cancels the running
-// job's context at once (cause wraps ErrLost).
+// gate.AdvisoryKey of "pgclaim.schedule:"+name) together with the
+// schedule's lease row in pgclaim_locks. The advisory locks of all the
+// schedules an instance runs are held on one connection taken out of the
+// pool (a session holds any number of them) and watched while held: the
+// server drops them the moment the holder's session ends, so another
+// instance takes a dead holder's run over at once, as attempt n+1 with a
+// fresh fence, when its poll or next instant finds the lock free. The
+// instance that gets the advisory lock then seizes the lease row with a
+// fresh fence (the previous holder's session has ended, whatever its
+// lease said), and the runner's statements go through the pool, each
+// checking that fence: a runner that lost its lock changes nothing. A
+// terminated backend cancels the running jobs' contexts at once (cause
+// wraps ErrLost).
+//
+// Connection budget: a running Scheduler holds DedicatedConns (two)
+// connections besides its pool: the lock session and the listening one.
+// Everything else, jobs included, goes through the pool, so an instance
+// holds at most its pool's MaxConns + DedicatedConns connections whatever
+// the number of schedules (with LeaseLocks, MaxConns alone).
 //
 // With Config.LeaseLocks (for PgBouncer transaction pooling, where session
 // locks and LISTEN cannot work) the lock is a lease row in pgclaim_locks
@@ -139,11 +152,9 @@
 // completion. See docs/RELIABILITY.md, "Silent network".
 //
 // Only the holder of a schedule's lock records instants and starts or
-// takes over attempts: with a session lock those statements run on the
-// lock's own session (so they fail once it has ended, and cost one round
-// trip each at the session's READ COMMITTED); with a lease they check the
-// lease's fence in the statement. A runner that lost its lock without
-// noticing yet changes nothing.
+// takes over attempts: those statements check the lock's lease fence in
+// the statement. A runner that lost its lock without noticing yet changes
+// nothing.
 //
 // A zombie — an attempt that kept running after its run was taken over —
 // cannot complete: its finish is a compare-and-swap on a fence that is no

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
@@ -102,28 +101,34 @@ func validFor(lease time.Duration, session bool) time.Duration {
 	return v
 }
 
-// advisoryLocker holds session advisory locks on connections taken out of
-// the pool (lockcore.Sessions), watched while held: the server drops the
-// lock the moment the session ends, which is what lets another instance
-// take a dead holder's run over at once.
-type advisoryLocker struct {
-	pool *pgxpool.Pool
-	mu   sync.Mutex
-	ss   *lockcore.Sessions // replaced by close, so a later Run starts afresh
+// sessionLocker, the default, holds a schedule's session advisory lock on
+// the one dedicated session of the Scheduler (lockcore.Sessions, shared by
+// all its schedules) and, once the advisory lock is its, seizes the
+// schedule's lease row with a fresh fence (SeizeLease). The advisory lock
+// is what lets another instance take a dead holder's run over at once: the
+// server drops it the moment the holder's session ends. The lease's fence
+// guards the runner's statements, which go through the pool like any
+// other: a runner that lost its lock changes nothing, since the next holder
+// seized the lease before it could start anything. The session is watched
+// while locks are held on it; a lease not renewed in time is lost too.
+type sessionLocker struct {
+	s  *Scheduler
+	mu sync.Mutex
+	ss *lockcore.Sessions // replaced by close, so a later Run starts afresh
 }
 
-func (l *advisoryLocker) leases() bool { return false }
+func (l *sessionLocker) leases() bool { return false }
 
-func (l *advisoryLocker) sessions() *lockcore.Sessions {
+func (l *sessionLocker) sessions() *lockcore.Sessions {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ss == nil {
-		l.ss = &lockcore.Sessions{Pool: l.pool}
+		l.ss = &lockcore.Sessions{Pool: l.s.pool}
 	}
 	return l.ss
 }
 
-func (l *advisoryLocker) check(ctx context.Context) error {
+func (l *sessionLocker) check(ctx context.Context) error {
 	ss := l.sessions()
 	s, err := ss.Get(ctx)
 	if errors.Is(err, gate.ErrPooler) {
@@ -135,7 +140,7 @@ func (l *advisoryLocker) check(ctx context.Context) error {
 	return nil
 }
 
-func (l *advisoryLocker) close() {
+func (l *sessionLocker) close() {
 	l.mu.Lock()
 	ss := l.ss
 	l.ss = nil
@@ -145,23 +150,27 @@ func (l *advisoryLocker) close() {
 	}
 }
 
-func (l *advisoryLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
+func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
 	ss := l.sessions()
 	class, key := lockKey(name)
+	free, ok := ss.Reserve(ctx, class, key, 0)
+	if !ok {
+		return nil, nil // this instance's runner of the schedule has it
+	}
 	// Bounded like a statement under the lock: a lock statement cut off
 	// by its deadline closes its session, which drops a lock it got.
-	ctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
+	lctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
 	defer cancel()
 	var s *lockcore.Session
-	var ok bool
 	var err error
 	var sent time.Time
 	for try := 0; try < 2; try++ {
-		if s, err = ss.Get(ctx); err != nil {
+		if s, err = ss.Get(lctx); err != nil {
+			free()
 			return nil, fmt.Errorf("schedule: %q: lock connection: %w", name, err)
 		}
 		sent = time.Now()
-		_, ok, err = s.TryLock(ctx, class, key, 0)
+		_, ok, err = s.TryLock(lctx, class, key, 0)
 		if err == nil {
 			break
 		}
@@ -169,106 +178,125 @@ func (l *advisoryLocker) acquire(ctx context.Context, name string, lease time.Du
 		if !s.Ended(err) {
 			break
 		}
-		// A cached session that ended while idle: once more, fresh.
+		// A session that ended while idle: once more, fresh.
 	}
 	if err != nil {
+		free()
 		return nil, fmt.Errorf("schedule: %q: take lock: %w", name, err)
 	}
 	if !ok {
 		ss.Put(s)
+		free()
 		return nil, nil
 	}
-	v := validFor(lease, true)
-	h := &advisoryHeld{ss: ss, s: s, class: class, key: key, lostc: make(chan struct{}), valid: lockcore.NewValidity(sent, v, nil)}
-	h.watch()
+	h := &sessionHeld{sch: l.s, ss: ss, s: s, class: class, key: key, free: free, name: lockName(name), valid: validFor(lease, false), lostc: make(chan struct{})}
+	h.lostCtx, h.cancelLost = context.WithCancel(context.Background())
+	sv := lockcore.NewValidity(sent, validFor(lease, true), nil)
+	h.watch = s.Watch(ctx, lockcore.WatchConfig{Every: min(lockcore.PingEvery, sv.Length()/3), Validity: sv}, func(err error) {
+		h.lose(fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err))
+	})
+	sent = time.Now()
+	err = l.s.stmts(lctx, func(q *store.Queries) error {
+		r, err := q.SeizeLease(lctx, store.SeizeLeaseParams{Name: h.name, Holder: l.s.holder, AtMostUs: us(lease)})
+		h.fence = r.Fence
+		return err
+	})
+	if err != nil {
+		h.release()
+		return nil, fmt.Errorf("schedule: %q: take lease: %w", name, err)
+	}
+	h.stopRenew = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
+		return l.s.stmts(ctx, func(q *store.Queries) error {
+			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: h.fence, AtMostUs: us(lease)})
+			return err
+		})
+	}, h.lose)
 	return h, nil
 }
 
-// advisoryHeld is a session advisory lock while held. Its session is
-// watched (Session.Watch) whenever no statement runs on it.
-type advisoryHeld struct {
+// sessionHeld is a schedule's lock while held: the advisory lock on the
+// Scheduler's session and the lease row seized under it.
+type sessionHeld struct {
+	sch        *Scheduler
 	ss         *lockcore.Sessions
 	s          *lockcore.Session
 	class, key int32
-	valid      *lockcore.Validity // confirmed by every statement and ping answered
-	mu         sync.Mutex         // serializes do, release and the watch
-	keeper     *lockcore.Keeper
+	free       func() // ends the lock's reservation in this process
+	name       string // the lease row
+	fence      int64  // the lease's fence (0 until seized)
+	valid      time.Duration
+	watch      *lockcore.Keeper
+	stopRenew  func()
 	lostc      chan struct{}
-	lostOnce   sync.Once
-	err        error // set before lostc is closed
+	lostCtx    context.Context // cancelled when the lock is lost
+	cancelLost context.CancelFunc
+	once       sync.Once
+	err        atomic.Pointer[error]
 }
 
-func (h *advisoryHeld) markLost(err error) {
-	h.lostOnce.Do(func() {
-		h.err = fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err)
+func (h *sessionHeld) lose(err error) {
+	h.once.Do(func() {
+		h.err.Store(&err)
 		close(h.lostc)
+		h.cancelLost()
 	})
 }
 
-// watch starts watching the session: a terminated backend or a server
-// shutdown is seen at once; a quiet connection is pinged, and a session not
-// confirmed within its validity is lost.
-func (h *advisoryHeld) watch() {
-	every := min(lockcore.PingEvery, h.valid.Length()/3)
-	h.keeper = h.s.Watch(context.Background(), lockcore.WatchConfig{Every: every, Validity: h.valid}, h.markLost)
+func (h *sessionHeld) lost() <-chan struct{} { return h.lostc }
+
+func (h *sessionHeld) leaseFence() int64 { return h.fence }
+
+func (h *sessionHeld) cause() error {
+	if p := h.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
-// unwatch ends the watch; the connection is then free for a statement.
-func (h *advisoryHeld) unwatch() { h.keeper.Stop() }
-
-func (h *advisoryHeld) do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.unwatch()
+func (h *sessionHeld) do(ctx context.Context, fn func(ctx context.Context, q *store.Queries, g guard) error) error {
 	if err := h.cause(); err != nil {
-		h.s.Close() // ended already: hand it back
 		return err
 	}
-	// A statement not answered within the validity ends the session (pgx
-	// closes a connection whose statement hit its deadline), and with it
-	// the lock.
-	sent := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, h.valid.Length())
-	err := fn(dctx, h.s.Q, guard{})
-	cancel()
-	if h.s.Conn.IsClosed() {
-		h.markLost(err)
-		h.s.Close() // ended already: hand it back
-		return h.cause()
+	// A statement through the pool is bounded by the lease's validity, and
+	// cut short when the lock is lost meanwhile (its session ended or was
+	// not confirmed): the runner must see the loss, not wait on a silent
+	// network.
+	ctx, cancel := context.WithTimeout(ctx, h.valid)
+	defer cancel()
+	defer context.AfterFunc(h.lostCtx, cancel)()
+	err := h.sch.stmts(ctx, func(q *store.Queries) error { return fn(ctx, q, guard{name: h.name, fence: h.fence}) })
+	if cause := h.cause(); err != nil && cause != nil {
+		return cause
 	}
-	if err == nil {
-		h.valid.Confirm(sent)
-	}
-	h.watch()
 	return err
 }
 
-func (h *advisoryHeld) lost() <-chan struct{} { return h.lostc }
-
-func (h *advisoryHeld) leaseFence() int64 { return 0 }
-
-func (h *advisoryHeld) cause() error {
-	select {
-	case <-h.lostc:
-		return h.err
-	default:
-		return nil
+func (h *sessionHeld) release() {
+	if h.stopRenew != nil {
+		h.stopRenew()
 	}
-}
-
-func (h *advisoryHeld) release() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.unwatch()
-	if h.cause() != nil {
+	if h.cause() == nil && h.fence != 0 {
+		// A release not answered in time is moot: the lease runs out,
+		// and the next holder seizes it anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), h.valid)
+		_ = h.sch.stmts(ctx, func(q *store.Queries) error {
+			_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})
+			return err
+		})
+		cancel()
+	}
+	lost := h.watch.Stop() // the session is this caller's again
+	if lost != nil || h.s.Conn.IsClosed() {
 		h.s.Close()
-		return
+	} else {
+		// An unlock not answered within the validity closes the session,
+		// which frees the lock on the server.
+		uctx, ucancel := context.WithTimeout(context.Background(), validFor(h.valid, true))
+		h.ss.Unlock(uctx, h.s, h.class, h.key)
+		ucancel()
 	}
-	// An unlock not answered within the validity closes the session,
-	// which frees the lock on the server.
-	ctx, cancel := context.WithTimeout(context.Background(), h.valid.Length())
-	defer cancel()
-	h.ss.Unlock(ctx, h.s, h.class, h.key)
+	h.free()
+	h.cancelLost()
 }
 
 // leaseLocker holds lease rows in pgclaim_locks, through the pool: every

@@ -151,7 +151,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	if cfg.LeaseLocks {
 		s.locks = &leaseLocker{s: s}
 	} else {
-		s.locks = &advisoryLocker{pool: pool}
+		s.locks = &sessionLocker{s: s}
 	}
 	return s, nil
 }

@@ -131,3 +131,39 @@ func (q *Queries) ReleaseLease(ctx context.Context, arg ReleaseLeaseParams) (int
 	}
 	return result.RowsAffected(), nil
 }
+
+const seizeLease = `-- name: SeizeLease :one
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+VALUES ($1::text, $2::text, now(),
+        now() + $3::bigint * interval '1 microsecond',
+        pgclaim_fence())
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+RETURNING fence, locked_at, lock_until
+`
+
+type SeizeLeaseParams struct {
+	Name     string
+	Holder   string
+	AtMostUs int64
+}
+
+type SeizeLeaseRow struct {
+	Fence     int64
+	LockedAt  pgtype.Timestamptz
+	LockUntil pgtype.Timestamptz
+}
+
+// Take the lease on name until now() + at_most with a fresh fencing token,
+// whoever held it: for a caller that holds the name's advisory lock, which
+// proves the previous holder's session has ended (schedule's default
+// locks). Every statement guarded by the previous fence fails from then on.
+func (q *Queries) SeizeLease(ctx context.Context, arg SeizeLeaseParams) (SeizeLeaseRow, error) {
+	row := q.db.QueryRow(ctx, seizeLease, arg.Name, arg.Holder, arg.AtMostUs)
+	var i SeizeLeaseRow
+	err := row.Scan(&i.Fence, &i.LockedAt, &i.LockUntil)
+	return i, err
+}

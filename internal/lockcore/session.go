@@ -171,13 +171,20 @@ func (c *Sessions) give() {
 		return
 	}
 	c.inUse = false
-	if s := c.cur; s != nil && s.ended == nil && len(s.watches) > 0 && s.keeper == nil {
-		s.keeper = s.watchIdle()
-	}
+	var done *Session // closed, and no lock left on it
 	if s := c.cur; s != nil {
 		s.idleSince = time.Now()
+		switch {
+		case c.closed && len(s.watches) == 0:
+			done = s
+		case s.ended == nil && len(s.watches) > 0 && s.keeper == nil:
+			s.keeper = s.watchIdle()
+		}
 	}
 	c.mu.Unlock()
+	if done != nil {
+		done.end(ErrClosed)
+	}
 	<-c.use
 }
 
@@ -257,26 +264,17 @@ func (c *Sessions) Put(s *Session) {
 	c.give()
 }
 
-// Close closes the session once no caller uses it, and refuses new ones;
-// the locks still held on it are lost.
+// Close refuses new callers (Get returns ErrClosed) and closes the session
+// once no lock is held on it: the locks of runs in progress are kept until
+// they are released.
 func (c *Sessions) Close() {
 	c.init()
 	c.use <- struct{}{}
 	c.mu.Lock()
 	c.closed = true
-	s := c.cur
-	var k *Keeper
-	if s != nil {
-		k, s.keeper = s.keeper, nil
-	}
+	c.inUse = true
 	c.mu.Unlock()
-	if k != nil {
-		k.Stop()
-	}
-	if s != nil {
-		s.end(ErrClosed)
-	}
-	<-c.use
+	c.give()
 }
 
 // bounded runs each statement on a shared session without its caller's

@@ -19,6 +19,22 @@ SET holder     = excluded.holder,
 WHERE pgclaim_locks.lock_until <= now()
 RETURNING fence, locked_at, lock_until;
 
+-- name: SeizeLease :one
+-- Take the lease on name until now() + at_most with a fresh fencing token,
+-- whoever held it: for a caller that holds the name's advisory lock, which
+-- proves the previous holder's session has ended (schedule's default
+-- locks). Every statement guarded by the previous fence fails from then on.
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+VALUES (sqlc.arg(name)::text, sqlc.arg(holder)::text, now(),
+        now() + sqlc.arg(at_most_us)::bigint * interval '1 microsecond',
+        pgclaim_fence())
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+RETURNING fence, locked_at, lock_until;
+
 -- name: ExtendLease :one
 -- Push lock_until to now() + at_most, only for the holder of this fence and
 -- only while the lease has not expired. No row returned: expired or taken over.
