@@ -70,8 +70,9 @@
 // session whose unlock is not confirmed is closed (which drops every lock on
 // it) and the next lock opens another. Gate.Close closes it.
 //
-// Connection budget: a Gate holds DedicatedConns (one) connection besides
-// its pool, an Elector of the Advisory mechanism two of its own (the
+// Connection budget: a Gate holds DedicatedSessions (one) connection besides
+// its pool, shared by every Gate and schedule.Scheduler of the process on
+// the same pool; an Elector of the Advisory mechanism two of its own (the
 // candidate's session and, while leading, a spare), Lease none. Jobs' own
 // work goes through the application's pool.
 //

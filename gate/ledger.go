@@ -96,7 +96,7 @@ type Gate struct {
 	tolerance time.Duration
 	wait      time.Duration
 	ledger    bool // LedgerOnly
-	sessions  *lockcore.Sessions
+	sessions  *lockcore.Ref
 	// catchUp is the longest window given to CatchUp so far (ns); Prune
 	// refuses ages within it.
 	catchUp atomic.Int64
@@ -108,7 +108,7 @@ type Gate struct {
 // ErrInvalid that names them and the fix (a database it cannot reach then
 // is a warning in the log, not an error: the service may start while the
 // server restarts; NewLease and NewElector do the same). The advisory locks
-// are held on one connection taken out of pool (see DedicatedConns), kept
+// are held on one connection taken out of pool (see DedicatedSessions), kept
 // until Close.
 func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if pool == nil {
@@ -137,7 +137,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 		tolerance: tol,
 		wait:      cfg.LockWait,
 		ledger:    cfg.LedgerOnly,
-		sessions:  &lockcore.Sessions{Pool: pool},
+		sessions:  lockcore.Share(pool),
 	}, nil
 }
 
@@ -150,10 +150,11 @@ func (g *Gate) Holder() string { return g.opts.Holder }
 // later than that after its instant would be refused anyway.
 func (g *Gate) SkewTolerance() time.Duration { return g.tolerance }
 
-// DedicatedConns is how many connections a Gate holds besides its pool: the
-// one session its advisory locks are held on, whatever the number of jobs.
-// With Config.LedgerOnly it holds none.
-const DedicatedConns = 1
+// DedicatedSessions is how many connections a Gate holds besides its pool:
+// the one session its advisory locks are held on, whatever the number of
+// jobs — one per pool in a process, shared by every Gate and
+// schedule.Scheduler on that pool. With Config.LedgerOnly it holds none.
+const DedicatedSessions = 1
 
 // Close closes the session its locks are held on. Runs in progress finish
 // normally; calls after Close return ErrClosed. The pool is not closed.

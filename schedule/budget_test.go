@@ -17,11 +17,11 @@ import (
 // TestConnectionBudget runs several instances, each with a pool of a few
 // connections, over many schedules all due at the same instants, against a
 // database whose connection limit is exactly their stated budget
-// (instances × (MaxConns + DedicatedConns)): the backends on it never exceed
+// (instances × (MaxConns + DedicatedSessions)): the backends on it never exceed
 // the budget, and every instant due while they ran succeeded exactly once.
 func TestConnectionBudget(t *testing.T) {
 	const instances, schedules, maxConns = 4, 25, 3
-	budget := instances * (maxConns + DedicatedConns)
+	budget := instances * (maxConns + DedicatedSessions)
 	db := pgtest.NewDatabase(t)
 	effectsTable(t, db.Pool)
 	ctx := context.Background()

@@ -102,10 +102,11 @@
 // terminated backend cancels the running jobs' contexts at once (cause
 // wraps ErrLost).
 //
-// Connection budget: a running Scheduler holds DedicatedConns (two)
-// connections besides its pool: the lock session and the listening one.
+// Connection budget: a running Scheduler holds DedicatedSessions (two)
+// connections besides its pool: the lock session (shared with every Gate
+// on the same pool) and the listening one.
 // Everything else, jobs included, goes through the pool, so an instance
-// holds at most its pool's MaxConns + DedicatedConns connections whatever
+// holds at most its pool's MaxConns + DedicatedSessions connections whatever
 // the number of schedules (with LeaseLocks, MaxConns alone).
 //
 // With Config.LeaseLocks (for PgBouncer transaction pooling, where session

@@ -114,16 +114,16 @@ func validFor(lease time.Duration, session bool) time.Duration {
 type sessionLocker struct {
 	s  *Scheduler
 	mu sync.Mutex
-	ss *lockcore.Sessions // replaced by close, so a later Run starts afresh
+	ss *lockcore.Ref // replaced by close, so a later Run starts afresh
 }
 
 func (l *sessionLocker) leases() bool { return false }
 
-func (l *sessionLocker) sessions() *lockcore.Sessions {
+func (l *sessionLocker) sessions() *lockcore.Ref {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ss == nil {
-		l.ss = &lockcore.Sessions{Pool: l.s.pool}
+		l.ss = lockcore.Share(l.s.pool)
 	}
 	return l.ss
 }
@@ -218,7 +218,7 @@ func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Dur
 // Scheduler's session and the lease row seized under it.
 type sessionHeld struct {
 	sch        *Scheduler
-	ss         *lockcore.Sessions
+	ss         *lockcore.Ref
 	s          *lockcore.Session
 	class, key int32
 	free       func() // ends the lock's reservation in this process

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/budget"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -46,13 +47,14 @@ type Run struct {
 // failed attempt, retried per the schedule's RetryPolicy.
 type Job func(ctx context.Context, run Run) error
 
-// DedicatedConns is how many connections a running Scheduler holds besides
-// its pool's (which bounds everything else it and its jobs do): one session
-// holding the advisory locks of every schedule it runs, and one listening
-// for notifications. With Config.LeaseLocks it holds none. An instance's
-// budget is therefore the pool's MaxConns + DedicatedConns, whatever the
-// number of schedules.
-const DedicatedConns = 2
+// DedicatedSessions is how many connections a running Scheduler holds
+// besides its pool's (which bounds everything else it and its jobs do): the
+// session holding the advisory locks of every schedule it runs — one per
+// pool in a process, shared with every Gate on the same pool — and one
+// listening for notifications. With Config.LeaseLocks it holds none. An
+// instance's budget is therefore the pool's MaxConns + DedicatedSessions,
+// whatever the number of schedules and gates.
+const DedicatedSessions = budget.DedicatedSessions
 
 // Config configures a Scheduler. The zero value is ready to use.
 type Config struct {

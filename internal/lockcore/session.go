@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -596,5 +597,63 @@ func (s *Session) confirm(sent time.Time) {
 		if w.valid != nil {
 			w.valid.Confirm(sent)
 		}
+	}
+}
+
+// shared holds the Sessions of each pool that its users share (Share).
+var shared = struct {
+	mu sync.Mutex
+	m  map[*pgxpool.Pool]*Sessions
+	n  map[*Sessions]int // users of each
+}{m: map[*pgxpool.Pool]*Sessions{}, n: map[*Sessions]int{}}
+
+// Ref is one user's share of the Sessions of a pool: every Gate and
+// Scheduler of a process on the same pool holds its advisory locks on one
+// session. Close ends this user's share; the session closes once the last
+// user's is ended and no lock is held on it.
+type Ref struct {
+	*Sessions
+	closed atomic.Bool
+}
+
+// Share returns a share of pool's Sessions, created at the first share.
+func Share(pool *pgxpool.Pool) *Ref {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	c := shared.m[pool]
+	if c == nil {
+		c = &Sessions{Pool: pool}
+		shared.m[pool] = c
+	}
+	shared.n[c]++
+	return &Ref{Sessions: c}
+}
+
+// Get is Sessions.Get for this user: ErrClosed once it has closed its share.
+func (r *Ref) Get(ctx context.Context) (*Session, error) {
+	if r.closed.Load() {
+		return nil, ErrClosed
+	}
+	return r.Sessions.Get(ctx)
+}
+
+// Close ends this user's share.
+func (r *Ref) Close() {
+	if r.closed.Swap(true) {
+		return
+	}
+	c := r.Sessions
+	shared.mu.Lock()
+	shared.n[c]--
+	last := shared.n[c] == 0
+	if last {
+		delete(shared.n, c)
+		if shared.m[c.Pool] == c {
+			delete(shared.m, c.Pool)
+		}
+	}
+	shared.mu.Unlock()
+	if last {
+		c.Close()
 	}
 }
