@@ -45,10 +45,19 @@ const (
 	// schedule's ExpectedDuration (reported once per attempt; Duration is
 	// the expected duration). The run's row is marked overdue.
 	EventOverdue
+	// EventRefused: the database refused this instance a connection (too
+	// many clients, SQLSTATE 53300; starting up or shutting down, 57P03):
+	// it backs off, with jitter, for Duration before looking at the
+	// schedule again, and reports this once per episode (then at most
+	// every 10 s, Reason saying how many refusals since the first). Instants due meanwhile
+	// are recorded when it looks again: on time within Config.Grace, after
+	// that missed and decided by the catch-up policy. Err is the refusal.
+	EventRefused
 )
 
 // String returns the kind's name: "started", "finished", "skipped",
-// "missed", "lost", "taken over", "followed", "late" or "overdue".
+// "missed", "lost", "taken over", "followed", "late", "overdue" or
+// "refused".
 func (k EventKind) String() string {
 	switch k {
 	case EventStarted:
@@ -69,6 +78,8 @@ func (k EventKind) String() string {
 		return "late"
 	case EventOverdue:
 		return "overdue"
+	case EventRefused:
+		return "refused"
 	}
 	return "EventKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -83,7 +94,7 @@ type Event struct {
 	Fence    int64
 	Holder   string        // this instance
 	State    string        // the run's state after the event, where one was written
-	Duration time.Duration // how long the attempt ran (EventFinished), how long after its instant it started by database time (EventStarted), how late it started (EventLate), its expected duration (EventOverdue)
+	Duration time.Duration // how long the attempt ran (EventFinished), how long after its instant it started by database time (EventStarted), how late it started (EventLate), its expected duration (EventOverdue), the back-off (EventRefused)
 	// Reason says why (skipped, failed, taken over, followed). The reason
 	// of an EventSkipped begins with the policy that decided it:
 	// "overlap: " (the overlap policy), "missed: " (the catch-up policy,
@@ -123,7 +134,7 @@ func eventLevel(e Event) slog.Level {
 	switch e.Kind {
 	case EventStarted:
 		level = slog.LevelDebug
-	case EventMissed, EventLost, EventTakenOver, EventFollowed, EventLate, EventOverdue:
+	case EventMissed, EventLost, EventTakenOver, EventFollowed, EventLate, EventOverdue, EventRefused:
 		level = slog.LevelWarn
 	case EventFinished:
 		switch e.State {

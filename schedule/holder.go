@@ -138,6 +138,11 @@ func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result 
 		r.err = fmt.Errorf("schedule: %q: %w", r.name, pgerr.Explain(err))
 		return r
 	}
+	if pgerr.Refused(err) {
+		r.refused = true
+		r.wake = s.dbNow().Add(s.refusals.backoff(ctx, s, r.name, err))
+		return r
+	}
 	if ctx.Err() == nil {
 		s.log.WarnContext(ctx, "schedule: attend", "schedule", r.name, "error", err)
 	}

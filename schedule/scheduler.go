@@ -95,9 +95,10 @@ type Scheduler struct {
 	cfg    Config
 	locks  locker
 
-	offset  atomic.Int64   // database time minus host time, ns
-	stalled atomic.Bool    // tests: keepers freeze, as in a stopped process
-	zombies sync.WaitGroup // attempts replaced (overlap replace) still running
+	refusals refusals       // connections refused by the database: back-off and reports
+	offset   atomic.Int64   // database time minus host time, ns
+	stalled  atomic.Bool    // tests: keepers freeze, as in a stopped process
+	zombies  sync.WaitGroup // attempts replaced (overlap replace) still running
 	// listening: the listener is connected and polls on its own
 	// connection; Run's loop polls through the pool only while it is not.
 	listening atomic.Bool
@@ -251,6 +252,7 @@ type result struct {
 	wake     time.Time // database time of the next wake-up; zero: none but polls
 	handBack bool      // an attempt was handed back at shutdown
 	err      error     // a failure no retry cures: Run ends with it
+	refused  bool      // the database refused a connection (see refusals)
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the
@@ -368,6 +370,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		case r := <-results:
 			if r.err != nil {
 				fail(r.err)
+			}
+			if !r.refused {
+				s.refusals.over(ctx, s)
 			}
 			delete(active, r.name)
 			wake[r.name] = r.wake

@@ -136,3 +136,19 @@ func Privilege(pe *pgconn.PgError) *PrivilegeError {
 	}
 	return p
 }
+
+// Refused reports whether err is the server refusing a connection for want
+// of room or readiness: too many connections (SQLSTATE 53300, including a
+// role's or a database's connection limit), the server starting up or
+// shutting down (57P03), or out of memory for a backend (53200). Such a
+// failure passes when connections free up: back off, do not retry at once.
+func Refused(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "53300", "57P03", "53200":
+			return true
+		}
+	}
+	return false
+}
