@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/internal/budget"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -437,7 +438,11 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 		err = s.stmts(ctx, read)
 	}
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case pgerr.Refused(err):
+			s.refusals.backoff(ctx, s, "", err) // reported once per episode
+		default:
 			s.log.WarnContext(ctx, "schedule: poll", "error", err)
 		}
 		return nil
@@ -464,10 +469,15 @@ func (s *Scheduler) listen(ctx context.Context, kicks chan<- string) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.WarnContext(ctx, "schedule: listen for notifications (polling meanwhile)", "error", err)
+		wait := time.Second
+		if pgerr.Refused(err) {
+			wait = s.refusals.backoff(ctx, s, "", err) // reported once per episode
+		} else {
+			s.log.WarnContext(ctx, "schedule: listen for notifications (polling meanwhile)", "error", err)
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 	}
 }
