@@ -129,3 +129,66 @@ func TestConnectionBudget(t *testing.T) {
 		t.Errorf("%d instants due, %d succeeded, %d effects, %d instants with more than one effect; want every one succeeded once", due, succeeded, effects, doubled)
 	}
 }
+
+// TestMaxConcurrent: an instance never runs more than Config.MaxConcurrent
+// jobs at once; the schedules it leaves are run by an instance with room,
+// and every due instant succeeds once.
+func TestMaxConcurrent(t *testing.T) {
+	t.Parallel()
+	const limit, schedules = 2, 6
+	db := pgtest.NewDatabase(t)
+	effectsTable(t, db.Pool)
+	ctx := context.Background()
+	var mu sync.Mutex
+	running, most := map[string]int{}, map[string]int{}
+	var ins []*instance
+	for _, h := range []string{"a", "b"} {
+		in := newInstance(t, db, h, Config{MaxConcurrent: limit}, nil)
+		job := effect(in.pool)
+		for j := range schedules {
+			if err := in.s.Register(ctx, Definition{Name: fmt.Sprintf("mc-%d", j), Spec: "*/3 * * * * *", Version: 1}, func(ctx context.Context, r Run) error {
+				mu.Lock()
+				running[r.Holder]++
+				most[r.Holder] = max(most[r.Holder], running[r.Holder])
+				mu.Unlock()
+				defer func() { mu.Lock(); running[r.Holder]--; mu.Unlock() }()
+				time.Sleep(300 * time.Millisecond)
+				return job(ctx, r)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ins = append(ins, in)
+	}
+	from := dbNow(t, db.Pool).Add(3 * time.Second).Truncate(3 * time.Second)
+	for _, in := range ins {
+		in.start(t)
+	}
+	time.Sleep(8 * time.Second)
+	to := dbNow(t, db.Pool).Add(-3 * time.Second).Truncate(3 * time.Second)
+	time.Sleep(3 * time.Second)
+	for _, in := range ins {
+		in.stop()
+	}
+	mu.Lock()
+	t.Logf("most jobs at once: %v (limit %d)", most, limit)
+	for h, n := range most {
+		if n > limit {
+			t.Errorf("instance %s ran %d jobs at once, over Config.MaxConcurrent %d", h, n, limit)
+		}
+	}
+	mu.Unlock()
+	var due, succeeded, effects int
+	if err := db.Pool.QueryRow(ctx, `
+		WITH due AS (SELECT s.name, i AS instant FROM pgclaim_schedules s,
+			generate_series($1::timestamptz, $2::timestamptz, interval '3 seconds') i)
+		SELECT count(*), count(*) FILTER (WHERE r.state = 'succeeded'),
+			coalesce(sum((SELECT count(*) FROM effects e WHERE e.schedule = due.name AND e.instant = due.instant)), 0)
+		FROM due LEFT JOIN pgclaim_schedule_runs r ON r.schedule = due.name AND r.instant = due.instant`,
+		from, to).Scan(&due, &succeeded, &effects); err != nil {
+		t.Fatal(err)
+	}
+	if due == 0 || succeeded != due || effects != due {
+		t.Errorf("%d instants due, %d succeeded, %d effects; want each succeeded once", due, succeeded, effects)
+	}
+}

@@ -82,6 +82,12 @@ type Config struct {
 	// an instant recorded later (or one a later instant overtook) is
 	// missed, reported, and decided by the catch-up policy. Default 30 s.
 	Grace time.Duration
+	// MaxConcurrent bounds how many schedules this instance attends at
+	// once — running an attempt, or recording what came due — so that its
+	// jobs queue here rather than on the pool. At the limit it leaves due
+	// schedules alone until one of its own finishes; instances with room
+	// take them meanwhile. Default 50.
+	MaxConcurrent int
 }
 
 // Scheduler runs the schedules registered with it, in every instance that
@@ -128,6 +134,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		return nil, invalid("Config.PollInterval", "must not be negative")
 	case cfg.Grace < 0:
 		return nil, invalid("Config.Grace", "must not be negative")
+	case cfg.MaxConcurrent < 0:
+		return nil, invalid("Config.MaxConcurrent", "must not be negative")
 	}
 	if cfg.Holder == "" {
 		host, err := os.Hostname()
@@ -147,6 +155,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = 30 * time.Second
+	}
+	if cfg.MaxConcurrent == 0 {
+		cfg.MaxConcurrent = 50
 	}
 	s := &Scheduler{
 		pool: pool, q: store.New(pool), rc: store.New(lockcore.ReadCommitted{Pool: pool}), holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
@@ -327,6 +338,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			}
 			w, known := wake[e.name]
 			if !known || kicked[e.name] || (!w.IsZero() && !w.After(now)) {
+				if len(active) >= s.cfg.MaxConcurrent {
+					continue // looked at once an attend returns
+				}
 				delete(kicked, e.name)
 				active[e.name] = true
 				wg.Add(1)

@@ -89,11 +89,12 @@ func ReadAllLocks(ctx context.Context, db DB, names []string) (Locks, error) {
 func readLocks(ctx context.Context, db DB, names []string, schedules bool) (Locks, error) {
 	out := Locks{Leases: []Lease{}, Advisory: []Advisory{}, Elections: []Term{}}
 
-	// Lease rows.
+	// Lease rows, but the schedules' own ("pgclaim.schedule:NAME", the
+	// schedules' view shows them as their runs and holders).
 	rows, err := db.Query(ctx, `
 SELECT name, holder, fence, locked_at, lock_until, lock_until <= now(),
        extract(epoch FROM lock_until - now())::float8
-FROM pgclaim_locks ORDER BY name`)
+FROM pgclaim_locks WHERE name NOT LIKE 'pgclaim.schedule:%' ORDER BY name`)
 	if err != nil {
 		return Locks{}, fail("reading pgclaim_locks", err)
 	}
