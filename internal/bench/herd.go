@@ -80,16 +80,28 @@ type herdSide struct {
 	warnings         *logCount
 	riverVersion     string
 	measuredInstants int
+	dupDetail        []string // how the first duplicates came about
+	events           *schedEvents
 }
 
-const herdDDL = `CREATE TABLE herd_effects (name text NOT NULL, instant timestamptz NOT NULL, started timestamptz NOT NULL)`
+// herd_effects: holder, attempt and fence are what pgclaim's sides know of
+// the run (River's side leaves them NULL); they say how a duplicate came.
+const herdDDL = `CREATE TABLE herd_effects (name text NOT NULL, instant timestamptz NOT NULL, started timestamptz NOT NULL,
+  holder text, attempt int, fence bigint)`
 
-const herdInsert = `INSERT INTO herd_effects (name, instant, started) VALUES ($1, $2, clock_timestamp())`
+const herdInsert = `INSERT INTO herd_effects (name, instant, started, holder, attempt, fence) VALUES ($1, $2, clock_timestamp(), $3, $4, $5)`
+
+// herdRunInfo is what a pgclaim side's job knows of its run.
+type herdRunInfo struct {
+	holder  string
+	attempt int
+	fence   int64
+}
 
 // herdEffect is the job of every side: one row through the pool, then a
 // 200 ms sleep.
-func herdEffect(ctx context.Context, pool *pgxpool.Pool, name string, at time.Time, errs *herdErrs) error {
-	if _, err := pool.Exec(ctx, herdInsert, name, at); err != nil {
+func herdEffect(ctx context.Context, pool *pgxpool.Pool, name string, at time.Time, run herdRunInfo, errs *herdErrs) error {
+	if _, err := pool.Exec(ctx, herdInsert, name, at, run.holder, run.attempt, run.fence); err != nil {
 		errs.add(err)
 		return err
 	}
@@ -226,6 +238,14 @@ func runHerd(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 			if hs.firstError != "" {
 				r.note("%s: first error: %s", label, hs.firstError)
 			}
+			if ev := hs.events; ev != nil {
+				r.note("%s: scheduler events: %d started, %d finished, %d skipped, %d missed, %d taken over, %d lost", label,
+					ev.get(schedule.EventStarted), ev.get(schedule.EventFinished), ev.get(schedule.EventSkipped),
+					ev.get(schedule.EventMissed), ev.get(schedule.EventTakenOver), ev.get(schedule.EventLost))
+			}
+			for _, d := range hs.dupDetail {
+				r.note("%s: duplicate: %s", label, d)
+			}
 			if hs.warnings != nil {
 				if rows := hs.warnings.rows(); len(rows) > 0 {
 					if len(rows) > 4 {
@@ -318,7 +338,8 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 	errs := &herdErrs{}
 	switch side {
 	case "pgclaim":
-		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulers(rctx, db.URL, sh, errs)
+		hs.events = &schedEvents{}
+		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulers(rctx, db.URL, sh, errs, hs.events)
 	case "robfig":
 		stop, stmts, hs.startErrors, hs.warnings, err = herdRobfig(rctx, db.URL, sh, errs)
 	case "river":
@@ -335,8 +356,23 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 			_ = stop()
 		}
 	}()
-	ready := time.Now()
-	first := ready.Add(2 * time.Second).Truncate(sh.Period).Add(sh.Period)
+	// Warm-up: the side has run its first instant (River elects a leader
+	// first; a scheduler looks at its schedules once), then the first
+	// measured instant is the first at least a second later.
+	warm := time.Now().Add(2*sh.Period + 15*time.Second)
+	for {
+		n, err := scanInt64(ctx, pool, `SELECT count(*) FROM (SELECT FROM herd_effects LIMIT 1) x`)
+		if err != nil {
+			return hs, err
+		}
+		if n > 0 || time.Now().After(warm) {
+			break
+		}
+		if err := sleepUntil(ctx, time.Now().Add(100*time.Millisecond)); err != nil {
+			return hs, err
+		}
+	}
+	first := time.Now().Add(time.Second).Truncate(sh.Period).Add(sh.Period)
 	last := first.Add(time.Duration(sh.Instants-1) * sh.Period)
 	hs.due = int64(sh.Schedules * sh.Instants)
 	xacts := func() float64 {
@@ -412,6 +448,9 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 	if hs.dups, err = scanInt64(ctx, pool, `SELECT count(*) - count(DISTINCT (name, instant)) FROM herd_effects`); err != nil {
 		return hs, err
 	}
+	if hs.dups > 0 {
+		hs.dupDetail = herdDupDetail(ctx, pool, side)
+	}
 	rows, err := pool.Query(ctx, `SELECT (extract(epoch FROM started - instant) * 1e9)::bigint FROM herd_effects WHERE instant BETWEEN $1 AND $2`, first, last)
 	if err != nil {
 		return hs, err
@@ -454,7 +493,7 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 
 // herdSchedulers starts sh.Instances schedulers, each registering the
 // shape's schedules, and returns once every one runs.
-func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErrs) (stop func() error, stmts func() int64, startErrs int64, logs *logCount, err error) {
+func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErrs, events *schedEvents) (stop func() error, stmts func() int64, startErrs int64, logs *logCount, err error) {
 	logs = newLogCount()
 	log := slog.New(logs)
 	type inst struct {
@@ -492,7 +531,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 			}
 			it := &inst{in: in, done: make(chan error, 1)}
 			insts[i] = it
-			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", i), Logger: log})
+			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", i), Logger: log, Hooks: events})
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
@@ -503,7 +542,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 			for k := range sh.Schedules {
 				name := fmt.Sprintf("herd-%d", k)
 				job := func(ctx context.Context, run schedule.Run) error {
-					return herdEffect(ctx, in.pool, run.Schedule, run.Instant, errs)
+					return herdEffect(ctx, in.pool, run.Schedule, run.Instant, herdRunInfo{run.Holder, run.Attempt, run.Fence}, errs)
 				}
 				err := s.Register(regCtx, schedule.Definition{Name: name, Spec: sh.spec(), Version: 1}, job)
 				if err != nil {
@@ -609,7 +648,7 @@ func herdRobfig(ctx context.Context, url string, sh herdShape, errs *herdErrs) (
 		for k := range sh.Schedules {
 			name := fmt.Sprintf("herd-%d", k)
 			fn := func(ctx context.Context, run gate.Run) error {
-				return herdEffect(ctx, in.pool, name, run.FireAt, errs)
+				return herdEffect(ctx, in.pool, name, run.FireAt, herdRunInfo{holder: run.Holder, fence: run.Fence}, errs)
 			}
 			j, err := robfig.NewJob(g, name, sched, fn, robfig.Config{Context: ctx, Location: time.UTC, Logger: log})
 			if err != nil {
@@ -795,4 +834,30 @@ func herdPool(ctx context.Context, url string) (*schedInstance, error) {
 		return nil, err
 	}
 	return &schedInstance{pool: p, count: c}, nil
+}
+
+// herdDupDetail describes the first few duplicated (job, instant) pairs:
+// each effect's holder, attempt and fence, and the run's record.
+func herdDupDetail(ctx context.Context, pool *pgxpool.Pool, side string) []string {
+	q := `SELECT e.name, e.instant, string_agg(format('%s attempt %s fence %s at %s', e.holder, e.attempt, e.fence, e.started::time), '; ' ORDER BY e.started),
+  coalesce((SELECT format('%s, attempt %s, holder %s, fence %s', r.state, r.attempt, r.holder, r.fence) FROM pgclaim_schedule_runs r WHERE r.schedule = e.name AND r.instant = e.instant), '-')
+FROM herd_effects e GROUP BY e.name, e.instant HAVING count(*) > 1 ORDER BY e.instant, e.name LIMIT 5`
+	if side == "river" {
+		q = `SELECT name, instant, string_agg(started::time::text, '; ' ORDER BY started), '-' FROM herd_effects GROUP BY name, instant HAVING count(*) > 1 ORDER BY instant, name LIMIT 5`
+	}
+	rows, err := pool.Query(ctx, q)
+	if err != nil {
+		return []string{"could not read the duplicates: " + firstLine(err.Error())}
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var name, effects, run string
+		var at time.Time
+		if err := rows.Scan(&name, &at, &effects, &run); err != nil {
+			return append(out, firstLine(err.Error()))
+		}
+		out = append(out, fmt.Sprintf("%s @ %s: effects by %s; run record: %s", name, at.UTC().Format("15:04:05"), effects, run))
+	}
+	return out
 }
