@@ -345,8 +345,13 @@ func (h *harness) terminate(ctx context.Context, pid uint32) error {
 	if h.srv != nil {
 		return h.srv.Terminate(ctx, pid)
 	}
+	q := "SELECT pg_terminate_backend($1, 5000)"
+	var v int
+	if err := h.pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&v); err == nil && v < 140000 {
+		q = "SELECT pg_terminate_backend($1)" // 13 has no timeout argument
+	}
 	var ok bool
-	if err := h.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", int32(pid)).Scan(&ok); err != nil {
+	if err := h.pool.QueryRow(ctx, q, int32(pid)).Scan(&ok); err != nil {
 		return err
 	}
 	if !ok {
