@@ -53,7 +53,7 @@ func TestFullServerBackedOff(t *testing.T) {
 	}
 	const schedules = 5
 	for j := range schedules {
-		if err := s.Register(ctx, Definition{Name: fmt.Sprintf("full-%d", j), Spec: "*/2 * * * * *", Version: 1}, effect(pool)); err != nil {
+		if err := s.Register(ctx, Definition{Name: fmt.Sprintf("full-%d", j), Spec: "*/2 * * * * *", Version: 1, CatchUp: CatchUpAll, CatchUpWindow: time.Minute}, effect(pool)); err != nil {
 			t.Fatal(err)
 		}
 	}
