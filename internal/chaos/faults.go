@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // faultWeights is how often each event fault is drawn, relative to the
@@ -17,6 +21,7 @@ var faultWeights = map[Fault]int{
 	FaultSchedule:  2,
 	FaultClock:     2,
 	FaultRestart:   1,
+	FaultExhaust:   1,
 }
 
 // minRestartGap keeps Postgres restarts apart, so the system makes progress
@@ -70,6 +75,8 @@ func (h *harness) inject(ctx context.Context, rng *rand.Rand) {
 			h.schedulePauseFault(ctx, r1)
 		case FaultTerminate:
 			h.terminateFault(ctx, nTerm, rng)
+		case FaultExhaust:
+			h.exhaustFault(ctx, r1)
 		case FaultClock:
 			in := h.insts[target]
 			in.setOffset(offset)
@@ -403,4 +410,49 @@ func (h *harness) faultCounts() []FaultCount {
 		out = append(out, fc)
 	}
 	return out
+}
+
+// exhaustFault takes every connection the server will give (as a superuser:
+// the instances are refused with 53300 "too many clients") and holds them
+// for 2-5 s, then closes them: a full server, as another application's
+// burst makes it.
+func (h *harness) exhaustFault(ctx context.Context, r float64) {
+	const most = 1000
+	var (
+		mu    sync.Mutex
+		conns []*pgx.Conn
+		full  atomic.Bool
+		wg    sync.WaitGroup
+	)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !full.Load() && cctx.Err() == nil {
+				c, err := pgx.Connect(cctx, h.pool.Config().ConnString())
+				if err != nil {
+					full.Store(true) // refused: the server is full
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				if len(conns) >= most {
+					full.Store(true)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	held := len(conns)
+	sleepCtx(ctx, time.Duration((2+3*r)*float64(time.Second)))
+	for _, c := range conns {
+		_ = c.Close(context.Background())
+	}
+	if held > 0 {
+		h.faults.add(FaultExhaust, false)
+		h.logf("exhaust: held %d connections", held)
+	}
 }

@@ -34,10 +34,11 @@ const (
 	FaultPause     Fault = "pause"      // SIGSTOP an instance for longer than every lease, then SIGCONT
 	FaultSchedule  Fault = "schedpause" // pause a schedule mid-run (Scheduler.Pause), resume it 2-4 s later
 	FaultBouncer   Fault = "bouncer"    // put some instances behind PgBouncer (transaction pooling)
+	FaultExhaust   Fault = "exhaust"    // another client takes every free connection of the server for 2-5 s
 )
 
 // AllFaults lists every fault kind, in report order.
-var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultSchedule, FaultBouncer}
+var AllFaults = []Fault{FaultKill, FaultTerminate, FaultRestart, FaultClock, FaultPause, FaultSchedule, FaultBouncer, FaultExhaust}
 
 // ParseFaults parses a comma-separated list of fault kinds (of AllFaults
 // and PatroniFaults); "all" and "" mean AllFaults, "none" means none.
