@@ -114,8 +114,9 @@ DROP TABLE sent_pushes;`)},
 // A service embedding pgclaim: migrate and sweep at start-up on every
 // instance, resume paused pushes once per 09:00 tick across all instances,
 // and write each push's effect in the transaction that finishes its claim.
-// The README's Quickstart is this as a complete program, with the service's
-// own migrations (see ExampleMigrateFS); TestReadmeQuickstart runs it.
+// This is the cron-adapter variant (gate + robfig/cron, at most once per
+// tick) of the README's Quickstart, which runs the job on package schedule
+// (exactly once per instant); docs/gates.md compares the two.
 func Example_service() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

@@ -42,10 +42,12 @@ DELETE FROM push_requests;
 // TestReadmeQuickstart follows the README's Quickstart as written: it
 // builds the files the README shows into a module of their own (requiring
 // this checkout of pgclaim), runs the README's commands in it, and starts
-// two instances of the program against a fresh, empty database. The first
-// applies the migrations and runs the missed 09:00 (every paused push sent
-// once), the start-up sweep fails the row a dead instance left, and both
-// stop cleanly on SIGTERM.
+// two instances of the program against a fresh, empty database. They apply
+// the migrations once between them, the start-up sweep fails the row a
+// dead instance left, and once both serve, the README's
+// `go tool pgclaim schedules trigger push-resume` asks for a run: one
+// instance runs it, every paused push is sent once with its claim's fence,
+// and both stop cleanly on SIGTERM.
 func TestReadmeQuickstart(t *testing.T) {
 	t.Parallel()
 	readme, err := os.ReadFile("README.md")
@@ -177,6 +179,7 @@ func TestReadmeQuickstart(t *testing.T) {
 	defer stop()
 
 	ctx := context.Background()
+	triggered := false
 	var sent, failed, wrong, effects, distinct, fenced, ticks int
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -187,7 +190,7 @@ SELECT (SELECT count(*) FROM push_requests WHERE status = 'SENT'),
        (SELECT count(*) FROM sent_pushes),
        (SELECT count(DISTINCT push_id) FROM sent_pushes),
        (SELECT count(*) FROM sent_pushes s JOIN push_requests p ON p.id = s.push_id AND p.fence = s.fence),
-       (SELECT count(*) FROM pgclaim_ticks WHERE job = 'push-resume' AND outcome = 'succeeded')`).
+       (SELECT count(*) FROM pgclaim_schedule_runs WHERE schedule = 'push-resume' AND state = 'succeeded')`).
 			Scan(&sent, &failed, &wrong, &effects, &distinct, &fenced, &ticks)
 		if wrong > 0 {
 			stop()
@@ -207,6 +210,16 @@ SELECT (SELECT count(*) FROM push_requests WHERE status = 'SENT'),
 				serving++
 			}
 		}
+		if serving == 2 && !triggered {
+			// The README's command, as an operator runs it.
+			trigger := exec.Command(goBin, "tool", "pgclaim", "schedules", "trigger", "push-resume")
+			trigger.Dir, trigger.Env = mod, append(goEnv, "DATABASE_URL="+db.URL)
+			if out, err := trigger.CombinedOutput(); err != nil {
+				stop()
+				t.Fatalf("go tool pgclaim schedules trigger push-resume: %v\n%s", err, out)
+			}
+			triggered = true
+		}
 		if err == nil && sent == 50 && failed == 1 && ticks == 1 && serving == 2 {
 			break
 		}
@@ -216,7 +229,7 @@ SELECT (SELECT count(*) FROM push_requests WHERE status = 'SENT'),
 				err, instances[0].out.String(), instances[1].out.String())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after a minute: %d pushes SENT (want 50), stale row FAILED %d, %d ticks succeeded (%v)\ninstance 0:\n%s\ninstance 1:\n%s",
+			t.Fatalf("after a minute: %d pushes SENT (want 50), stale row FAILED %d, %d runs succeeded (%v)\ninstance 0:\n%s\ninstance 1:\n%s",
 				sent, failed, ticks, err, instances[0].out.String(), instances[1].out.String())
 		}
 		time.Sleep(100 * time.Millisecond)
