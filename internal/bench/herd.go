@@ -813,8 +813,8 @@ func cmpErr(have, err error) error {
 // The dedicated sessions an instance holds besides its pool, by the
 // packages' documented budgets.
 const (
-	schedDedicated = 2 // schedule.Scheduler
-	gateDedicated  = 1 // gate.Gate
+	schedDedicated = schedule.DedicatedSessions
+	gateDedicated  = gate.DedicatedSessions
 	riverDedicated = 1 // a River client's listener (riverpgxv5 hijacks it from the pool)
 )
 
