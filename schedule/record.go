@@ -44,13 +44,19 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 	}
 	var recs []rec
 	var added []openRun
+	// What was recorded is reported once, however many statements it took:
+	// one log line for a long downtime's instants (each at debug level).
+	var recorded []Event
+	defer func() { s.emitRecorded(ctx, recorded) }()
 	flush := func() error {
 		if len(recs) == 0 {
 			return nil
 		}
-		if err := s.write(ctx, h, d.Name, recs); err != nil {
+		evs, err := s.write(ctx, h, d.Name, recs)
+		if err != nil {
 			return err
 		}
+		recorded = append(recorded, evs...)
 		for _, r := range recs {
 			if r.state == statePending {
 				added = append(added, openRun{instant: r.instant, kind: kindScheduled, state: statePending,
@@ -161,8 +167,8 @@ type rec struct {
 	startAfter time.Time // a pending instant's jittered start; zero: at once
 }
 
-// write records recs and reports each.
-func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) error {
+// write records recs and returns the events to report for them.
+func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) ([]Event, error) {
 	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
 	for _, r := range recs {
 		p.Instants = append(p.Instants, ts(r.instant))
@@ -177,7 +183,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("schedule: %q: record instants: %w", name, err)
+		return nil, fmt.Errorf("schedule: %q: record instants: %w", name, err)
 	}
 	var evs []Event
 	for _, r := range recs {
@@ -188,8 +194,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 			evs = append(evs, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
 		}
 	}
-	s.emitRecorded(ctx, evs)
-	return nil
+	return evs, nil
 }
 
 // replace applies overlap replace for the instant by, just recorded: the
