@@ -139,7 +139,8 @@ func (h electorHooks) Observe(ctx context.Context, e gate.Event) {
 
 // ScheduleHooks returns the hooks for schedule.Config.Hooks:
 // pgclaim.schedule.attempts, .lost, .instants.missed, .runs.late,
-// .attempts.overdue, .instants.skipped, .attempt.duration, .wakeup.lag
+// .attempts.overdue, .instants.skipped, .refused, .attempt.duration,
+// .wakeup.lag
 // and a span per attempt that ended.
 func (o *Observer) ScheduleHooks() schedule.Hooks { return scheduleHooks{o} }
 
@@ -183,6 +184,8 @@ func (h scheduleHooks) Observe(ctx context.Context, e schedule.Event) {
 		add(ctx, o.late, 1, sched, kind)
 	case schedule.EventOverdue:
 		add(ctx, o.overdue, 1, sched, kind)
+	case schedule.EventRefused:
+		add(ctx, o.refused, 1)
 	}
 }
 

@@ -72,6 +72,7 @@ type Observer struct {
 
 	attempts, schedLost, missed metric.Int64Counter
 	late, overdue, skipped      metric.Int64Counter
+	refused                     metric.Int64Counter
 	attemptDuration, lag        metric.Float64Histogram
 }
 
@@ -113,6 +114,7 @@ func New(cfg Config) (*Observer, error) {
 	o.missed = counter("pgclaim.schedule.instants.missed", "{instant}", "Scheduled instants that were due and had no run after the grace.")
 	o.late = counter("pgclaim.schedule.runs.late", "{run}", "Runs whose first attempt started later than the schedule's LateAfter.")
 	o.overdue = counter("pgclaim.schedule.attempts.overdue", "{attempt}", "Attempts that ran longer than the schedule's ExpectedDuration.")
+	o.refused = counter("pgclaim.schedule.refused", "{episode}", "Reports of the database refusing the scheduler connections (too many clients, starting up): once per episode, then at most every 10 s.")
 	o.skipped = counter("pgclaim.schedule.instants.skipped", "{instant}", "Instants recorded skipped, by the policy that skipped them.")
 	o.attemptDuration = histogram("pgclaim.schedule.attempt.duration", "Duration of schedule attempts that ended with a recorded outcome.", runBuckets)
 	o.lag = histogram("pgclaim.schedule.wakeup.lag", "Time from a run's instant to the start of its first attempt, by database time.", lagBuckets)
