@@ -37,16 +37,17 @@ func need(t *testing.T, err error, what string) {
 	t.Skipf("%s: %v", what, err)
 }
 
-// previousRelease returns the newest commit that changed sql/migrations and
+// previousRelease returns the newest commit that changed a migration and
 // whose migrations differ from the working tree's: the release a running
-// deployment has when the current migrations arrive.
+// deployment has when the current migrations arrive. Only the .sql files
+// count (a comment in migrations.go is no migration).
 func previousRelease(root string) (string, error) {
-	out, err := exec.Command("git", "-C", root, "log", "--format=%H", "--", "sql/migrations").Output()
+	out, err := exec.Command("git", "-C", root, "log", "--format=%H", "--", "sql/migrations/*.sql").Output()
 	if err != nil {
 		return "", fmt.Errorf("git log -- sql/migrations: %w", err)
 	}
 	for _, c := range strings.Fields(string(out)) {
-		err := exec.Command("git", "-C", root, "diff", "--quiet", c, "--", "sql/migrations").Run()
+		err := exec.Command("git", "-C", root, "diff", "--quiet", c, "--", "sql/migrations/*.sql").Run()
 		if err == nil {
 			continue // the current migrations
 		}
