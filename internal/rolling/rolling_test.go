@@ -25,13 +25,14 @@ import (
 )
 
 // need ends the test when something it needs is missing: a failure under
-// CI=true, a skip elsewhere.
+// CI=true, a skip elsewhere (and under CI when .ci/run found a shallow clone
+// whose history it could not fetch, PGCLAIM_ROLLING_NO_HISTORY).
 func need(t *testing.T, err error, what string) {
 	t.Helper()
 	if err == nil {
 		return
 	}
-	if os.Getenv("CI") == "true" {
+	if os.Getenv("CI") == "true" && os.Getenv("PGCLAIM_ROLLING_NO_HISTORY") == "" {
 		t.Fatalf("%s: %v", what, err)
 	}
 	t.Skipf("%s: %v", what, err)
