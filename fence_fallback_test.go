@@ -187,12 +187,14 @@ func TestFenceChosenAtMigration(t *testing.T) {
 	}
 	checkInlined(ctx, t, db.Pool)
 	// The switch waits for pgclaim's migration lock.
-	b, err := os.ReadFile("sql/migrations/00010_pgclaim_fence_fallback.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := fmt.Sprintf("pg_advisory_xact_lock(%d)", pgclaim.MigrationLockID); !strings.Contains(string(b), want) {
-		t.Errorf("00010 does not take %s", want)
+	for _, f := range []string{"00010_pgclaim_fence_fallback.sql", "00011_pgclaim_fence_qualified.sql"} {
+		b, err := os.ReadFile("sql/migrations/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("pg_advisory_xact_lock(%d)", pgclaim.MigrationLockID); !strings.Contains(string(b), want) {
+			t.Errorf("%s does not take %s", f, want)
+		}
 	}
 	// A base above the server's timeline (tokens of a server on a later
 	// timeline) stays: the timeline fence would grant smaller tokens.

@@ -17,6 +17,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 
 	"github.com/pgclaim/pgclaim/internal/pgerr"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/sql/migrations"
 )
 
@@ -63,8 +64,23 @@ type Migration struct {
 // server allows (FenceTimeline, or FenceSequence where the WAL control
 // functions are refused, as on Aurora), so call it at every start-up; the
 // application's role may call it once the migrations are applied.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	p, closeDB, err := newProvider(pool)
+//
+// With WithSchema, pgclaim's objects (and its version table) live in that
+// schema: see WithSchema.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	o, err := options(opts)
+	if err != nil {
+		return err
+	}
+	if pool == nil {
+		return ErrNilPool
+	}
+	mpool, closePool, err := o.migrationPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	p, closeDB, err := newProviderFS(mpool, migrations.FS, o.versionTable(), MigrationLockID)
 	if err != nil {
 		return err
 	}
@@ -78,7 +94,77 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("pgclaim: migrate: %w", err)
 		}
 	}
-	return checkFence(ctx, pool)
+	return checkFence(ctx, pool, o.schema)
+}
+
+// Option is a setting of Migrate and MigrationStatus.
+type Option func(*settings)
+
+type settings struct {
+	name   string
+	schema *qualify.Schema
+}
+
+// WithSchema puts pgclaim's objects in the schema name (a lower-case SQL
+// identifier), created when missing: its tables, sequence, functions and
+// domains, and VersionTable. The migrations run on a session of their own
+// whose search_path is that schema alone; give the constructors' Config
+// the same Schema, and every statement names the schema: nothing depends
+// on the application's search_path, so it works behind PgBouncer in
+// transaction mode (migrate over a direct connection: goose holds a
+// session advisory lock). Installations in different schemas of one
+// database never see each other's rows. The empty name is the default:
+// the objects are found through search_path.
+func WithSchema(name string) Option {
+	return func(s *settings) { s.name = name }
+}
+
+func options(opts []Option) (settings, error) {
+	var s settings
+	for _, o := range opts {
+		o(&s)
+	}
+	if msg := qualify.Check(s.name); msg != "" {
+		return s, &fieldError{"WithSchema", msg}
+	}
+	s.schema = qualify.New(s.name)
+	return s, nil
+}
+
+func (s settings) versionTable() string {
+	if s.name == "" {
+		return VersionTable
+	}
+	return s.name + "." + VersionTable
+}
+
+// migrationPool returns pool, or for a schema a small pool of its own on
+// the same server whose sessions have that schema alone as search_path,
+// after creating the schema if it is missing.
+func (s settings) migrationPool(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, func(), error) {
+	if s.name == "" {
+		return pool, func() {}, nil
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", s.name).Scan(&exists); err != nil {
+		return nil, nil, fmt.Errorf("pgclaim: migrate: look for schema %s: %w", s.name, err)
+	}
+	if !exists {
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.name}.Sanitize()); err != nil {
+			return nil, nil, fmt.Errorf("pgclaim: migrate: create schema %s: %w", s.name, pgerr.Explain(err))
+		}
+	}
+	cfg := pool.Config()
+	cfg.MinConns, cfg.MaxConns = 0, 2
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{s.name}.Sanitize()
+	mp, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgclaim: migrate: %w", err)
+	}
+	return mp, mp.Close, nil
 }
 
 // The fencing tokens pgclaim_fence() can grant; pgclaim_fence_mode records
@@ -102,9 +188,9 @@ const (
 // switches only when needed), at READ COMMITTED so that a check waiting
 // for another instance's switch sees it. A standby is left alone: it
 // answers no WAL insert location, and grants no token.
-func checkFence(ctx context.Context, pool *pgxpool.Pool) error {
+func checkFence(ctx context.Context, pool *pgxpool.Pool, schema *qualify.Schema) error {
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, "SELECT CASE WHEN NOT pg_is_in_recovery() THEN pgclaim_fence_check() END")
+		_, err := tx.Exec(ctx, schema.SQL("SELECT CASE WHEN NOT pg_is_in_recovery() THEN pgclaim_fence_check() END"))
 		return err
 	})
 	if err != nil {
@@ -114,9 +200,14 @@ func checkFence(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // MigrationStatus reports every pgclaim migration and whether it has been
-// applied to the database behind pool, oldest first.
-func MigrationStatus(ctx context.Context, pool *pgxpool.Pool) ([]Migration, error) {
-	p, closeDB, err := newProvider(pool)
+// applied to the database behind pool (in the schema WithSchema names),
+// oldest first.
+func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts ...Option) ([]Migration, error) {
+	o, err := options(opts)
+	if err != nil {
+		return nil, err
+	}
+	p, closeDB, err := newProviderFS(pool, migrations.FS, o.versionTable(), MigrationLockID)
 	if err != nil {
 		return nil, err
 	}
@@ -236,10 +327,6 @@ func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, opts Migrate
 		})
 	}
 	return out, nil
-}
-
-func newProvider(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
-	return newProviderFS(pool, migrations.FS, VersionTable, MigrationLockID)
 }
 
 func newProviderFS(pool *pgxpool.Pool, fsys fs.FS, table string, lockID int64) (*goose.Provider, func(), error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgclaim/pgclaim/internal/pgerr"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 )
 
 // DBTX is what every operation runs on: *pgxpool.Pool, *pgx.Conn and
@@ -82,6 +83,11 @@ type Config struct {
 	// rows or finds claims lost, for metrics and tracing; sweepers and
 	// workers built on the claimer report to it too.
 	Hooks Hooks
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema):
+	// the claims take their fencing tokens from its pgclaim_fence(). It
+	// says nothing about Table.Name, which names its own schema. Default:
+	// "", pgclaim_fence() found through search_path.
+	Schema string
 }
 
 // Claim is one row held by a claimer.
@@ -232,6 +238,10 @@ func New[K any](db DBTX, tbl Table, cfg Config) (*Claimer[K], error) {
 	case cfg.Spread && strings.TrimSpace(cfg.Order) != "":
 		return nil, invalid("Config.Spread", "cannot be combined with Config.Order: a spread claim takes rows in key order from a random row")
 	}
+	if msg := qualify.Check(cfg.Schema); msg != "" {
+		return nil, invalid("Config.Schema", msg)
+	}
+	t.pgclaim = qualify.New(cfg.Schema)
 	n, err := countParams(cfg.Where)
 	if err != nil {
 		return nil, err

@@ -292,7 +292,7 @@ func (c *core) claimSet(q *builder) string {
 		set += ", " + t.claimedBy + " = " + q.arg(c.holder)
 	}
 	if t.fence != "" {
-		set += ", " + t.fence + " = pgclaim_fence()"
+		set += ", " + t.fence + " = " + t.pgclaim.Object("pgclaim_fence()")
 	}
 	if t.attempts != "" {
 		set += fmt.Sprintf(", %s = COALESCE(pgclaim_t.%s, 0) + 1", t.attempts, t.attempts)

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/internal/qualify"
 )
 
 // Table describes the user's table whose rows are claimed. Name, Key, State
@@ -70,6 +72,9 @@ type table struct {
 	schema string // "" when unqualified
 	name   string
 	qname  string // quoted, possibly schema-qualified
+	// pgclaim is the schema of pgclaim's objects (Config.Schema); nil:
+	// found through search_path
+	pgclaim *qualify.Schema
 	// quoted column names; "" when the column is not configured
 	key, state, claimedAt, claimedBy, fence, leaseUntil, attempts, retryAt, reason string
 }
@@ -266,14 +271,15 @@ SELECT EXISTS (
 	}
 	if s.Fence != "" {
 		var seq, fn *string
-		if err := db.QueryRow(ctx, `SELECT to_regclass('pgclaim_fence_seq')::text, to_regprocedure('pgclaim_fence()')::text`).Scan(&seq, &fn); err != nil {
+		if err := db.QueryRow(ctx, `SELECT to_regclass($1)::text, to_regprocedure($2)::text`,
+			v.pgclaim.Object("pgclaim_fence_seq"), v.pgclaim.Object("pgclaim_fence()")).Scan(&seq, &fn); err != nil {
 			return fmt.Errorf("claim: Verify: %w", err)
 		}
 		if seq == nil {
-			errs = append(errs, invalid("Table.Fence", "sequence pgclaim_fence_seq not found: apply pgclaim's migrations (pgclaim.Migrate)"))
+			errs = append(errs, invalid("Table.Fence", "sequence "+v.pgclaim.Object("pgclaim_fence_seq")+" not found: apply pgclaim's migrations (pgclaim.Migrate)"))
 		}
 		if fn == nil {
-			errs = append(errs, invalid("Table.Fence", "function pgclaim_fence() not found: apply pgclaim's migrations (pgclaim.Migrate)"))
+			errs = append(errs, invalid("Table.Fence", "function "+v.pgclaim.Object("pgclaim_fence()")+" not found: apply pgclaim's migrations (pgclaim.Migrate)"))
 		}
 	}
 	if stateOK {

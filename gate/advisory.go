@@ -99,7 +99,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
-	class, key := AdvisoryKey(name)
+	class, key := schemaKey(g.opts.Schema, name)
 	free, ok := g.sessions.Reserve(ctx, class, key, g.wait)
 	if !ok {
 		return g.skipped(ctx, name, time.Time{}, ErrHeld)

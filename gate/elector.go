@@ -45,6 +45,12 @@ func ElectionKey(name string) (class, key int32) {
 	return ElectionClass, key
 }
 
+// electionKey is ElectionKey for an installation in schema (see schemaKey).
+func electionKey(schema, name string) (class, key int32) {
+	_, key = schemaKey(schema, name)
+	return ElectionClass, key
+}
+
 // Mechanism is how an Elector holds leadership.
 type Mechanism int
 
@@ -129,10 +135,14 @@ type ElectorConfig struct {
 	// RetryInterval is how often a standby of the lease variant tries to
 	// take the lease. Default: TTL/4. The advisory variant does not poll.
 	RetryInterval time.Duration
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema);
+	// its statements name it, and its advisory key is the schema's (not
+	// ElectionKey). Default: "", found through search_path.
+	Schema string
 }
 
 func (o ElectorConfig) instance() instance {
-	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks}
+	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks, Schema: o.Schema}
 }
 
 // check validates the options and fills defaults.
@@ -146,6 +156,9 @@ func (o ElectorConfig) check() (ElectorConfig, error) {
 		return o, invalid("ElectorConfig.TTL", "must be at least 10ms")
 	case o.RetryInterval < 0:
 		return o, invalid("ElectorConfig.RetryInterval", "must not be negative")
+	}
+	if err := checkSchemaName("ElectorConfig", o.Schema); err != nil {
+		return o, err
 	}
 	if o.TTL == 0 {
 		o.TTL = DefaultTTL
@@ -251,7 +264,7 @@ func NewElector(pool *pgxpool.Pool, name string, cfg ElectorConfig) (*Elector, e
 		return nil, err
 	}
 	e := &Elector{named: n, o: o, in: o.instance(), sem: make(chan struct{}, 1)}
-	e.class, e.key = ElectionKey(name)
+	e.class, e.key = electionKey(o.Schema, name)
 	return e, nil
 }
 

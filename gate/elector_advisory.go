@@ -30,7 +30,7 @@ func (e *Elector) warnCollision(ctx context.Context) {
 		return
 	}
 	for _, o := range open {
-		if _, k := ElectionKey(o.Election); k != e.key {
+		if _, k := electionKey(e.o.Schema, o.Election); k != e.key {
 			continue
 		}
 		e.o.Logger.WarnContext(ctx, "gate: election lock key collides with another election's; this election cannot lead while that leader lives: rename one election or use ElectorConfig.Mechanism LeaseRow",
@@ -71,11 +71,11 @@ func (e *Elector) tryAdvisory(ctx context.Context, deferEnd bool) (*term, error)
 	var err error
 	sess := e.takeNext()
 	if sess == nil {
-		if sess, err = (&lockcore.Sessions{Pool: e.pool}).Get(ctx); err != nil {
+		if sess, err = (&lockcore.Sessions{Pool: e.pool, Schema: e.schema}).Get(ctx); err != nil {
 			return nil, err
 		}
 	}
-	q := store.New(oneTrip{sess.Conn})
+	q := store.New(e.schema.Wrap(oneTrip{sess.Conn}))
 	keep := false
 	defer func() {
 		if !keep {

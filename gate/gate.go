@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -91,9 +92,10 @@ func checkSchema(log *slog.Logger, q *store.Queries, names ...string) error {
 // through it (each statement its own READ COMMITTED transaction; see
 // isolation.go) and the lock or election name.
 type named struct {
-	pool *pgxpool.Pool
-	q    *store.Queries
-	name string
+	pool   *pgxpool.Pool
+	q      *store.Queries
+	name   string
+	schema *qualify.Schema // pgclaim's objects' schema (nil: search_path)
 }
 
 // namedConfig is the config of a Lease or an Elector: they validate
@@ -118,11 +120,15 @@ func newNamed[O namedConfig[O]](pool *pgxpool.Pool, name string, opts O, tables 
 	if err != nil {
 		return named{}, opts, err
 	}
-	q := store.New(lockcore.ReadCommitted{Pool: pool})
+	schema := qualify.New(o.instance().Schema)
+	q := store.New(schema.Wrap(lockcore.ReadCommitted{Pool: pool}))
+	for i, t := range tables {
+		tables[i] = schema.Object(t)
+	}
 	if err := checkSchema(o.instance().Logger, q, tables...); err != nil {
 		return named{}, opts, err
 	}
-	return named{pool: pool, q: q, name: name}, o, nil
+	return named{pool: pool, q: q, name: name, schema: schema}, o, nil
 }
 
 // checkName validates a job, lock or election name given as field.
@@ -139,6 +145,25 @@ type instance struct {
 	Holder string
 	Logger *slog.Logger
 	Hooks  Hooks
+	Schema string // pgclaim's schema (Config.Schema); "": search_path
+}
+
+// checkSchemaName validates the Schema field of the config named config.
+func checkSchemaName(config, schema string) error {
+	if msg := qualify.Check(schema); msg != "" {
+		return invalid(config+".Schema", msg)
+	}
+	return nil
+}
+
+// schemaKey is the advisory key of name for an installation in schema:
+// AdvisoryKey(name) in the default one, a key of the schema's otherwise,
+// so that installations in different schemas never exclude each other.
+func schemaKey(schema, name string) (class, key int32) {
+	if schema == "" {
+		return AdvisoryKey(name)
+	}
+	return AdvisoryKey(schema + ":" + name)
 }
 
 // withDefaults fills unset fields. It never fails: a Holder can always be

@@ -58,10 +58,13 @@ type LeaseConfig struct {
 	// NoKeepAlive turns automatic extension off: the holder calls Extend
 	// itself, or the lease runs out AtMost after it was taken.
 	NoKeepAlive bool
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema);
+	// its statements name it. Default: "", found through search_path.
+	Schema string
 }
 
 func (o LeaseConfig) instance() instance {
-	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks}
+	return instance{Holder: o.Holder, Logger: o.Logger, Hooks: o.Hooks, Schema: o.Schema}
 }
 
 // check validates the options and fills defaults.
@@ -79,6 +82,9 @@ func (o LeaseConfig) check() (LeaseConfig, error) {
 		return o, invalid("LeaseConfig.KeepAlive", "must not be negative")
 	case o.KeepAlive >= o.AtMost:
 		return o, invalid("LeaseConfig.KeepAlive", fmt.Sprintf("%v must be less than AtMost (%v)", o.KeepAlive, o.AtMost))
+	}
+	if err := checkSchemaName("LeaseConfig", o.Schema); err != nil {
+		return o, err
 	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = o.AtMost / 3

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/internal/pgerr"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -78,10 +79,16 @@ type Config struct {
 	// that takes the lock marks every running tick of the job abandoned,
 	// including a live ledger-only run's.
 	LedgerOnly bool
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema):
+	// every statement names it, so nothing depends on search_path, and the
+	// jobs' advisory keys are the schema's: gates of installations in
+	// other schemas of the database never see these ticks or locks.
+	// Default: "", the objects found through search_path.
+	Schema string
 }
 
 func (c Config) instance() instance {
-	return instance{Holder: c.Holder, Logger: c.Logger, Hooks: c.Hooks}
+	return instance{Holder: c.Holder, Logger: c.Logger, Hooks: c.Hooks, Schema: c.Schema}
 }
 
 // Gate runs jobs at most once per scheduled instant (the tick ledger in
@@ -124,20 +131,25 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if tol == 0 {
 		tol = DefaultSkewTolerance
 	}
-	q := store.New(lockcore.ReadCommitted{Pool: pool})
+	if err := checkSchemaName("Config", cfg.Schema); err != nil {
+		return nil, err
+	}
+	schema := qualify.New(cfg.Schema)
+	q := store.New(schema.Wrap(lockcore.ReadCommitted{Pool: pool}))
 	opts := cfg.instance().withDefaults()
-	if err := checkSchema(opts.Logger, q, "pgclaim_ticks", "pgclaim_fence_seq", "pgclaim_fence()", "pgclaim_raise(text,text)"); err != nil {
+	if err := checkSchema(opts.Logger, q, schema.Object("pgclaim_ticks"), schema.Object("pgclaim_fence_seq"),
+		schema.Object("pgclaim_fence()"), schema.Object("pgclaim_raise(text,text)")); err != nil {
 		return nil, err
 	}
 	return &Gate{
 		pool:      pool,
 		q:         q,
-		probe:     store.New(lockcore.RolledBack{Pool: pool}),
+		probe:     store.New(schema.Wrap(lockcore.RolledBack{Pool: pool})),
 		opts:      opts,
 		tolerance: tol,
 		wait:      cfg.LockWait,
 		ledger:    cfg.LedgerOnly,
-		sessions:  lockcore.Share(pool),
+		sessions:  lockcore.Share(pool, schema),
 	}, nil
 }
 
@@ -324,7 +336,7 @@ func (g *Gate) once(ctx context.Context, name string, at time.Time, tol *int64, 
 		return g.opts.runHeld(ctx, run, ledgerHold{g: g, run: run}, fn, true)
 	}
 
-	p.LockClass, p.LockKey = AdvisoryKey(name)
+	p.LockClass, p.LockKey = schemaKey(g.opts.Schema, name)
 	free, ok := g.sessions.Reserve(ctx, p.LockClass, p.LockKey, g.wait)
 	if !ok {
 		// A run of this process holds the job's lock (or is taking it):

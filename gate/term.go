@@ -176,7 +176,7 @@ func (t *term) end(ctx context.Context, reason string) error {
 		}
 		if err != nil && spare != nil && !spare.Conn.IsClosed() {
 			sctx, cancel := context.WithTimeout(ctx, e.checkEvery())
-			_, err = store.New(oneTrip{spare.Conn}).EndTerm(sctx, p)
+			_, err = store.New(t.e.schema.Wrap(oneTrip{spare.Conn})).EndTerm(sctx, p)
 			cancel()
 			spareUsed = err == nil
 			if err != nil {
@@ -222,7 +222,7 @@ func (t *term) openSpare() {
 	go func() {
 		ctx, cancel := context.WithTimeout(t.obsCtx, t.e.o.TTL)
 		defer cancel()
-		s, err := (&lockcore.Sessions{Pool: t.e.pool}).Get(ctx)
+		s, err := (&lockcore.Sessions{Pool: t.e.pool, Schema: t.e.schema}).Get(ctx)
 		if err != nil {
 			t.e.o.Logger.DebugContext(ctx, "gate: open the term's spare connection", "name", t.e.name, "holder", t.e.o.Holder, "fence", t.fence, "error", err.Error())
 			return

@@ -55,7 +55,7 @@ func TestEveryInstantOnceUnderKills(t *testing.T) {
 	for time.Now().Before(end) {
 		// Terminate the session of a random schedule's lock as soon as
 		// one holds it (most often mid-run), then pause half a second.
-		class, key := lockKey(names[rand.IntN(len(names))])
+		class, key := LockKey(names[rand.IntN(len(names))])
 		var n int
 		n, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key))
 		if err != nil {

@@ -177,7 +177,7 @@ var discard = slog.New(slog.DiscardHandler)
 // name.
 func lockPID(t testing.TB, db *pgtest.Database, name string) int {
 	t.Helper()
-	pid, err := pgprobe.AdvisoryHolder(context.Background(), db.Pool, pgprobe.Pair(lockKey(name)))
+	pid, err := pgprobe.AdvisoryHolder(context.Background(), db.Pool, pgprobe.Pair(LockKey(name)))
 	if err != nil {
 		t.Fatalf("the lock's session: %v", err)
 	}

@@ -70,14 +70,20 @@ type guard struct {
 }
 
 // lockKey is the advisory key of a schedule's lock: gate's key space,
-// under a name no gate job uses.
-func lockKey(name string) (class, key int32) { return gate.AdvisoryKey("pgclaim.schedule:" + name) }
+// under a name no gate job uses; in a schema of its own (Config.Schema),
+// a key of that schema's.
+func lockKey(schema, name string) (class, key int32) {
+	if schema != "" {
+		return gate.AdvisoryKey("pgclaim.schedule:" + schema + ":" + name)
+	}
+	return gate.AdvisoryKey("pgclaim.schedule:" + name)
+}
 
 // LockKey returns the two-int4 session advisory key (pg_locks classid and
 // objid) an instance holds while it runs or records the schedule name,
 // for tools that show who holds which lock. With Config.LeaseLocks the
 // lock is instead the lease row "pgclaim.schedule:NAME" of pgclaim_locks.
-func LockKey(name string) (class, key int32) { return lockKey(name) }
+func LockKey(name string) (class, key int32) { return lockKey("", name) }
 
 // lockName is a schedule's lease row name in pgclaim_locks.
 func lockName(name string) string { return "pgclaim.schedule:" + name }
@@ -123,7 +129,7 @@ func (l *sessionLocker) sessions() *lockcore.Ref {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ss == nil {
-		l.ss = lockcore.Share(l.s.pool)
+		l.ss = lockcore.Share(l.s.pool, l.s.schema)
 	}
 	return l.ss
 }
@@ -152,7 +158,7 @@ func (l *sessionLocker) close() {
 
 func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
 	ss := l.sessions()
-	class, key := lockKey(name)
+	class, key := lockKey(l.s.cfg.Schema, name)
 	free, ok := ss.Reserve(ctx, class, key, 0)
 	if !ok {
 		return nil, nil // this instance's runner of the schedule has it

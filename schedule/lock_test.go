@@ -77,7 +77,7 @@ func TestStaleRunnerRefused(t *testing.T) {
 		t.Fatalf("c: %v %v", hc, err)
 	}
 	defer hc.release()
-	class, key := lockKey("x")
+	class, key := LockKey("x")
 	if _, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/pgclaim/pgclaim/internal/budget"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/internal/pgerr"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -88,6 +89,12 @@ type Config struct {
 	// schedules alone until one of its own finishes; instances with room
 	// take them meanwhile. Default 50.
 	MaxConcurrent int
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema):
+	// every statement names it, so nothing depends on search_path, and
+	// schedulers of installations in other schemas of the database never
+	// see these schedules, their runs or their locks. Default: "", the
+	// objects found through search_path.
+	Schema string
 }
 
 // Scheduler runs the schedules registered with it, in every instance that
@@ -101,6 +108,7 @@ type Scheduler struct {
 	hooks  Hooks
 	cfg    Config
 	locks  locker
+	schema *qualify.Schema // Config.Schema
 
 	refusals refusals       // connections refused by the database: back-off and reports
 	offset   atomic.Int64   // database time minus host time, ns
@@ -137,6 +145,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	case cfg.MaxConcurrent < 0:
 		return nil, invalid("Config.MaxConcurrent", "must not be negative")
 	}
+	if msg := qualify.Check(cfg.Schema); msg != "" {
+		return nil, invalid("Config.Schema", msg)
+	}
+	schema := qualify.New(cfg.Schema)
 	if cfg.Holder == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -160,7 +172,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		cfg.MaxConcurrent = 50
 	}
 	s := &Scheduler{
-		pool: pool, q: store.New(pool), rc: store.New(lockcore.ReadCommitted{Pool: pool}), holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
+		pool: pool, q: store.New(schema.Wrap(pool)), rc: store.New(schema.Wrap(lockcore.ReadCommitted{Pool: pool})), schema: schema,
+		holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
 		entries: map[string]*entry{}, changed: make(chan struct{}, 1),
 	}
 	if cfg.LeaseLocks {
@@ -175,7 +188,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 // isolation the database, role or pool defaults to.
 func (s *Scheduler) tx(ctx context.Context, fn func(q *store.Queries) error) error {
 	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		return fn(store.New(tx))
+		return fn(store.New(s.schema.Wrap(tx)))
 	})
 }
 
@@ -427,7 +440,7 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 	known := map[string]*stored{}
 	var class int32
 	for _, e := range entries {
-		c, k := lockKey(e.name)
+		c, k := lockKey(s.cfg.Schema, e.name)
 		class = c
 		names = append(names, e.name)
 		keys = append(keys, k)
@@ -503,7 +516,7 @@ func (s *Scheduler) listenOnce(ctx context.Context, kicks chan<- string) error {
 	}
 	c := pc.Hijack()
 	defer lockcore.CloseConn(c)
-	q := store.New(c)
+	q := store.New(s.schema.Wrap(c))
 	if _, err := q.SessionSetup(ctx); err != nil { // read committed, keepalives
 		return err
 	}

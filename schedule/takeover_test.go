@@ -63,7 +63,7 @@ func TestTakeoverAfterSessionEnds(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("no run started")
 	}
-	class, key := lockKey(def.Name)
+	class, key := LockKey(def.Name)
 	killed := time.Now()
 	if n, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil || n != 1 {
 		t.Fatalf("the lock's session: ended %d: %v", n, err)
@@ -126,7 +126,7 @@ func TestDeadRunWithoutAttemptsFails(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("no run started")
 	}
-	class, key := lockKey(def.Name)
+	class, key := LockKey(def.Name)
 	if _, err := pgprobe.TerminateHolder(ctx, db.Pool, pgprobe.Pair(class, key)); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 )
 
 // dbtx is what the commands query: a pool, a connection or a transaction.
@@ -51,6 +52,15 @@ func (f *flags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, &failure{msg: "invalid database URL: " + err.Error(), hint: urlHint, err: err}
 	}
 	cfg.MaxConns = 4
+	if f.schema != "" {
+		// The CLI's own sessions find pgclaim's objects in the schema:
+		// connect to the server directly (or through a session pooler),
+		// which takes search_path as a start-up parameter.
+		if msg := qualify.Check(f.schema); msg != "" {
+			return nil, usagef("--schema: %s", msg)
+		}
+		cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{f.schema}.Sanitize()
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}

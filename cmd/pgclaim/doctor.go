@@ -162,7 +162,7 @@ func checkServer(ctx context.Context, db dbtx) doctorCheck {
 
 func checkMigrations(ctx context.Context, pool *pgxpool.Pool) doctorCheck {
 	c := doctorCheck{Check: "migrations"}
-	ms, _, err := migrationState(ctx, pool)
+	ms, _, err := migrationState(ctx, pool, "")
 	if err != nil {
 		return failed(c.Check, "reading pgclaim's migrations", err)
 	}

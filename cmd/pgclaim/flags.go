@@ -16,8 +16,9 @@ type flags struct {
 	synopsis string // e.g. "ticks [--job NAME] [--limit N]"
 	about    string // what the command does, shown by -h
 
-	url  string
-	json bool
+	url    string
+	json   bool
+	schema string // --schema: pgclaim's objects' schema
 }
 
 // newFlags returns a flag set for subcommand name with --database-url and
@@ -29,6 +30,11 @@ func newFlags(e *env, name, synopsis, about string) *flags {
 	f.Usage = func() {}
 	f.StringVar(&f.url, "database-url", "", "PostgreSQL connection `URL` (default: $DATABASE_URL)")
 	f.BoolVar(&f.json, "json", false, "print JSON instead of a table")
+	switch name {
+	case "grants", "schema", "bench": // grants has a --schema of its own
+	default:
+		f.StringVar(&f.schema, "schema", "", "the `schema` of pgclaim's objects (pgclaim.WithSchema; default: found through search_path)")
+	}
 	return f
 }
 
@@ -66,7 +72,7 @@ func (f *flags) printUsage(w io.Writer) {
 	fmt.Fprintln(w, "Flags:")
 	var own, common []*flag.Flag
 	f.VisitAll(func(fl *flag.Flag) {
-		if fl.Name == "database-url" || fl.Name == "json" {
+		if fl.Name == "database-url" || fl.Name == "json" || fl.Name == "schema" && f.name != "grants" {
 			common = append(common, fl)
 		} else {
 			own = append(own, fl)

@@ -55,7 +55,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	defer pool.Close()
 
-	before, database, err := migrationState(ctx, pool)
+	before, database, err := migrationState(ctx, pool, f.schema)
 	if err != nil {
 		return err
 	}
@@ -63,10 +63,10 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return printMigrationStatus(f, database, before)
 	}
 
-	if err := pgclaim.Migrate(ctx, pool); err != nil {
+	if err := pgclaim.Migrate(ctx, pool, pgclaim.WithSchema(f.schema)); err != nil {
 		return dbFail("migrate up", err)
 	}
-	after, _, err := migrationState(ctx, pool)
+	after, _, err := migrationState(ctx, pool, f.schema)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func currentVersion(ms []pgclaim.Migration) int64 {
 // migrationState reports pgclaim's migrations in the database. In a
 // database without pgclaim's version table every migration is pending, and
 // the table is not created (pgclaim.MigrationStatus would create it).
-func migrationState(ctx context.Context, pool *pgxpool.Pool) ([]pgclaim.Migration, string, error) {
+func migrationState(ctx context.Context, pool *pgxpool.Pool, schema string) ([]pgclaim.Migration, string, error) {
 	si, err := loadSchema(ctx, pool, []string{pgclaim.VersionTable})
 	if err != nil {
 		return nil, "", err
@@ -137,7 +137,7 @@ func migrationState(ctx context.Context, pool *pgxpool.Pool) ([]pgclaim.Migratio
 				pgclaim.VersionTable, si.database, col)
 		}
 	}
-	ms, err := pgclaim.MigrationStatus(ctx, pool)
+	ms, err := pgclaim.MigrationStatus(ctx, pool, pgclaim.WithSchema(schema))
 	if err != nil {
 		return nil, "", dbFail("migration status", err)
 	}

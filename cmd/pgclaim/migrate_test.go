@@ -120,14 +120,14 @@ func TestMigratePartlyApplied(t *testing.T) {
 	// Forget the migrations after the first, as in a database migrated by
 	// an older release: status reports them pending, and other commands say
 	// so. (00003, 00006 and 00007 only change indexes and can be applied
-	// again, as can 00005 and 00008, which replace their functions, 00009 and
+	// again, as can 00005, 00008 and 00011, which replace their functions, 00009 and
 	// 00010, which creates only what is missing; 00004's
 	// tables are dropped with 00002's.)
 	exec1(t, db, `DROP TABLE pgclaim_terms, pgclaim_schedule_runs, pgclaim_schedules`)
 	exec1(t, db, `DELETE FROM `+pgclaim.VersionTable+` WHERE version_id >= 2`)
 	r := cli(t, "", "migrate", "status", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	wantContains(t, "status", r.stdout, "has 9 pending migrations: run 'pgclaim migrate up'")
+	wantContains(t, "status", r.stdout, "has 10 pending migrations: run 'pgclaim migrate up'")
 	if !slices.ContainsFunc(strings.Split(r.stdout, "\n"), func(l string) bool {
 		return slices.Equal(strings.Fields(l), []string{"2", "00002_pgclaim_terms.sql", "pending", "-"})
 	}) {
@@ -159,4 +159,35 @@ func TestMigrateMissingColumn(t *testing.T) {
 			fmt.Sprintf("pgclaim migrate: table %s in database %q has no column \"tstamp\", so pgclaim cannot tell which migrations are applied\n", pgclaim.VersionTable, db.Name),
 			"hint: ")
 	}
+}
+
+// TestMigrateSchema: --schema puts pgclaim's objects in a schema of their
+// own, and the other commands find them there.
+func TestMigrateSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := unmigrated(t)
+	r := cli(t, "", "migrate", "up", "--schema", "jobs", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	var inJobs, inPublic bool
+	if err := db.Pool.QueryRow(ctx, `SELECT to_regclass('jobs.pgclaim_schedules') IS NOT NULL, to_regclass('public.pgclaim_schedules') IS NOT NULL`).
+		Scan(&inJobs, &inPublic); err != nil || !inJobs || inPublic {
+		t.Fatalf("pgclaim_schedules in jobs %v, in public %v (%v)", inJobs, inPublic, err)
+	}
+	r = cli(t, "", "migrate", "status", "--json", "--schema", "jobs", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	st := decodeJSON[struct {
+		Database   string          `json:"database"`
+		Version    int64           `json:"version"`
+		Pending    int             `json:"pending"`
+		Migrations []migrationJSON `json:"migrations"`
+	}](t, r.stdout)
+	if st.Pending != 0 || st.Version == 0 {
+		t.Errorf("status in jobs: %d pending", st.Pending)
+	}
+	r = cli(t, "", "schedules", "list", "--schema", "jobs", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	r = cli(t, "", "migrate", "up", "--schema", "Jobs", "--database-url", db.URL)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "migrate --schema Jobs", r.stderr, "--schema")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -81,6 +82,9 @@ func (w *watch) lose(err error) {
 // value with Pool set is ready to use.
 type Sessions struct {
 	Pool *pgxpool.Pool
+	// Schema qualifies pgclaim's objects in the sessions' statements (nil:
+	// found through search_path).
+	Schema *qualify.Schema
 
 	once     sync.Once
 	use      chan struct{} // a token: exclusive use of cur for statements
@@ -240,7 +244,7 @@ func (c *Sessions) open(ctx context.Context) (*Session, error) {
 		return nil, fmt.Errorf("gate: acquire connection: %w", err)
 	}
 	s := &Session{Conn: pc.Hijack(), c: c, watches: map[*watch]struct{}{}}
-	s.Q = store.New(bounded{s.Conn, s})
+	s.Q = store.New(c.Schema.Wrap(bounded{s.Conn, s}))
 	row, err := s.Q.SessionSetup(ctx)
 	if err != nil {
 		CloseConn(s.Conn)
@@ -603,9 +607,16 @@ func (s *Session) confirm(sent time.Time) {
 // shared holds the Sessions of each pool that its users share (Share).
 var shared = struct {
 	mu sync.Mutex
-	m  map[*pgxpool.Pool]*Sessions
+	m  map[sharedKey]*Sessions
 	n  map[*Sessions]int // users of each
-}{m: map[*pgxpool.Pool]*Sessions{}, n: map[*Sessions]int{}}
+}{m: map[sharedKey]*Sessions{}, n: map[*Sessions]int{}}
+
+// sharedKey is what users share a Sessions by: the pool and the schema of
+// pgclaim's objects its statements name.
+type sharedKey struct {
+	pool   *pgxpool.Pool
+	schema string
+}
 
 // Ref is one user's share of the Sessions of a pool: every Gate and
 // Scheduler of a process on the same pool holds its advisory locks on one
@@ -616,14 +627,16 @@ type Ref struct {
 	closed atomic.Bool
 }
 
-// Share returns a share of pool's Sessions, created at the first share.
-func Share(pool *pgxpool.Pool) *Ref {
+// Share returns a share of pool's Sessions for pgclaim's objects in schema
+// (nil: found through search_path), created at the first share.
+func Share(pool *pgxpool.Pool, schema *qualify.Schema) *Ref {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	c := shared.m[pool]
+	k := sharedKey{pool, schema.Name()}
+	c := shared.m[k]
 	if c == nil {
-		c = &Sessions{Pool: pool}
-		shared.m[pool] = c
+		c = &Sessions{Pool: pool, Schema: schema}
+		shared.m[k] = c
 	}
 	shared.n[c]++
 	return &Ref{Sessions: c}
@@ -648,8 +661,8 @@ func (r *Ref) Close() {
 	last := shared.n[c] == 0
 	if last {
 		delete(shared.n, c)
-		if shared.m[c.Pool] == c {
-			delete(shared.m, c.Pool)
+		if k := (sharedKey{c.Pool, c.Schema.Name()}); shared.m[k] == c {
+			delete(shared.m, k)
 		}
 	}
 	shared.mu.Unlock()
