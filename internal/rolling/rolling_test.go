@@ -297,7 +297,7 @@ func TestRollingUpgrade(t *testing.T) {
 	if err := <-prodDone; err != nil {
 		t.Fatalf("producing rows: %v", err)
 	}
-	waitFor(t, db, 15*time.Second, "every row finished",
+	waitFor(t, db, 60*time.Second, "every row finished",
 		`SELECT NOT EXISTS (SELECT FROM rolling_items WHERE status <> 'DONE')`)
 	var until time.Time
 	if err := db.Pool.QueryRow(ctx, `SELECT date_trunc('second', clock_timestamp()) - interval '2 seconds'`).Scan(&until); err != nil {
