@@ -61,7 +61,9 @@ func runHarness(t *testing.T, cfg Config) *Result {
 		os.RemoveAll(dir)
 	})
 	cfg.Dir = dir
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+4*time.Minute)
+	// The run, then up to 4 minutes of settling (harness.settle), then the
+	// checks.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+6*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, cfg)
 	if errors.Is(err, pgtest.ErrUnavailable) && os.Getenv("CI") != "true" {

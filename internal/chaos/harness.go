@@ -567,7 +567,10 @@ func (h *harness) run(ctx context.Context) (res *Result, err error) {
 	kills, stops, restarts := slices.Clone(h.faults.kills), slices.Clone(h.faults.stops), slices.Clone(h.faults.restarts)
 	h.faults.mu.Unlock()
 	w := cfg.worker()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	// The checks get time of their own: a run whose settling used up the
+	// caller's deadline (a broken worker's rows may never settle) is still
+	// checked, and its violations reported.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
 	checks, stats, err := check(cctx, h.pool, checkParams{
 		schedules:      cfg.scheduleNames(),

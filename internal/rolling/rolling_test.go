@@ -140,7 +140,15 @@ func start(t *testing.T, bin, url, holder string) *instance {
 	if err := in.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = in.cmd.Process.Kill() })
+	t.Cleanup(func() {
+		_ = in.cmd.Process.Kill()
+		if t.Failed() && in.stdin != nil {
+			_ = in.cmd.Wait()
+			if s := strings.TrimSpace(in.stderr.String()); s != "" {
+				t.Logf("%s logged:\n%s", holder, s)
+			}
+		}
+	})
 	started := make(chan bool, 1)
 	go func() { started <- in.stdout.Scan() && in.stdout.Text() == "started" }()
 	select {
@@ -361,7 +369,10 @@ func waitFor(t *testing.T, db *pgtest.Database, d time.Duration, what, query str
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %v", what, d)
+			var left string
+			_ = db.Pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('%s by %s: %s', status, coalesce(claimed_by, '-'), n), '; '), '')
+				FROM (SELECT status, claimed_by, count(*) n FROM rolling_items WHERE status <> 'DONE' GROUP BY 1, 2) s`).Scan(&left)
+			t.Fatalf("%s: not after %v (rows not done: %s)", what, d, left)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -101,12 +101,16 @@ func run() error {
 	}()
 	go func() {
 		defer wg.Done()
+		// A stopping instance finishes the rows it has claimed: a batch is
+		// claimed and finished with a context the stop does not cancel (a
+		// claim cut short by the stop could commit on the server unseen,
+		// leaving rows claimed until their lease ends), and the stop is
+		// looked at between batches.
+		work := context.WithoutCancel(ctx)
 		for ctx.Err() == nil {
-			n, err := claimSome(ctx, pool, c, holder)
+			n, err := claimSome(work, pool, c, holder)
 			if err != nil {
-				if ctx.Err() == nil {
-					errs <- fmt.Errorf("claims: %w", err)
-				}
+				errs <- fmt.Errorf("claims: %w", err)
 				return
 			}
 			claimed.Add(int64(n))
