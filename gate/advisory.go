@@ -199,12 +199,19 @@ func (h *sessionHold) lostEvent(err error) Event {
 // Release stops the watch, then ends the run on the session (unlocking) and
 // keeps the session for reuse; a session that ended, or whose unlock was not
 // confirmed, is closed, which frees the lock on the server, and the outcome
-// is written through the pool instead.
+// is written through the pool instead. A run whose session was not
+// confirmed in time (the watch's validity ran out) while the shared session
+// stayed open is ended as lost on the session, which keeps every other lock
+// of the process (lockcore.SessionBound).
 func (h *sessionHold) Release(ctx context.Context, out lockcore.Outcome, jobErr error) (error, error) {
 	g, s, run := h.g, h.s, h.run
 	defer h.free()
 	lost := h.keeper.Stop()
-	if lost == nil {
+	lapsed := errors.Is(lost, lockcore.ErrExpired) && s.Shared() && !s.Conn.IsClosed()
+	if lost == nil || lapsed {
+		if lapsed {
+			out, jobErr = lockcore.Lost, h.lostText(jobErr)
+		}
 		// A session that does not answer within its validity is closed
 		// (which frees the lock) rather than waited for.
 		sctx, cancel := context.WithTimeout(ctx, sessionValidity)
@@ -220,26 +227,30 @@ func (h *sessionHold) Release(ctx context.Context, out lockcore.Outcome, jobErr 
 			s.Close()
 			g.opts.Logger.ErrorContext(ctx, "gate: release advisory lock", "name", run.Name, "error", err)
 			h.record(ctx, Outcome(out), jobErr)
-			return nil, nil
-		case !unlocked:
+			return h.lost, nil
+		case !unlocked && !lapsed:
 			lost = errors.New("the session no longer held the lock at release")
 		default:
 			g.sessions.Put(s)
-			return nil, nil
+			return h.lost, nil
 		}
 	}
 	s.Close()
-	lostErr := h.lost
-	if lostErr == nil { // found at release, not by the watcher
-		lostErr = fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, lost)
-		g.opts.emit(ctx, h.lostEvent(lostErr))
+	if h.lost == nil { // found at release, not by the watcher
+		h.lost = fmt.Errorf("%w: %q: %v", ErrLockLost, run.Name, lost)
+		g.opts.emit(ctx, h.lostEvent(h.lost))
 	}
-	text := lostErr
+	h.record(ctx, OutcomeLost, h.lostText(jobErr))
+	return h.lost, nil
+}
+
+// lostText is what a lost run records: the loss, and the job's own error
+// when it is more than the loss.
+func (h *sessionHold) lostText(jobErr error) error {
 	if jobErr != nil && !errors.Is(jobErr, ErrLockLost) && !errors.Is(jobErr, context.Canceled) {
-		text = fmt.Errorf("%v; job: %v", lostErr, jobErr)
+		return fmt.Errorf("%v; job: %v", h.lost, jobErr)
 	}
-	h.record(ctx, OutcomeLost, text)
-	return lostErr, nil
+	return h.lost
 }
 
 // record writes the run's outcome through the pool, logging a failure.

@@ -68,7 +68,13 @@
 // skipped with ErrHeld, as if another instance held it. A lock is always
 // released by an explicit pg_advisory_unlock whose result is checked; a
 // session whose unlock is not confirmed is closed (which drops every lock on
-// it) and the next lock opens another. Gate.Close closes it.
+// it) and the next lock opens another. Gate.Close closes it. A run whose
+// lock was not confirmed in time on a session that is merely slow (a
+// starved server or process) is cancelled, but the lock stays held until
+// the run has ended and unlocked it: the shared session is closed only when
+// it ended, or answered nothing for 15 s (longer than the server's own
+// keepalive bound, so a silent network has cost the server the locks by
+// then).
 //
 // Connection budget: a Gate holds DedicatedSessions (one) connection besides
 // its pool, shared by every Gate and schedule.Scheduler of the process on
@@ -109,8 +115,8 @@
 //   - Elector: the leader steps down 3/4 TTL after its last confirmation, at
 //     least TTL/4 before a standby can lead (see ElectorConfig.TTL).
 //
-// Releases are bounded the same way: an unlock on the lock's session by its
-// validity (the session is closed instead, which frees the lock), a lease's
+// Releases are bounded the same way: an unlock on the lock's shared session
+// by 15 s (the session is closed instead, which frees the lock), a lease's
 // release by AtMost, a term's close by TTL; an outcome written through the
 // pool after a lost lock still gets up to 10 s. See docs/RELIABILITY.md,
 // "Silent network", for the measured figures.

@@ -133,8 +133,10 @@
 // server drops the connection; its run is not taken over meanwhile, and when
 // it resumes its attempt either completes (still holding the lock) or, having
 // lost it, is refused. A stop longer than the lock's validity (below) makes
-// it count the lock lost when it resumes: it cancels the run and closes the
-// session.
+// it count the lock lost when it resumes: it cancels the run, then unlocks
+// on the session, which stays open with every other lock of the process (a
+// slow answer is not a lost session; a session silent for
+// lockcore.SessionBound, 15 s, is closed).
 //
 // Silent network. A holder whose network goes silent (the connections stay
 // open, nothing is answered) cannot tell whether the server still holds its
@@ -145,7 +147,8 @@
 // statements and the run's lease renewals are bounded by it, the lock's
 // session is pinged after a second of quiet (or a third of the validity),
 // and a lock or run lease not confirmed within it is lost: the run's
-// context is cancelled. The margin before another instance can start the
+// context is cancelled, and the lock is still held until the run has ended
+// and unlocked it. The margin before another instance can start the
 // run: with LeaseLocks, Lease/10 before the lease runs out in the
 // database; with a session lock, at least 3 s before the server's TCP
 // keepalive can free the lock (at least 6 s after the silence began), and

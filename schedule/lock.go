@@ -292,14 +292,14 @@ func (h *sessionHeld) release() {
 		cancel()
 	}
 	lost := h.watch.Stop() // the session is this caller's again
-	if lost != nil || h.s.Conn.IsClosed() {
-		h.s.Close()
+	if h.s.Conn.IsClosed() || (lost != nil && !errors.Is(lost, lockcore.ErrExpired)) {
+		h.s.Close() // ended: the lock went with it
 	} else {
-		// An unlock not answered within the validity closes the session,
-		// which frees the lock on the server.
-		uctx, ucancel := context.WithTimeout(context.Background(), validFor(h.valid, true))
-		h.ss.Unlock(uctx, h.s, h.class, h.key)
-		ucancel()
+		// Unlocked on the session even when its validity ran out (a slow
+		// answer; the run was cancelled): the session keeps every other
+		// lock of the process. An unlock not answered within
+		// lockcore.SessionBound closes it.
+		h.ss.Unlock(context.Background(), h.s, h.class, h.key)
 	}
 	h.free()
 	h.cancelLost()

@@ -28,11 +28,22 @@ const (
 	// checkIdleAfter: a shared session idle this long is checked (without
 	// a round trip) before use.
 	checkIdleAfter = time.Second
-	// statementBound bounds a statement on a shared session whose caller
-	// set no deadline: one statement that never returns would stall every
-	// lock of the process.
+	// statementBound bounds a statement on a session of its own whose
+	// caller set no deadline.
 	statementBound = 30 * time.Second
 )
+
+// SessionBound is how long a statement or a ping on a shared session (Share)
+// may go unanswered before the session is closed, whatever its caller's
+// deadline: a statement cut short closes the connection, which frees every
+// lock of the process at once, while the runs under them may still be
+// ending. It is longer than the server's own bound on a client it no longer
+// hears from (11 s, SessionSetup's keepalives): past it, a silent network
+// has already cost the server the locks; before it, a slow answer is only a
+// slow server or a starved client, and each lock whose validity ran out
+// meanwhile is reported lost to its holder (its run cancelled) while the
+// session keeps the lock until the holder releases it.
+const SessionBound = 15 * time.Second
 
 // Session is a connection taken out of the pool (pgxpool.Conn.Hijack) and
 // dedicated to holding advisory locks: all the locks of the Sessions it
@@ -64,10 +75,14 @@ type watch struct {
 	k      *Keeper
 	once   sync.Once // lose or stop, whichever comes first
 	taken  sync.Once // Stop takes the session once
+	lapse  *time.Timer
 }
 
 func (w *watch) lose(err error) {
 	w.once.Do(func() {
+		if w.lapse != nil {
+			w.lapse.Stop()
+		}
 		w.k.err = err
 		if w.onLost != nil {
 			w.onLost(err)
@@ -86,6 +101,7 @@ type Sessions struct {
 	// found through search_path).
 	Schema *qualify.Schema
 
+	shared   bool // by several users (Share): a lapse never closes the session
 	once     sync.Once
 	use      chan struct{} // a token: exclusive use of cur for statements
 	mu       sync.Mutex
@@ -282,26 +298,30 @@ func (c *Sessions) Close() {
 	c.give()
 }
 
-// bounded runs each statement on a shared session without its caller's
+// bounded runs each statement on a session without its caller's
 // cancellation (a cancelled statement closes the connection, which would
-// drop every other caller's locks), within the caller's deadline, or
-// statementBound when it has none.
+// drop every other caller's locks): on a shared session within SessionBound
+// whatever the caller's deadline, on a session of its own within the
+// caller's deadline, or statementBound when it has none.
 // Each statement answered confirms the locks held on the session.
 type bounded struct {
 	conn *pgx.Conn
 	s    *Session
 }
 
-func boundCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+func (b bounded) boundCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
-	if !ok {
+	switch {
+	case b.s.c != nil && b.s.c.shared:
+		d = time.Now().Add(SessionBound)
+	case !ok:
 		d = time.Now().Add(statementBound)
 	}
 	return context.WithDeadline(context.WithoutCancel(ctx), d)
 }
 
 func (b bounded) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	ctx, cancel := boundCtx(ctx)
+	ctx, cancel := b.boundCtx(ctx)
 	defer cancel()
 	sent := time.Now()
 	tag, err := b.conn.Exec(ctx, sql, args...)
@@ -317,7 +337,7 @@ func (b bounded) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (b bounded) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	ctx, cancel := boundCtx(ctx)
+	ctx, cancel := b.boundCtx(ctx)
 	return boundRow{b.conn.QueryRow(ctx, sql, args...), cancel, b.s, time.Now()}
 }
 
@@ -336,6 +356,10 @@ func (r boundRow) Scan(dest ...any) error {
 	}
 	return err
 }
+
+// Shared reports whether s is the session of a Sessions shared by several
+// users (Share).
+func (s *Session) Shared() bool { return s.c != nil && s.c.shared }
 
 // Alive reads what the server may have sent an idle session (a FATAL from
 // a terminated backend or a shutdown) without writing, and reports whether
@@ -492,9 +516,12 @@ type WatchConfig struct {
 // c.Every of silence (the shortest of the locks' settings) it pings, to
 // find a dead network. Every ping and every statement answered on s
 // confirms c.Validity. When the session is lost, onLost is called once,
-// from the watching goroutine, for each lock on it; a lock whose validity
-// runs out unconfirmed ends the session (ErrExpired), since a session that
-// does not answer may have lost every lock.
+// from the watching goroutine, for each lock on it. A lock whose validity
+// runs out unconfirmed is lost (ErrExpired): on a shared session (Share)
+// that lock alone, whose holder still releases it on the session (a slow
+// answer is not a lost session: see SessionBound); on a session of its own
+// the session ends, since a session that does not answer may have lost
+// every lock.
 //
 // The returned Keeper's Stop unregisters the lock and takes s again for
 // statements (hand it back with Put or Close); Done is closed when the
@@ -507,6 +534,9 @@ func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *K
 		s.c.mu.Lock()
 		_, on := s.watches[w]
 		delete(s.watches, w)
+		if w.lapse != nil {
+			w.lapse.Stop()
+		}
 		s.c.mu.Unlock()
 		first := false
 		w.taken.Do(func() { first = true })
@@ -525,6 +555,9 @@ func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *K
 	ended := s.ended
 	if ended == nil {
 		s.watches[w] = struct{}{}
+		if s.c.shared && c.Validity != nil {
+			s.armLapse(w)
+		}
 	}
 	s.c.mu.Unlock()
 	if ended != nil {
@@ -532,6 +565,28 @@ func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *K
 	}
 	s.c.give()
 	return w.k
+}
+
+// armLapse makes w lost with ErrExpired once its validity runs out
+// unconfirmed, whether or not the session is being watched or used
+// meanwhile; called with c.mu held.
+func (s *Session) armLapse(w *watch) {
+	w.lapse = time.AfterFunc(time.Until(w.valid.Until()), func() {
+		s.c.mu.Lock()
+		if left := time.Until(w.valid.Until()); left > 0 {
+			if _, on := s.watches[w]; on {
+				w.lapse.Reset(left)
+			}
+			s.c.mu.Unlock()
+			return
+		}
+		_, on := s.watches[w]
+		delete(s.watches, w)
+		s.c.mu.Unlock()
+		if on {
+			w.lose(ErrExpired)
+		}
+	})
 }
 
 // watchIdle starts the watch of an idle session holding locks; called with
@@ -546,7 +601,7 @@ func (s *Session) watchIdle() *Keeper {
 				if w.every > 0 {
 					every = min(every, w.every)
 				}
-				if w.valid != nil {
+				if w.valid != nil && !s.c.shared {
 					if u := w.valid.Until(); until.IsZero() || u.Before(until) {
 						until = u
 					}
@@ -571,7 +626,10 @@ func (s *Session) watchIdle() *Keeper {
 			}
 			if quiet && !pc.IsClosed() {
 				sent := time.Now()
-				if until.IsZero() {
+				switch {
+				case s.c.shared:
+					until = sent.Add(SessionBound)
+				case until.IsZero():
 					until = sent.Add(every)
 				}
 				pctx, pcancel := context.WithDeadline(context.Background(), until)
@@ -582,6 +640,9 @@ func (s *Session) watchIdle() *Keeper {
 					continue
 				}
 				if !time.Now().Before(until) {
+					if s.c.shared {
+						return fmt.Errorf("no answer to a ping for %v", SessionBound)
+					}
 					// No answer before a validity ran out: a silent
 					// network, or a server too slow to count on.
 					return ErrExpired
@@ -635,7 +696,7 @@ func Share(pool *pgxpool.Pool, schema *qualify.Schema) *Ref {
 	k := sharedKey{pool, schema.Name()}
 	c := shared.m[k]
 	if c == nil {
-		c = &Sessions{Pool: pool, Schema: schema}
+		c = &Sessions{Pool: pool, Schema: schema, shared: true}
 		shared.m[k] = c
 	}
 	shared.n[c]++
