@@ -171,6 +171,9 @@ func fullParams() *params {
 			// 64 × (MaxConns + the dedicated sessions) does not fit in 100
 			// connections: the server is sized to the stated budget.
 			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Sides: []string{"pgclaim", "river"}},
+			// The same, each instance a process of its own, as a service's
+			// instances run.
+			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Processes: true, Sides: []string{"pgclaim"}},
 		},
 	}
 }

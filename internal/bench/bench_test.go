@@ -66,7 +66,10 @@ func tinyParams() *params {
 		SchedIdle:          2 * time.Second,
 		SchedBusy:          3 * time.Second,
 
-		HerdShapes: []herdShape{{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Sides: []string{"pgclaim", "robfig"}}},
+		HerdShapes: []herdShape{
+			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Sides: []string{"pgclaim", "robfig"}},
+			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Processes: true, Sides: []string{"pgclaim"}},
+		},
 	}
 }
 
@@ -340,8 +343,9 @@ func scenario(t *testing.T, rep *Report, name string) *ScenarioReport {
 
 // TestBenchHerd runs the herd scenario at a tiny size on a server of its
 // own with max_connections = 100: every due (job, instant) ran once on both
-// pgclaim sides, backends and lag were measured, and River's side
-// runs too when PGCLAIM_BENCH_HERDRIVER names a built herdriver.
+// pgclaim sides (and with the instances as processes of their own),
+// backends and lag were measured, and River's side runs too when
+// PGCLAIM_BENCH_HERDRIVER names a built herdriver.
 func TestBenchHerd(t *testing.T) {
 	srv := pgtest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -361,7 +365,7 @@ func TestBenchHerd(t *testing.T) {
 	}
 	t.Log(out.String())
 	sc := rep.Scenarios[0]
-	if len(sc.Results) != len(p.HerdShapes[0].Sides) {
+	if len(sc.Results) != len(p.HerdShapes[0].Sides)+len(p.HerdShapes[1].Sides) {
 		t.Fatalf("%d results, want one per side\n%s", len(sc.Results), out.String())
 	}
 	for _, r := range sc.Results {

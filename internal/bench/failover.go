@@ -23,7 +23,7 @@ import (
 // started with these environment variables set; MaybeRunChild turns the
 // process into the child.
 const (
-	envChild    = "PGCLAIM_BENCH_CHILD" // "failover" or "instance"
+	envChild    = "PGCLAIM_BENCH_CHILD" // "failover", "instance" or "herd"
 	envMode     = "PGCLAIM_BENCH_MODE"  // advisory | lease | poll
 	envTTL      = "PGCLAIM_BENCH_TTL"
 	envURL      = "PGCLAIM_BENCH_URL"
@@ -53,6 +53,8 @@ func MaybeRunChild() {
 		os.Exit(runChild())
 	case "instance":
 		os.Exit(runInstanceChild())
+	case "herd":
+		os.Exit(runHerdChild())
 	}
 }
 

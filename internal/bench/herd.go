@@ -51,12 +51,21 @@ type herdShape struct {
 	Instants             int
 	// MaxConnections of the server (0: 100, the stock limit).
 	MaxConnections int
+	// Processes runs the pgclaim side's instances each in a process of
+	// its own (herdproc.go), not as goroutines of this one.
+	Processes bool
+	// HolderFrom is the number of the first instance (its holder is
+	// "herd-<n>").
+	HolderFrom int
 	// Sides run, in order: "pgclaim" (schedule.Scheduler), "river"
 	// (River's periodic jobs), "robfig" (gate + cronx/robfig).
 	Sides []string
 }
 
 func (s herdShape) label() string {
+	if s.Processes {
+		return fmt.Sprintf("%d processes × %d every %s", s.Instances, s.Schedules, s.Period)
+	}
 	return fmt.Sprintf("%d × %d every %s", s.Instances, s.Schedules, s.Period)
 }
 
@@ -161,7 +170,7 @@ func (h *herdServers) close() {
 func runHerd(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 	servers := &herdServers{e: e, byLimit: map[int]*pgtest.Server{}}
 	defer servers.close()
-	r.setup("N instances, each a goroutine with its own pgxpool (MaxConns %d), all running the same M jobs due at the same instants; each job inserts one row through its pool (started = clock_timestamp()) and sleeps %s", herdPoolConns, herdJobSleep)
+	r.setup("N instances, each a goroutine with its own pgxpool (MaxConns %d) (or, in the shapes marked processes, each a process of its own: this executable re-run), all running the same M jobs due at the same instants; each job inserts one row through its pool (started = clock_timestamp()) and sleeps %s", herdPoolConns, herdJobSleep)
 	r.setup("pgclaim: one schedule.Scheduler per instance (default Config) registering the M schedules (`*/10 * * * * *`, or `* * * * * *` every second)")
 	r.setup("River: river.NewPeriodicJob with a PeriodicSchedule due at every multiple of the period, riverpgxv5, one client per instance on the same pool size, MaxWorkers %d, River's migrations (rivermigrate); a child process built from internal/bench/herdriver, a Go module of its own", herdRiverWorkers)
 	r.setup("robfig: gate.Gate + cronx/robfig per instance, M robfig/cron jobs on the same spec, each through robfig.NewJob (gate.Once per instant)")
@@ -339,7 +348,7 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 	switch side {
 	case "pgclaim":
 		hs.events = &schedEvents{}
-		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulers(rctx, db.URL, sh, errs, hs.events)
+		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulersFor(rctx, db.URL, sh, errs, hs.events)
 	case "robfig":
 		stop, stmts, hs.startErrors, hs.warnings, err = herdRobfig(rctx, db.URL, sh, errs)
 	case "river":
@@ -531,7 +540,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 			}
 			it := &inst{in: in, done: make(chan error, 1)}
 			insts[i] = it
-			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", i), Logger: log, Hooks: events})
+			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events})
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
