@@ -174,6 +174,9 @@ func fullParams() *params {
 			// The same, each instance a process of its own, as a service's
 			// instances run.
 			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Processes: true, Sides: []string{"pgclaim"}},
+			// And behind PgBouncer in transaction mode on a stock server:
+			// lease locks, the server's connections PgBouncer's pool.
+			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, Processes: true, Bouncer: true, Sides: []string{"pgclaim"}},
 		},
 	}
 }

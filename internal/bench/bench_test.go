@@ -68,7 +68,7 @@ func tinyParams() *params {
 
 		HerdShapes: []herdShape{
 			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Sides: []string{"pgclaim", "robfig"}},
-			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Processes: true, Sides: []string{"pgclaim"}},
+			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 3, Processes: true, Bouncer: true, Sides: []string{"pgclaim"}},
 		},
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/cronx/robfig"
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	childproc "github.com/pgclaim/pgclaim/internal/child"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
@@ -57,16 +58,24 @@ type herdShape struct {
 	// HolderFrom is the number of the first instance (its holder is
 	// "herd-<n>").
 	HolderFrom int
+	// Bouncer puts PgBouncer in transaction mode (internal/bouncer, its
+	// server pool 20 connections) between the pgclaim side's instances and
+	// the server; the schedulers then hold lease rows (LeaseLocks).
+	Bouncer bool
 	// Sides run, in order: "pgclaim" (schedule.Scheduler), "river"
 	// (River's periodic jobs), "robfig" (gate + cronx/robfig).
 	Sides []string
 }
 
 func (s herdShape) label() string {
+	l := fmt.Sprintf("%d × %d every %s", s.Instances, s.Schedules, s.Period)
 	if s.Processes {
-		return fmt.Sprintf("%d processes × %d every %s", s.Instances, s.Schedules, s.Period)
+		l = fmt.Sprintf("%d processes × %d every %s", s.Instances, s.Schedules, s.Period)
 	}
-	return fmt.Sprintf("%d × %d every %s", s.Instances, s.Schedules, s.Period)
+	if s.Bouncer {
+		l += " behind PgBouncer"
+	}
+	return l
 }
 
 func (s herdShape) spec() string {
@@ -215,6 +224,9 @@ func runHerd(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 			switch side {
 			case "pgclaim":
 				budget = fmt.Sprint(sh.Instances * (herdPoolConns + schedDedicated))
+				if sh.Bouncer {
+					budget = "20 (PgBouncer's pool)"
+				}
 			case "robfig":
 				budget = fmt.Sprint(sh.Instances * (herdPoolConns + gateDedicated))
 			case "river":
@@ -345,10 +357,19 @@ func herdRun(ctx context.Context, srv *pgtest.Server, sh herdShape, side, riverB
 	var stop func() error
 	var stmts func() int64
 	errs := &herdErrs{}
+	sideURL := db.URL
+	if sh.Bouncer && side == "pgclaim" {
+		b, err := bouncer.Start(ctx, srv.URL(), db.Name)
+		if err != nil {
+			return hs, err
+		}
+		defer b.Stop()
+		sideURL = b.URL(db.Name, "herd")
+	}
 	switch side {
 	case "pgclaim":
 		hs.events = &schedEvents{}
-		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulersFor(rctx, db.URL, sh, errs, hs.events)
+		stop, stmts, hs.startErrors, hs.warnings, err = herdSchedulersFor(rctx, sideURL, sh, errs, hs.events)
 	case "robfig":
 		stop, stmts, hs.startErrors, hs.warnings, err = herdRobfig(rctx, db.URL, sh, errs)
 	case "river":
@@ -540,7 +561,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 			}
 			it := &inst{in: in, done: make(chan error, 1)}
 			insts[i] = it
-			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events})
+			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events, LeaseLocks: sh.Bouncer})
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)

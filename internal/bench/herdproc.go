@@ -26,6 +26,7 @@ const (
 	envHerdSchedules = "PGCLAIM_BENCH_HERD_SCHEDULES"
 	envHerdPeriod    = "PGCLAIM_BENCH_HERD_PERIOD"
 	envHerdHolder    = "PGCLAIM_BENCH_HERD_HOLDER" // the instance's number
+	envHerdLease     = "PGCLAIM_BENCH_HERD_LEASE"  // "true": LeaseLocks (behind PgBouncer)
 )
 
 // herdChildReport is what a herd child reports when it stops.
@@ -49,7 +50,7 @@ func runHerdChild() int {
 		out.emit("error", oneLine(err.Error()))
 		return 2
 	}
-	sh := herdShape{Instances: 1, Schedules: schedules, Period: period, HolderFrom: holder}
+	sh := herdShape{Instances: 1, Schedules: schedules, Period: period, HolderFrom: holder, Bouncer: os.Getenv(envHerdLease) == "true"}
 	errs, events := &herdErrs{}, &schedEvents{}
 	stop, stmts, startErrs, logs, err := herdSchedulers(ctx, os.Getenv(envURL), sh, errs, events)
 	if err != nil {
@@ -110,7 +111,8 @@ func herdProcesses(ctx context.Context, url string, sh herdShape, errs *herdErrs
 		k := &herdChild{ready: make(chan error, 1), counts: make(chan int64, 1), done: make(chan herdChildReport, 1)}
 		k.p, err = childproc.Start(childproc.Config{
 			Env: []string{envChild + "=herd", envURL + "=" + url, envHerdSchedules + "=" + strconv.Itoa(sh.Schedules),
-				envHerdPeriod + "=" + sh.Period.String(), envHerdHolder + "=" + strconv.Itoa(sh.HolderFrom+i)},
+				envHerdPeriod + "=" + sh.Period.String(), envHerdHolder + "=" + strconv.Itoa(sh.HolderFrom+i),
+				envHerdLease + "=" + strconv.FormatBool(sh.Bouncer)},
 			OwnGroup: true,
 			StderrTo: io.Discard,
 			Stdout:   k.line,
