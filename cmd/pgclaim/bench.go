@@ -29,7 +29,8 @@ scheduler's idle cost, cost per instant and wake-up lag against gate.Once
 due every second; 4 instances × 25 schedules with --quick); and many jobs
 due at one instant on many instances of a stock server (max_connections
 100) against River's periodic jobs and the robfig adapter (scenario herd:
-8 × 50, 8 × 500 and 64 × 100 every 10 s, 8 × 200 every second; River's side
+8 × 50, 8 × 500 and 64 × 100 every 10 s, 8 × 200 every second, and 64
+processes × 100 every 10 s on the server and behind PgBouncer; River's side
 is built from internal/bench/herdriver, a module of its own; --quick runs
 pgclaim's side at 4 × 50 only).
 
