@@ -162,35 +162,24 @@ func herdProcesses(ctx context.Context, url string, sh herdShape, errs *herdErrs
 		var err error
 		timeout := time.After(60 * time.Second)
 		for i, k := range kids {
+			var rep herdChildReport
 			select {
-			case rep := <-k.done:
-				errs.n.Add(rep.Errors)
-				errs.mu.Lock()
-				if errs.first == "" {
-					errs.first = rep.FirstError
-				}
-				errs.mu.Unlock()
-				for kind, n := range rep.Events {
-					events.mu.Lock()
-					if events.n == nil {
-						events.n = map[schedule.EventKind]int64{}
-					}
-					events.n[kind] += n
-					events.mu.Unlock()
-				}
-				logs.mu.Lock()
-				for msg, n := range rep.Logged {
-					logs.n[msg] += n
-				}
-				logs.mu.Unlock()
-				if rep.StopError != "" {
-					err = cmpErr(err, fmt.Errorf("herd: instance %d: %s", i, rep.StopError))
-				}
+			case rep = <-k.done:
 			case <-k.p.Done():
-				err = cmpErr(err, fmt.Errorf("herd: instance %d exited without a report: %v", i, k.p.Err()))
+				// The report, when there is one, was read before Done.
+				select {
+				case rep = <-k.done:
+				default:
+					err = cmpErr(err, fmt.Errorf("herd: instance %d exited without a report: %v", i, k.p.Err()))
+					continue
+				}
 			case <-timeout:
 				kill()
 				return cmpErr(err, errors.New("herd: the instances did not stop within 60 s"))
+			}
+			rep.addTo(errs, events, logs)
+			if rep.StopError != "" {
+				err = cmpErr(err, fmt.Errorf("herd: instance %d: %s", i, rep.StopError))
 			}
 		}
 		return err
@@ -229,4 +218,27 @@ func herdSchedulersFor(ctx context.Context, url string, sh herdShape, errs *herd
 		return herdProcesses(ctx, url, sh, errs, events)
 	}
 	return herdSchedulers(ctx, url, sh, errs, events)
+}
+
+// addTo adds a child's report to the side's counts.
+func (rep herdChildReport) addTo(errs *herdErrs, events *schedEvents, logs *logCount) {
+	errs.n.Add(rep.Errors)
+	errs.mu.Lock()
+	if errs.first == "" {
+		errs.first = rep.FirstError
+	}
+	errs.mu.Unlock()
+	events.mu.Lock()
+	if events.n == nil {
+		events.n = map[schedule.EventKind]int64{}
+	}
+	for kind, n := range rep.Events {
+		events.n[kind] += n
+	}
+	events.mu.Unlock()
+	logs.mu.Lock()
+	for msg, n := range rep.Logged {
+		logs.n[msg] += n
+	}
+	logs.mu.Unlock()
 }
