@@ -89,9 +89,19 @@ func (h *harness) inject(ctx context.Context, rng *rand.Rand) {
 				continue
 			}
 			lastRestart = time.Now()
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			err := h.srv.Restart(rctx)
-			cancel()
+			// A starved machine's crash recovery can outlast one try,
+			// and a try that runs out stops the server: try again, since
+			// a server left down ends the run.
+			var err error
+			for try := 0; try < 3; try++ {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
+				err = h.srv.Restart(rctx)
+				cancel()
+				if err == nil {
+					break
+				}
+				h.logf("restart Postgres (try %d): %v", try+1, err)
+			}
 			if err != nil {
 				h.logf("restart Postgres: %v", err)
 				continue
