@@ -348,7 +348,13 @@ func fromURL(ctx context.Context, u string) (*Server, error) {
 // waitReady polls until a connection to u succeeds or ctx ends; alive, when
 // non-nil, reports an early exit of the server process.
 func waitReady(ctx context.Context, u string, alive func() error) error {
+	// 60 s, or the caller's deadline when it set one (a starved machine's
+	// crash recovery may take longer).
+	start := time.Now()
 	deadline := time.Now().Add(60 * time.Second)
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d
+	}
 	var last error
 	for time.Now().Before(deadline) {
 		if alive != nil {
@@ -370,5 +376,5 @@ func waitReady(ctx context.Context, u string, alive func() error) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("server not ready after 60s: %w", last)
+	return fmt.Errorf("server not ready after %v: %w", time.Since(start).Round(time.Second), last)
 }
