@@ -109,16 +109,24 @@ func (s *Scheduler) attend(ctx context.Context, e *entry) result {
 		defer h.release()
 		return s.hold(ctx, e, h)
 	}()
-	if r.handBack && !s.cfg.LeaseLocks {
-		// The lock is free now: tell the other instances at once rather
-		// than leave the attempt to their poll.
-		nctx, cancel := lockcore.ReleaseContext(ctx)
-		defer cancel()
-		if err := s.stmts(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, e.name) }); err != nil {
-			s.log.WarnContext(ctx, "schedule: notify the hand-back (the poll will find it)", "schedule", e.name, "error", err)
-		}
+	if r.handBack {
+		s.handedBack(ctx, e.name)
 	}
 	return r
+}
+
+// handedBack tells the other instances, once the schedule's lock is free,
+// that an attempt was handed back, rather than leave it to their poll
+// (with Config.LeaseLocks nothing listens: the poll finds it).
+func (s *Scheduler) handedBack(ctx context.Context, name string) {
+	if s.cfg.LeaseLocks {
+		return
+	}
+	nctx, cancel := lockcore.ReleaseContext(ctx)
+	defer cancel()
+	if err := s.stmts(nctx, func(q *store.Queries) error { return q.NotifySchedule(nctx, name) }); err != nil {
+		s.log.WarnContext(ctx, "schedule: notify the hand-back (the poll will find it)", "schedule", name, "error", err)
+	}
 }
 
 func (s *Scheduler) setStored(e *entry, st *stored) {
@@ -263,20 +271,14 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			s.finish(ctx, h, cur, nil)
 			cur = nil
 		case <-h.lost():
-			run := cur.run
-			s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
-			cur.cancel(h.cause())
-			<-cur.done
-			s.finish(ctx, h, cur, h.cause())
+			s.lostLock(ctx, h, cur)
 			cur = nil
 			r.wake = s.dbNow() // look again at once: the next lock holder (perhaps this instance) takes over
 			return r
 		case <-e.poke:
 		case <-timer.C:
 		case <-ctx.Done():
-			cur.cancel(context.Cause(ctx))
-			<-cur.done
-			s.finish(ctx, h, cur, nil)
+			s.stopped(ctx, h, cur)
 			r.handBack = cur.handBack
 			cur = nil
 			return r
@@ -291,6 +293,25 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			s.checkOverdue(ctx, h, cur)
 		}
 	}
+}
+
+// lostLock ends the attempt a once the lock h it runs under is lost: it
+// reports the loss, cancels the job, waits for it and records what may be
+// recorded (see finish).
+func (s *Scheduler) lostLock(ctx context.Context, h held, a *attemptRun) {
+	run := a.run
+	s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Err: h.cause()})
+	a.cancel(h.cause())
+	<-a.done
+	s.finish(ctx, h, a, h.cause())
+}
+
+// stopped ends the attempt a when ctx has ended: it cancels the job,
+// waits for it and hands the attempt back (see finish).
+func (s *Scheduler) stopped(ctx context.Context, h held, a *attemptRun) {
+	a.cancel(context.Cause(ctx))
+	<-a.done
+	s.finish(ctx, h, a, nil)
 }
 
 // nextWake is when the runner should look at the schedule again: its next

@@ -152,8 +152,8 @@ func (s *Scheduler) status(ctx context.Context, r store.ScheduleStatusesRow) (St
 	return out, nil
 }
 
-// RunRecord is one run of a schedule as Scheduler.Runs reports it: a row of its
-// ledger.
+// RunRecord is one run of a schedule as Scheduler.Runs, RunAt and WaitRun
+// report it: a row of its ledger.
 type RunRecord struct {
 	// Instant is the run's instant (the trigger's time for a triggered
 	// run); Kind is "scheduled", "triggered" or "backfill".
@@ -199,15 +199,20 @@ func (s *Scheduler) Runs(ctx context.Context, name string, limit int) ([]RunReco
 	}
 	out := make([]RunRecord, 0, len(rows))
 	for _, r := range rows {
-		run := RunRecord{
-			Instant: tm(r.Instant), Kind: r.Kind, State: r.State, Attempt: int(r.Attempt), Holder: deref(r.Holder),
-			Reason: deref(r.Reason), Missed: r.Missed, Late: r.Late, Overdue: r.Overdue,
-			StartedAt: tm(r.StartedAt), FinishedAt: tm(r.FinishedAt),
-		}
-		if r.Fence != nil {
-			run.Fence = *r.Fence
-		}
-		out = append(out, run)
+		out = append(out, runRecord(r))
 	}
 	return out, nil
+}
+
+// runRecord is a row of the ledger as Runs reports it.
+func runRecord(r store.RecentRunsRow) RunRecord {
+	run := RunRecord{
+		Instant: tm(r.Instant), Kind: r.Kind, State: r.State, Attempt: int(r.Attempt), Holder: deref(r.Holder),
+		Reason: deref(r.Reason), Missed: r.Missed, Late: r.Late, Overdue: r.Overdue,
+		StartedAt: tm(r.StartedAt), FinishedAt: tm(r.FinishedAt),
+	}
+	if r.Fence != nil {
+		run.Fence = *r.Fence
+	}
+	return run
 }

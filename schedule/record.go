@@ -52,7 +52,7 @@ func (s *Scheduler) record(ctx context.Context, h held, st *stored, busy string,
 		if len(recs) == 0 {
 			return nil
 		}
-		evs, err := s.write(ctx, h, d.Name, recs)
+		_, evs, err := s.write(ctx, h, d.Name, recs)
 		if err != nil {
 			return err
 		}
@@ -167,8 +167,10 @@ type rec struct {
 	startAfter time.Time // a pending instant's jittered start; zero: at once
 }
 
-// write records recs and returns the events to report for them.
-func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) ([]Event, error) {
+// write records recs and returns how many rows it inserted (an instant
+// already in the ledger is left as it is; nothing is recorded while the
+// schedule is paused) and the events to report for recs.
+func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) (int64, []Event, error) {
 	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
 	for _, r := range recs {
 		p.Instants = append(p.Instants, ts(r.instant))
@@ -177,13 +179,15 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		p.Reasons = append(p.Reasons, r.reason)
 		p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
 	}
+	var n int64
 	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
 		p.LockName, p.LockFence = g.name, g.fence
-		_, err := q.RecordInstants(ctx, p)
+		var err error
+		n, err = q.RecordInstants(ctx, p)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("schedule: %q: record instants: %w", name, err)
+		return 0, nil, fmt.Errorf("schedule: %q: record instants: %w", name, err)
 	}
 	var evs []Event
 	for _, r := range recs {
@@ -194,7 +198,7 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 			evs = append(evs, Event{Kind: EventSkipped, Schedule: name, Instant: r.instant, RunKind: kindScheduled, Holder: s.holder, State: r.state, Reason: r.reason})
 		}
 	}
-	return evs, nil
+	return n, evs, nil
 }
 
 // replace applies overlap replace for the instant by, just recorded: the

@@ -176,12 +176,19 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
 		entries: map[string]*entry{}, changed: make(chan struct{}, 1),
 	}
-	if cfg.LeaseLocks {
-		s.locks = &leaseLocker{s: s}
-	} else {
-		s.locks = &sessionLocker{s: s}
-	}
+	s.locks = s.newLocker()
 	return s, nil
+}
+
+// newLocker returns a locker of the kind Config.LeaseLocks says. A session
+// locker's sessions are the process's for s's pool (lockcore.Share): one
+// of this scheduler's lockers and another exclude each other in the
+// process as on the server.
+func (s *Scheduler) newLocker() locker {
+	if s.cfg.LeaseLocks {
+		return &leaseLocker{s: s}
+	}
+	return &sessionLocker{s: s}
 }
 
 // tx runs fn in a READ COMMITTED transaction on the pool, whatever

@@ -18,6 +18,15 @@ var (
 
 	// ErrNotFound means no schedule of that name is stored.
 	ErrNotFound = errors.New("schedule: no such schedule")
+
+	// ErrRecorded means Scheduler.RunAt found the instant in the ledger
+	// already (run, running, waiting, skipped, triggered or backfilled):
+	// it ran nothing, and returned the run as recorded.
+	ErrRecorded = errors.New("schedule: instant already recorded")
+
+	// ErrPaused means Scheduler.RunAt found the schedule paused: no
+	// attempt starts until Resume.
+	ErrPaused = errors.New("schedule: paused")
 )
 
 // transient reports whether err may go away when the statement is tried

@@ -118,6 +118,33 @@ func (s *cronSpec) next(t time.Time) time.Time {
 	return s.search(t, t.AddDate(searchYears, 0, 0))
 }
 
+// prev returns the last scheduled instant strictly before t, in UTC; the
+// zero Time when there is none within 5 years. It looks back over windows
+// doubling from a minute, so a spec's gaps cost a few searches each.
+func (s *cronSpec) prev(t time.Time) time.Time {
+	to := t.Add(-time.Nanosecond)
+	oldest := t.AddDate(-searchYears, 0, 0)
+	for w := time.Minute; ; w *= 2 {
+		from := t.Add(-w)
+		if from.Before(oldest) {
+			from = oldest
+		}
+		var last time.Time
+		for f := from; ; {
+			batch, more := s.between(f, to, recordChunk)
+			if len(batch) > 0 {
+				last, f = batch[len(batch)-1], batch[len(batch)-1]
+			}
+			if !more {
+				break
+			}
+		}
+		if !last.IsZero() || from.Equal(oldest) {
+			return last
+		}
+	}
+}
+
 // between returns the scheduled instants in (from, to], ascending, at most max
 // (max <= 0: none); more reports whether further instants exist in the range.
 func (s *cronSpec) between(from, to time.Time, max int) (instants []time.Time, more bool) {

@@ -722,3 +722,36 @@ func TestDSTProperty(t *testing.T) {
 		}
 	}
 }
+
+// prev is next's inverse: for every instant i of a spec, prev of the
+// instant after it is i, across DST transitions, sparse and dense specs;
+// a spec with no instant within 5 years has no prev either.
+func TestPrev(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ spec, zone string }{
+		{"0 9 * * *", "Asia/Seoul"},
+		{"30 2 * * *", "Europe/Berlin"},     // inside the spring gap and the repeated hour
+		{"*/7 * * * *", "America/New_York"}, // dense
+		{"0 0 1 1 *", "UTC"},                // yearly: a long look back
+		{"* * 1 * *", "UTC"},                // a burst, then a month's gap
+	}
+	for _, c := range cases {
+		s := mustSpec(t, c.spec, c.zone)
+		t0 := time.Date(2027, 3, 20, 0, 0, 0, 0, time.UTC)
+		instants, _ := s.between(t0, t0.AddDate(0, 0, 40), 3000)
+		if len(instants) < 2 {
+			instants, _ = s.between(t0, t0.AddDate(3, 0, 0), 3)
+		}
+		for k, i := range instants[1:] {
+			if p := s.prev(i); !p.Equal(instants[k]) {
+				t.Fatalf("%s: prev(%s) = %s, want %s", s, i, p, instants[k])
+			}
+			if p := s.prev(i.Add(-time.Millisecond)); !p.Equal(instants[k]) {
+				t.Fatalf("%s: prev(%s) = %s, want %s", s, i.Add(-time.Millisecond), p, instants[k])
+			}
+		}
+	}
+	if p := mustSpec(t, "0 0 30 2 *", "UTC").prev(time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)); !p.IsZero() {
+		t.Fatalf("prev of an impossible spec: %s", p)
+	}
+}

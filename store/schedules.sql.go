@@ -754,6 +754,74 @@ func (q *Queries) ResumeSchedule(ctx context.Context, name string) (ResumeSchedu
 	return i, err
 }
 
+const runByInstant = `-- name: RunByInstant :one
+SELECT r.instant, r.kind, r.state, r.attempt, r.fence, r.holder, r.reason,
+       r.missed, r.late, r.overdue, r.started_at, r.finished_at,
+       r.lease_until, r.next_attempt_at, r.start_after,
+       (CASE r.state
+            WHEN 'pending' THEN r.start_after IS NULL OR r.start_after <= now()
+            WHEN 'retrying' THEN r.next_attempt_at <= now()
+            WHEN 'running' THEN r.lease_until <= now()
+            ELSE false
+        END)::boolean AS ready,
+       now()::timestamptz AS db_now
+FROM pgclaim_schedule_runs r
+WHERE r.schedule = $1::text AND r.instant = $2::timestamptz
+`
+
+type RunByInstantParams struct {
+	Schedule string
+	Instant  pgtype.Timestamptz
+}
+
+type RunByInstantRow struct {
+	Instant       pgtype.Timestamptz
+	Kind          string
+	State         string
+	Attempt       int32
+	Fence         *int64
+	Holder        *string
+	Reason        *string
+	Missed        bool
+	Late          bool
+	Overdue       bool
+	StartedAt     pgtype.Timestamptz
+	FinishedAt    pgtype.Timestamptz
+	LeaseUntil    pgtype.Timestamptz
+	NextAttemptAt pgtype.Timestamptz
+	StartAfter    pgtype.Timestamptz
+	Ready         bool
+	DbNow         pgtype.Timestamptz
+}
+
+// One run of a schedule, as Scheduler.Runs reports it, with what its
+// runner reads (as OpenRuns): whether it can be taken now, and the
+// database's time. No row: the instant is not in the ledger.
+func (q *Queries) RunByInstant(ctx context.Context, arg RunByInstantParams) (RunByInstantRow, error) {
+	row := q.db.QueryRow(ctx, runByInstant, arg.Schedule, arg.Instant)
+	var i RunByInstantRow
+	err := row.Scan(
+		&i.Instant,
+		&i.Kind,
+		&i.State,
+		&i.Attempt,
+		&i.Fence,
+		&i.Holder,
+		&i.Reason,
+		&i.Missed,
+		&i.Late,
+		&i.Overdue,
+		&i.StartedAt,
+		&i.FinishedAt,
+		&i.LeaseUntil,
+		&i.NextAttemptAt,
+		&i.StartAfter,
+		&i.Ready,
+		&i.DbNow,
+	)
+	return i, err
+}
+
 const runInstants = `-- name: RunInstants :many
 SELECT instant FROM pgclaim_schedule_runs
 WHERE schedule = $1::text AND kind = $2::text
@@ -806,7 +874,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
        paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
-        WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
+        WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
 FROM pgclaim_schedules s
 WHERE name = $1::text
@@ -840,6 +908,9 @@ type ScheduleByNameRow struct {
 }
 
 // A stored definition and its pause state, with the database's time.
+// cursor is the newest scheduled instant recorded that is due: a future
+// instant Scheduler.RunAt ran ahead of time does not move it, so the
+// instants before that one are still recorded as they come due.
 func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNameRow, error) {
 	row := q.db.QueryRow(ctx, scheduleByName, name)
 	var i ScheduleByNameRow

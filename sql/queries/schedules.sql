@@ -44,6 +44,9 @@ RETURNING (xmax = 0)::boolean AS inserted;
 
 -- name: ScheduleByName :one
 -- A stored definition and its pause state, with the database's time.
+-- cursor is the newest scheduled instant recorded that is due: a future
+-- instant Scheduler.RunAt ran ahead of time does not move it, so the
+-- instants before that one are still recorded as they come due.
 SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM catch_up_window) * 1000000)::bigint AS catch_up_window_us,
        catch_up_cap, overlap, max_attempts,
@@ -55,7 +58,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
        paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
-        WHERE r.schedule = s.name AND r.kind = 'scheduled')::timestamptz AS cursor,
+        WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
 FROM pgclaim_schedules s
 WHERE name = sqlc.arg(name)::text;
@@ -372,3 +375,20 @@ SELECT (SELECT count(*) FROM d)::bigint AS deleted,
 -- Tell every listening instance that a run of the schedule waits (an
 -- attempt handed back at shutdown), as Pause, Resume and Trigger do.
 SELECT pg_notify('pgclaim_schedules', sqlc.arg(name)::text);
+
+-- name: RunByInstant :one
+-- One run of a schedule, as Scheduler.Runs reports it, with what its
+-- runner reads (as OpenRuns): whether it can be taken now, and the
+-- database's time. No row: the instant is not in the ledger.
+SELECT r.instant, r.kind, r.state, r.attempt, r.fence, r.holder, r.reason,
+       r.missed, r.late, r.overdue, r.started_at, r.finished_at,
+       r.lease_until, r.next_attempt_at, r.start_after,
+       (CASE r.state
+            WHEN 'pending' THEN r.start_after IS NULL OR r.start_after <= now()
+            WHEN 'retrying' THEN r.next_attempt_at <= now()
+            WHEN 'running' THEN r.lease_until <= now()
+            ELSE false
+        END)::boolean AS ready,
+       now()::timestamptz AS db_now
+FROM pgclaim_schedule_runs r
+WHERE r.schedule = sqlc.arg(schedule)::text AND r.instant = sqlc.arg(instant)::timestamptz;
