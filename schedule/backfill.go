@@ -54,6 +54,13 @@ type BackfillResult struct {
 	// Clamped says To was cut back to it.
 	Until   time.Time
 	Clamped bool
+	// Cut counts the spec's instants in (Until, To] that were cut with
+	// the range and not recorded: a range reaching into the future
+	// records only what lies before the frontier. Counting stops at
+	// maxLeftOut; CutMore then says more follow. To run one of them now
+	// (a test of "the 09:00 job"), use Scheduler.RunAt.
+	Cut     int
+	CutMore bool
 }
 
 // BackfillLimit is the largest BackfillOptions.Max that Backfill accepts
@@ -75,6 +82,11 @@ const maxLeftOut = 100_000
 // statement: all or none. The range is cut back to the schedule's
 // frontier (see BackfillResult.Until). With opts.DryRun nothing is
 // written. Every instance is notified when runs were recorded.
+//
+// A backfill is not how to run an instant now: its runs are of kind
+// "backfill" (never late nor missed), and a range reaching past the
+// frontier is cut there — a nil error, with Clamped and Cut saying what
+// was left out. A test that runs "today's 09:00 run" uses RunAt.
 //
 // Bad input returns an error naming the field (wrapping ErrInvalid);
 // unknown name: ErrNotFound.
@@ -107,6 +119,9 @@ func (s *Scheduler) Backfill(ctx context.Context, name string, opts BackfillOpti
 	if res.Until.After(frontier) {
 		res.Until, res.Clamped = frontier, true
 	}
+	if res.Clamped {
+		res.Cut, res.CutMore = count(st.spec, latest(res.Until, opts.From.UTC()), opts.To.UTC(), maxLeftOut)
+	}
 	lacking, err := s.lacking(ctx, st, opts.From.UTC(), opts.Max, &res)
 	if err != nil {
 		return res, err
@@ -137,6 +152,29 @@ func (s *Scheduler) Backfill(ctx context.Context, name string, opts BackfillOpti
 	}
 	res.Taken = len(lacking) - len(res.Instants)
 	return res, nil
+}
+
+// count counts spec's instants in (from, to], stopping at limit (more:
+// further instants follow).
+func count(spec *cronSpec, from, to time.Time, limit int) (n int, more bool) {
+	for from.Before(to) {
+		batch, next := spec.between(from, to, min(recordChunk, limit-n+1))
+		if n += len(batch); n > limit {
+			return limit, true
+		}
+		if !next || len(batch) == 0 {
+			break
+		}
+		from = batch[len(batch)-1]
+	}
+	return n, false
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // lacking returns the oldest max instants of st's spec in (from, res.Until]

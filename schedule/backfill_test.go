@@ -126,7 +126,7 @@ func TestBackfillOverlapRunsEachOnce(t *testing.T) {
 
 // A dry run writes nothing; Max takes the oldest instants and counts the
 // rest; a second backfill skips what the first recorded; the range is cut
-// back to the schedule's frontier.
+// back to the schedule's frontier, and the result counts what was cut.
 func TestBackfillDryRunCapAndFrontier(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -184,8 +184,22 @@ func TestBackfillDryRunCapAndFrontier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !late.Clamped || !late.Until.Equal(startsAt.UTC()) || len(late.Instants) != 2 {
-		t.Errorf("a range past the frontier: %+v, want cut back to %v with 2 instants", late, startsAt)
+	if !late.Clamped || !late.Until.Equal(startsAt.UTC()) || len(late.Instants) != 2 || late.Cut != 3 || late.CutMore {
+		t.Errorf("a range past the frontier: %+v, want cut back to %v with 2 instants, 3 cut", late, startsAt)
+	}
+	// A range wholly past the frontier records nothing, and says what it cut.
+	future, err := in.s.Backfill(ctx, def.Name, BackfillOptions{From: startsAt.Add(24 * time.Hour), To: startsAt.Add(72 * time.Hour), Max: 10})
+	if err != nil || len(future.Instants) != 0 || !future.Clamped || future.Cut != 2 {
+		t.Errorf("a future range: %+v, %v; want nothing recorded, 2 cut", future, err)
+	}
+	// The count of what was cut stops at maxLeftOut.
+	every := Definition{Name: "every-second", Spec: "* * * * * *", TimeZone: "UTC", Version: 1}
+	if err := in.s.Register(ctx, every, nop); err != nil {
+		t.Fatal(err)
+	}
+	many, err := in.s.Backfill(ctx, every.Name, BackfillOptions{From: startsAt.Add(-time.Minute), To: startsAt.Add(48 * time.Hour), Max: 10, DryRun: true})
+	if err != nil || many.Cut != maxLeftOut || !many.CutMore {
+		t.Errorf("a long future range: cut %d (more %v), %v; want %d and more", many.Cut, many.CutMore, err, maxLeftOut)
 	}
 }
 

@@ -289,7 +289,7 @@ func (h *Handler) backfill(r *http.Request, name string) (string, error) {
 		msg += fmt.Sprintf("; %d more beyond max", res.LeftOut)
 	}
 	if res.Clamped {
-		msg += "; instants after the scheduler's frontier are left to it"
+		msg += fmt.Sprintf("; %d instants after the scheduler's frontier (%s) are left to it", res.Cut, fmtTime(res.Until))
 	}
 	return msg, nil
 }

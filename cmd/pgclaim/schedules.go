@@ -85,6 +85,8 @@ type backfillJSON struct {
 	To          time.Time   `json:"to"`
 	Until       time.Time   `json:"until"`   // the effective end: to, or the schedule's frontier
 	Clamped     bool        `json:"clamped"` // to was after the frontier
+	Cut         int         `json:"cut"`     // instants in (until, to] not backfilled: the scheduler's
+	CutMore     bool        `json:"cut_more"`
 	DryRun      bool        `json:"dry_run"`
 	Instants    []time.Time `json:"instants"` // recorded, or in a dry run would be, oldest first
 	Present     int         `json:"present"`  // already in the ledger
@@ -437,7 +439,7 @@ nothing.`)
 		return schedFail("backfilling "+name, name, err)
 	}
 	out := backfillJSON{
-		Schedule: name, From: from.UTC(), To: to.UTC(), Until: res.Until.UTC(), Clamped: res.Clamped, DryRun: !*yes,
+		Schedule: name, From: from.UTC(), To: to.UTC(), Until: res.Until.UTC(), Clamped: res.Clamped, Cut: res.Cut, CutMore: res.CutMore, DryRun: !*yes,
 		Instants: make([]time.Time, 0, len(res.Instants)), Present: res.Present, Taken: res.Taken,
 		LeftOut: res.LeftOut, LeftOutMore: res.LeftOutMore, Paused: st.Paused,
 	}
@@ -517,7 +519,12 @@ func printBackfill(w io.Writer, out backfillJSON) error {
 		fmt.Fprintf(w, "%s%s more lacking beyond --max: backfill again to record them\n", plural(int64(out.LeftOut), "instant", "instants"), more)
 	}
 	if out.Clamped {
-		fmt.Fprintf(w, "instants after %s are the scheduler's (it records them as they come due; catch-up decides missed ones): not backfilled\n", fmtTime(out.Until))
+		more := ""
+		if out.CutMore {
+			more = " (at least)"
+		}
+		fmt.Fprintf(w, "%s%s in (%s, %s] are the scheduler's (it records them as they come due; catch-up decides missed ones): not backfilled\n",
+			plural(int64(out.Cut), "instant", "instants"), more, fmtTime(out.Until), fmtTime(out.To))
 	}
 	switch {
 	case out.DryRun && n > 0:

@@ -200,8 +200,13 @@ nothing recorded: pass --yes to record them
 	// A range reaching past the schedule's frontier is cut back to it.
 	r = cli(t, "", "schedules", "backfill", "report", "--from", "now-72h", "--to", "now+48h", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	if res := decodeJSON[backfillJSON](t, r.stdout); !res.Clamped || !res.Until.Before(res.To) || !res.DryRun {
-		t.Errorf("past the frontier: %+v", res)
+	if res := decodeJSON[backfillJSON](t, r.stdout); !res.Clamped || !res.Until.Before(res.To) || !res.DryRun || res.Cut != 2 || res.CutMore {
+		t.Errorf("past the frontier: %+v; want 2 instants cut", res)
+	}
+	r = cli(t, "", "schedules", "backfill", "report", "--from", "now-72h", "--to", "now+48h", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	if !strings.Contains(r.stdout, "2 instants in (") || !strings.Contains(r.stdout, "are the scheduler's") {
+		t.Errorf("past the frontier, the text does not say what was cut:\n%s", r.stdout)
 	}
 }
 
