@@ -249,6 +249,18 @@
 // database's time; while one is open, Trigger returns it, so two
 // operators triggering together get one run.
 //
+// # Tests
+//
+// Scheduler.RunAt runs a registered schedule's instant now, synchronously,
+// as the scheduler would have run it at that instant: recorded as a
+// scheduled run, claimed with a fence under the schedule's lock, retried by
+// its policy; it returns the run as recorded (a RunRecord), ErrRecorded
+// (running nothing) for an instant already in the ledger, ErrPaused for a
+// paused schedule. Scheduler.WaitRun waits for the end of a run the
+// service's own scheduler makes. A test thus checks "the 09:00 job" without
+// waiting for 09:00, and without a backfill (kind backfill, cut at the
+// scheduler's frontier).
+//
 // # Retention
 //
 // Scheduler.Prune deletes finished runs older than a given age by database

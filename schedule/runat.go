@@ -51,7 +51,9 @@ const (
 //   - an instant already in the ledger (whatever its kind or state): an
 //     error wrapping ErrRecorded, and nothing runs — calling RunAt twice for
 //     one instant, or from two instances at once, runs the job once (use
-//     WaitRun to wait for a run in progress);
+//     WaitRun to wait for a run in progress); so does an instant at or
+//     before the newest one Prune deleted (with a zero RunRecord), whose
+//     record may have been pruned;
 //   - the run failed (after its attempts) or was skipped (a scheduler's
 //     overlap policy replaced it): an error with its reason;
 //   - the schedule is paused, or is paused between attempts: an error
@@ -92,6 +94,11 @@ func (s *Scheduler) RunAt(ctx context.Context, name string, instant time.Time) (
 	instant = instant.UTC()
 	if r, err := s.readRun(ctx, s.q, name, instant); err != nil || r != nil {
 		return r.record(), s.recordedErr(name, instant, r, err)
+	}
+	if !instant.After(st.prunedUntil) {
+		// Its record may have been pruned: running it could run it twice.
+		return none, fmt.Errorf("%w: %q %s is at or before the newest instant Prune deleted (%s): it may have run, and RunAt runs nothing",
+			ErrRecorded, name, instant.Format(time.RFC3339), st.prunedUntil.Format(time.RFC3339))
 	}
 	if st.paused {
 		return none, pausedErr(name, st)
@@ -252,7 +259,7 @@ func (s *Scheduler) await(ctx context.Context, h held, a *attemptRun) {
 // An instant the ledger lacks that is not an instant of the stored spec
 // returns an error wrapping ErrInvalid naming "instant" (nothing would
 // ever record it), as does one at or before the start of the definition's
-// life. Unknown name: ErrNotFound.
+// life or the newest instant Prune deleted. Unknown name: ErrNotFound.
 func (s *Scheduler) WaitRun(ctx context.Context, name string, instant time.Time) (RunRecord, error) {
 	if name == "" {
 		return RunRecord{}, invalid("name", "must not be empty")
@@ -280,6 +287,10 @@ func (s *Scheduler) WaitRun(ctx context.Context, name string, instant time.Time)
 			if !instant.After(st.startsAt) {
 				return RunRecord{}, invalid("instant", fmt.Sprintf("%s is not after the start of the definition's life (%s): it is never due",
 					instant.Format(time.RFC3339), st.startsAt.Format(time.RFC3339Nano)))
+			}
+			if !instant.After(st.prunedUntil) {
+				return RunRecord{}, invalid("instant", fmt.Sprintf("%s is at or before the newest instant Prune deleted (%s): it is never recorded again",
+					instant.Format(time.RFC3339), st.prunedUntil.Format(time.RFC3339)))
 			}
 			checked = true
 		}

@@ -120,7 +120,7 @@ func def9(seoul *time.Location, t time.Time, after bool) time.Time {
 
 // A second RunAt of the same instant runs nothing: it returns the run as
 // recorded with ErrRecorded. So does one of an instant the scheduler, a
-// trigger or a backfill recorded.
+// trigger or a backfill recorded, or one Prune may have deleted.
 func TestRunAtTwice(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -152,6 +152,21 @@ func TestRunAtTwice(t *testing.T) {
 	rec, err := in.s.RunAt(ctx, def.Name, bf.Instants[0])
 	if !errors.Is(err, ErrRecorded) || rec.Kind != kindBackfill || rec.State != statePending {
 		t.Fatalf("RunAt of a backfilled instant: %+v, %v", rec, err)
+	}
+	// A pruned instant may have run: RunAt runs nothing, WaitRun waits for
+	// nothing.
+	if _, err := db.Pool.Exec(ctx, `WITH d AS (DELETE FROM pgclaim_schedule_runs WHERE instant = $1)
+		UPDATE pgclaim_schedules SET pruned_until = $1`, at); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := in.s.RunAt(ctx, def.Name, at); !errors.Is(err, ErrRecorded) || !strings.Contains(err.Error(), "Prune") || rec != (RunRecord{}) {
+		t.Fatalf("RunAt of a pruned instant: %+v, %v", rec, err)
+	}
+	if _, err := in.s.WaitRun(ctx, def.Name, at); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("WaitRun of a pruned instant: %v", err)
+	}
+	if n := effectsAt(t, db, def.Name, at); n != 1 {
+		t.Fatalf("the job ran %d times", n)
 	}
 }
 
