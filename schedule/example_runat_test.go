@@ -56,7 +56,9 @@ func ExampleScheduler_WaitRun() {
 
 	// The service: a scheduler running a schedule due every second.
 	s, _ := schedule.New(db.Pool, schedule.Config{Logger: slog.New(slog.DiscardHandler)})
-	def := schedule.Definition{Name: "heartbeat", Spec: "* * * * * *", TimeZone: "UTC", Version: 1}
+	// Every instant runs, however late a loaded machine wakes the runner.
+	def := schedule.Definition{Name: "heartbeat", Spec: "* * * * * *", TimeZone: "UTC", Version: 1,
+		CatchUp: schedule.CatchUpAll, Overlap: schedule.OverlapBufferAll}
 	if err := s.Register(ctx, def, func(context.Context, schedule.Run) error { return nil }); err != nil {
 		panic(err)
 	}
