@@ -135,8 +135,8 @@
 // lost it, is refused. A stop longer than the lock's validity (below) makes
 // it count the lock lost when it resumes: it cancels the run, then unlocks
 // on the session, which stays open with every other lock of the process (a
-// slow answer is not a lost session; a session silent for
-// lockcore.SessionBound, 15 s, is closed).
+// slow answer is not a lost session; a session silent for 15 s is
+// closed).
 //
 // Silent network. A holder whose network goes silent (the connections stay
 // open, nothing is answered) cannot tell whether the server still holds its
