@@ -99,5 +99,15 @@ func TestFullServerBackedOff(t *testing.T) {
 	t.Logf("%d instants due, %d recorded; %d due after the limit was lifted, %d succeeded", due, recorded, after, succeededAfter)
 	if recorded != due || after == 0 || succeededAfter != after || doubled != 0 {
 		t.Errorf("%d instants due, %d recorded; after the limit was lifted %d due, %d succeeded; %d with more than one effect", due, recorded, after, succeededAfter, doubled)
+		rows, err := db.Pool.Query(ctx, `SELECT format('%s %s %s attempt %s holder %s reason %s', schedule, instant, state, attempt, holder, reason)
+			FROM pgclaim_schedule_runs WHERE instant BETWEEN $1 AND $2 AND state <> 'succeeded' ORDER BY instant, schedule`, from, to)
+		if err == nil {
+			for rows.Next() {
+				var line string
+				_ = rows.Scan(&line)
+				t.Log(line)
+			}
+			rows.Close()
+		}
 	}
 }
