@@ -130,6 +130,12 @@ type Definition struct {
 	// one, and lateness is measured from the delayed start. Triggered and
 	// backfilled runs are not delayed. Default 0: none.
 	Jitter time.Duration
+	// Retention is how long this schedule's finished runs are kept:
+	// Config.Retention for this schedule (see there). It is this
+	// instance's setting, not stored with the definition (give every
+	// instance the same). Default (0): Config.Retention; KeepRuns keeps
+	// every run; otherwise at least an hour and longer than CatchUpWindow.
+	Retention time.Duration
 	// Lease is how long an attempt stays exclusive without a renewal: the
 	// running attempt renews it every Lease/3; with Config.LeaseLocks, a
 	// run whose holder stopped renewing is taken over once it expires.
@@ -179,6 +185,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 	f := func(name, msg string) error { return invalid("Definition."+name, msg) }
 	if err := checkName(d.Name); err != nil {
 		return d, nil, f("Name", err.Error())
+	}
+	if err := checkRetention("Definition.Retention", d.Retention, d.CatchUpWindow); err != nil {
+		return d, nil, err
 	}
 	switch {
 	case d.Spec == "":

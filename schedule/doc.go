@@ -263,8 +263,14 @@
 //
 // # Retention
 //
-// Scheduler.Prune deletes finished runs older than a given age by database
-// time, never an open one. Each schedule keeps the newest scheduled instant
+// A running Scheduler deletes the finished runs of the schedules registered
+// with it once they are older than Config.Retention (DefaultRetention, 7
+// days, unless set; Definition.Retention per schedule; KeepRuns keeps them
+// all): a minute after Run starts, then every 10 minutes, 1,000 rows per
+// statement, each bounded to 5 s, logging one line per schedule that lost
+// runs. A schedule whose CatchUpWindow is as long as its retention keeps
+// its runs (Register warns). Scheduler.Prune deletes finished runs older
+// than a given age on request, by database time, never an open one. Each schedule keeps the newest scheduled instant
 // pruned (pruned_until): instants up to it are never recorded again by
 // catch-up nor reported missed, so pruning cannot make an instant run
 // twice. Prune refuses an age within any stored schedule's catch-up

@@ -38,3 +38,29 @@ func ExampleScheduler_Prune() {
 	// true schedule: olderThan: 12h0m0s is within the catch-up window (24h0m0s) of schedule "report": catch-up could run a pruned instant again
 	// 0 <nil>
 }
+
+// A running scheduler deletes finished runs older than its Retention (7
+// days by default) by itself; a schedule may keep its runs longer, or all
+// of them.
+func ExampleConfig_retention() {
+	db, cleanup := exampleDatabase()
+	defer cleanup()
+	ctx := context.Background()
+	pool, err := db.OpenPool(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	s, err := schedule.New(pool, schedule.Config{Retention: 30 * 24 * time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		panic(err)
+	}
+	audit := schedule.Definition{Name: "audit-export", Spec: "0 2 * * *", Version: 1, Retention: schedule.KeepRuns}
+	if err := s.Register(ctx, audit, func(context.Context, schedule.Run) error { return nil }); err != nil {
+		panic(err)
+	}
+	_, err = schedule.New(pool, schedule.Config{Retention: 10 * time.Minute})
+	fmt.Println(err)
+	// Output:
+	// schedule: Config.Retention: 10m0s is shorter than an hour: keep runs long enough to look at them (or schedule.KeepRuns)
+}

@@ -89,6 +89,16 @@ type Config struct {
 	// schedules alone until one of its own finishes; instances with room
 	// take them meanwhile. Default 50.
 	MaxConcurrent int
+	// Retention is how long the finished runs (succeeded, failed, skipped)
+	// of the schedules registered with this scheduler are kept, by database
+	// time: a running scheduler deletes older ones itself, in batches of
+	// 1,000 rows each bounded to 5 s, a minute after Run starts and then
+	// every 10 minutes. A pruned instant is never recorded again (see
+	// Prune). Definition.Retention overrides it per schedule; a schedule
+	// whose CatchUpWindow is as long keeps its runs. Default (0):
+	// DefaultRetention, 7 days. KeepRuns keeps every run. At least an
+	// hour.
+	Retention time.Duration
 	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema):
 	// every statement names it, so nothing depends on search_path, and
 	// schedulers of installations in other schemas of the database never
@@ -110,10 +120,13 @@ type Scheduler struct {
 	locks  locker
 	schema *qualify.Schema // Config.Schema
 
-	refusals refusals       // connections refused by the database: back-off and reports
-	offset   atomic.Int64   // database time minus host time, ns
-	stalled  atomic.Bool    // tests: keepers freeze, as in a stopped process
-	zombies  sync.WaitGroup // attempts replaced (overlap replace) still running
+	refusals refusals // connections refused by the database: back-off and reports
+	// retainBatch is the most runs one retention statement deletes
+	// (retainBatch; smaller in tests).
+	retainBatch int32
+	offset      atomic.Int64   // database time minus host time, ns
+	stalled     atomic.Bool    // tests: keepers freeze, as in a stopped process
+	zombies     sync.WaitGroup // attempts replaced (overlap replace) still running
 	// listening: the listener is connected and polls on its own
 	// connection; Run's loop polls through the pool only while it is not.
 	listening atomic.Bool
@@ -126,10 +139,11 @@ type Scheduler struct {
 
 // entry is a schedule this instance runs.
 type entry struct {
-	name string
-	job  Job
-	st   *stored // last read; nil until read
-	poke chan struct{}
+	name      string
+	job       Job
+	retention time.Duration // Definition.Retention; 0: Config.Retention
+	st        *stored       // last read; nil until read
+	poke      chan struct{}
 }
 
 // New returns a scheduler on pool. It validates cfg; it does not touch the
@@ -171,10 +185,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	if cfg.MaxConcurrent == 0 {
 		cfg.MaxConcurrent = 50
 	}
+	if err := checkRetention("Config.Retention", cfg.Retention, 0); err != nil {
+		return nil, err
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
 	s := &Scheduler{
 		pool: pool, q: store.New(schema.Wrap(pool)), rc: store.New(schema.Wrap(lockcore.ReadCommitted{Pool: pool})), schema: schema,
 		holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
-		entries: map[string]*entry{}, changed: make(chan struct{}, 1),
+		entries: map[string]*entry{}, changed: make(chan struct{}, 1), retainBatch: retainBatch,
 	}
 	s.locks = s.newLocker()
 	return s, nil
@@ -241,7 +261,10 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 	if err != nil {
 		return err
 	}
-	if !changed && !reflect.DeepEqual(st.def, d) {
+	// Retention is this instance's setting, not stored with the definition.
+	stored := st.def
+	stored.Retention = d.Retention
+	if !changed && !reflect.DeepEqual(stored, d) {
 		s.emit(ctx, Event{
 			Kind: EventFollowed, Schedule: d.Name, Holder: s.holder,
 			Reason: followReason(d, st.def),
@@ -254,7 +277,9 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 		s.entries[d.Name] = e
 	}
 	e.job = job
+	e.retention = d.Retention
 	s.mu.Unlock()
+	s.warnKept(ctx, d, st.def.CatchUpWindow)
 	select {
 	case s.changed <- struct{}{}:
 	default:
@@ -326,6 +351,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.listen(lctx, kicks) }()
 	}
+	wg.Add(1)
+	go func() { defer wg.Done(); s.retain(lctx) }()
 
 	results := make(chan result)
 	active := map[string]bool{}

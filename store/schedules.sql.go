@@ -497,6 +497,63 @@ func (q *Queries) PruneRuns(ctx context.Context, olderThanUs int64) (PruneRunsRo
 	return i, err
 }
 
+const pruneScheduleRuns = `-- name: PruneScheduleRuns :one
+WITH s AS (
+    SELECT ps.name FROM pgclaim_schedules ps
+    WHERE ps.name = $1
+      AND ps.catch_up_window < $2::bigint * interval '1 microsecond'
+), v AS (
+    SELECT r.instant FROM pgclaim_schedule_runs r
+    WHERE r.schedule IN (SELECT s.name FROM s)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - $2::bigint * interval '1 microsecond'
+    ORDER BY r.finished_at
+    LIMIT $3::int
+    FOR UPDATE SKIP LOCKED
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    USING v
+    WHERE r.schedule = $1 AND r.instant = v.instant
+    RETURNING r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules sc
+    SET pruned_until = GREATEST(sc.pruned_until, m.until)
+    FROM (SELECT max(instant) AS until FROM d WHERE kind <> 'triggered') AS m
+    WHERE sc.name = $1 AND m.until IS NOT NULL
+    RETURNING sc.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       EXISTS (SELECT 1 FROM s) AS eligible,
+       (SELECT count(*) FROM u)::bigint AS moved
+`
+
+type PruneScheduleRunsParams struct {
+	Name        string
+	OlderThanUs int64
+	BatchSize   int32
+}
+
+type PruneScheduleRunsRow struct {
+	Deleted  int64
+	Eligible bool
+	Moved    int64
+}
+
+// Retention: delete up to batch_size of one schedule's finished runs
+// (succeeded, failed, skipped; never an open one) that finished more than
+// older_than ago by database time, oldest first, skipping rows another
+// session has locked, and move the schedule's pruned_until up to the newest
+// scheduled or backfilled instant deleted (as PruneRuns). A schedule whose
+// catch-up window reaches older_than is left alone (eligible false): catch-up
+// could otherwise run a pruned instant again. The caller bounds the
+// statement's time (SetLocalStatementTimeout).
+func (q *Queries) PruneScheduleRuns(ctx context.Context, arg PruneScheduleRunsParams) (PruneScheduleRunsRow, error) {
+	row := q.db.QueryRow(ctx, pruneScheduleRuns, arg.Name, arg.OlderThanUs, arg.BatchSize)
+	var i PruneScheduleRunsRow
+	err := row.Scan(&i.Deleted, &i.Eligible, &i.Moved)
+	return i, err
+}
+
 const recordInstants = `-- name: RecordInstants :execrows
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
 SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
@@ -941,6 +998,16 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.DbNow,
 	)
 	return i, err
+}
+
+const setLocalStatementTimeout = `-- name: SetLocalStatementTimeout :exec
+SELECT set_config('statement_timeout', $1::text, true)
+`
+
+// Bounds every later statement of the transaction.
+func (q *Queries) SetLocalStatementTimeout(ctx context.Context, timeout string) error {
+	_, err := q.db.Exec(ctx, setLocalStatementTimeout, timeout)
+	return err
 }
 
 const triggerSchedule = `-- name: TriggerSchedule :one

@@ -371,6 +371,47 @@ SELECT (SELECT count(*) FROM d)::bigint AS deleted,
        COALESCE((SELECT name FROM bad), '')::text AS refused_by,
        COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us;
 
+-- name: PruneScheduleRuns :one
+-- Retention: delete up to batch_size of one schedule's finished runs
+-- (succeeded, failed, skipped; never an open one) that finished more than
+-- older_than ago by database time, oldest first, skipping rows another
+-- session has locked, and move the schedule's pruned_until up to the newest
+-- scheduled or backfilled instant deleted (as PruneRuns). A schedule whose
+-- catch-up window reaches older_than is left alone (eligible false): catch-up
+-- could otherwise run a pruned instant again. The caller bounds the
+-- statement's time (SetLocalStatementTimeout).
+WITH s AS (
+    SELECT ps.name FROM pgclaim_schedules ps
+    WHERE ps.name = sqlc.arg(name)
+      AND ps.catch_up_window < sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+), v AS (
+    SELECT r.instant FROM pgclaim_schedule_runs r
+    WHERE r.schedule IN (SELECT s.name FROM s)
+      AND r.state IN ('succeeded', 'failed', 'skipped')
+      AND r.finished_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+    ORDER BY r.finished_at
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE SKIP LOCKED
+), d AS (
+    DELETE FROM pgclaim_schedule_runs r
+    USING v
+    WHERE r.schedule = sqlc.arg(name) AND r.instant = v.instant
+    RETURNING r.instant, r.kind
+), u AS (
+    UPDATE pgclaim_schedules sc
+    SET pruned_until = GREATEST(sc.pruned_until, m.until)
+    FROM (SELECT max(instant) AS until FROM d WHERE kind <> 'triggered') AS m
+    WHERE sc.name = sqlc.arg(name) AND m.until IS NOT NULL
+    RETURNING sc.name
+)
+SELECT (SELECT count(*) FROM d)::bigint AS deleted,
+       EXISTS (SELECT 1 FROM s) AS eligible,
+       (SELECT count(*) FROM u)::bigint AS moved;
+
+-- name: SetLocalStatementTimeout :exec
+-- Bounds every later statement of the transaction.
+SELECT set_config('statement_timeout', sqlc.arg(timeout)::text, true);
+
 -- name: NotifySchedule :exec
 -- Tell every listening instance that a run of the schedule waits (an
 -- attempt handed back at shutdown), as Pause, Resume and Trigger do.

@@ -1,0 +1,141 @@
+package schedule
+
+// Retention: a running Scheduler deletes the finished runs of the schedules
+// registered with it once they are older than their retention, in small
+// batches, each statement bounded in time, so that a schedule due every
+// second does not grow its ledger forever.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/pgclaim/pgclaim/internal/pgerr"
+	"github.com/pgclaim/pgclaim/store"
+)
+
+// DefaultRetention is how long finished runs are kept when neither
+// Config.Retention nor Definition.Retention says otherwise: long enough to
+// look back over a week of history, short enough that a schedule due every
+// second keeps about 600,000 rows.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// KeepRuns, as Config.Retention or Definition.Retention, keeps every
+// finished run: nothing is deleted but by Prune.
+const KeepRuns time.Duration = -1
+
+// retainBatch is the most runs one statement deletes.
+const retainBatch = 1000
+
+const (
+	// retainStatement bounds each deleting statement.
+	retainStatement = 5 * time.Second
+	// retainFirst and retainEvery: the first pass a minute after Run
+	// starts, then every 10 minutes (each with up to a fifth more of
+	// jitter, so instances do not delete in step).
+	retainFirst = time.Minute
+	retainEvery = 10 * time.Minute
+)
+
+// retention returns the retention of the schedule registered as e: its
+// definition's, else the scheduler's; negative: keep everything.
+func (s *Scheduler) retention(e *entry) time.Duration {
+	s.mu.Lock()
+	r := e.retention
+	s.mu.Unlock()
+	if r == 0 {
+		r = s.cfg.Retention
+	}
+	return r
+}
+
+// retain runs retention passes until ctx ends.
+func (s *Scheduler) retain(ctx context.Context) {
+	t := time.NewTimer(jittered(retainFirst))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.retainOnce(ctx); err != nil && ctx.Err() == nil && !pgerr.Refused(err) {
+			s.log.WarnContext(ctx, "schedule: delete old runs (retention); trying again at the next pass", "error", err)
+		}
+		t.Reset(jittered(retainEvery))
+	}
+}
+
+func jittered(d time.Duration) time.Duration {
+	return d + time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// retainOnce deletes, for every schedule registered here, its finished
+// runs older than its retention, a batch at a time, and logs what it
+// deleted. It stops at the first error.
+func (s *Scheduler) retainOnce(ctx context.Context) error {
+	for _, e := range s.snapshot() {
+		age := s.retention(e)
+		if age <= 0 {
+			continue
+		}
+		var total int64
+		for {
+			var row store.PruneScheduleRunsRow
+			err := s.tx(ctx, func(q *store.Queries) error {
+				if err := q.SetLocalStatementTimeout(ctx, fmt.Sprint(retainStatement.Milliseconds())); err != nil {
+					return err
+				}
+				var err error
+				row, err = q.PruneScheduleRuns(ctx, store.PruneScheduleRunsParams{Name: e.name, OlderThanUs: us(age), BatchSize: s.retainBatch})
+				return err
+			})
+			if err != nil {
+				s.logRetained(ctx, e.name, age, total)
+				return fmt.Errorf("schedule: %q: %w", e.name, err)
+			}
+			total += row.Deleted
+			if row.Deleted < int64(s.retainBatch) || ctx.Err() != nil {
+				break
+			}
+		}
+		s.logRetained(ctx, e.name, age, total)
+	}
+	return ctx.Err()
+}
+
+func (s *Scheduler) logRetained(ctx context.Context, name string, age time.Duration, n int64) {
+	if n > 0 {
+		s.log.InfoContext(ctx, "schedule: old runs deleted (retention)", "schedule", name, "deleted", n, "older_than", age.String())
+	}
+}
+
+// checkRetention validates a retention setting named field.
+func checkRetention(field string, r, catchUpWindow time.Duration) error {
+	switch {
+	case r == 0 || r == KeepRuns:
+		return nil
+	case r < 0:
+		return invalid(field, fmt.Sprintf("%s is negative: use schedule.KeepRuns to keep every run", r))
+	case r < time.Hour:
+		return invalid(field, fmt.Sprintf("%s is shorter than an hour: keep runs long enough to look at them (or schedule.KeepRuns)", r))
+	case catchUpWindow > 0 && r <= catchUpWindow:
+		return invalid(field, fmt.Sprintf("%s is within the catch-up window (%s): make it longer than CatchUpWindow, or the old runs are never deleted", r, catchUpWindow))
+	}
+	return nil
+}
+
+// warnKept warns at Register when the retention in force for d does not
+// reach past its stored catch-up window, so its runs are kept (a pass
+// would otherwise be silently idle for it).
+func (s *Scheduler) warnKept(ctx context.Context, d Definition, window time.Duration) {
+	r := d.Retention
+	if r == 0 {
+		r = s.cfg.Retention
+	}
+	if r > 0 && window > 0 && r <= window {
+		s.log.WarnContext(ctx, "schedule: finished runs are kept: the retention is within the catch-up window; set Definition.Retention longer than CatchUpWindow, or KeepRuns",
+			"schedule", d.Name, "retention", r.String(), "catch_up_window", window.String())
+	}
+}

@@ -1,0 +1,101 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// Retention deletes each schedule's finished runs older than its retention
+// (the definition's, else the scheduler's), in batches, never an open run,
+// and moves pruned_until so that catch-up never records a deleted instant
+// again; KeepRuns and a catch-up window as long as the retention keep
+// every run.
+func TestRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	logs := &recLog{}
+	in := newInstance(t, db, "a", Config{Retention: 24 * time.Hour, Logger: slog.New(logs)}, nil)
+	defs := []Definition{
+		{Name: "short", Spec: "0 * * * *", Version: 1, Retention: 2 * time.Hour},
+		{Name: "default", Spec: "0 * * * *", Version: 1},
+		{Name: "kept", Spec: "0 * * * *", Version: 1, Retention: KeepRuns},
+		{Name: "wide", Spec: "0 * * * *", Version: 1, CatchUp: CatchUpAll, CatchUpWindow: 48 * time.Hour},
+	}
+	hour := dbNow(t, db.Pool).Truncate(time.Hour)
+	for _, d := range defs {
+		if err := in.s.Register(ctx, d, nop); err != nil {
+			t.Fatal(err)
+		}
+		// Five finished runs, the past five hours.
+		for h := 5; h >= 1; h-- {
+			if _, err := in.s.RunAt(ctx, d.Name, hour.Add(-time.Duration(h)*time.Hour)); err != nil {
+				t.Fatalf("%s: RunAt: %v", d.Name, err)
+			}
+		}
+	}
+	if len(logs.lines(slog.LevelWarn, "schedule: finished runs are kept")) != 1 {
+		t.Errorf("no warning (or more than one) that the wide schedule's runs are kept: %v", logs.lines(slog.LevelWarn, "schedule:"))
+	}
+	// All finished 3 hours ago; the two oldest 30 hours ago.
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET finished_at = now() - CASE WHEN instant < $1 THEN interval '30 hours' ELSE interval '3 hours' END`,
+		hour.Add(-3*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// An open run is never deleted.
+	open, _, err := in.s.Trigger(ctx, "short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.s.retainBatch = 2 // several batches per schedule
+	if err := in.s.retainOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"short": 1, "default": 3, "kept": 5, "wide": 5}
+	for name, n := range want {
+		rows := runsOf(t, db.Pool, name)
+		if len(rows) != n {
+			t.Errorf("%s: %d runs left, want %d", name, len(rows), n)
+		}
+		if name == "short" && (len(rows) != 1 || !rows[0].Instant.Equal(open)) {
+			t.Errorf("short: the open triggered run is not what is left: %+v", rows)
+		}
+	}
+	var until time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT pruned_until FROM pgclaim_schedules WHERE name = 'short'`).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	if !until.Equal(hour.Add(-time.Hour)) {
+		t.Errorf("short: pruned_until %v, want the newest instant deleted, %v", until, hour.Add(-time.Hour))
+	}
+	if got := logs.lines(slog.LevelInfo, "schedule: old runs deleted (retention)"); len(got) != 2 {
+		t.Errorf("%d info lines for two schedules with runs deleted: %v", len(got), got)
+	}
+	// A deleted instant is not run again.
+	if _, err := in.s.RunAt(ctx, "short", hour.Add(-2*time.Hour)); !errors.Is(err, ErrRecorded) {
+		t.Errorf("RunAt of a deleted instant: %v, want ErrRecorded", err)
+	}
+}
+
+// Bad retention settings are refused, naming the field and the fix.
+func TestRetentionInvalid(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	for _, r := range []time.Duration{-time.Second, 30 * time.Minute} {
+		if _, err := New(db.Pool, Config{Retention: r}); !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "schedule: Config.Retention: ") {
+			t.Errorf("Config.Retention %s: %v", r, err)
+		}
+	}
+	in := newInstance(t, db, "a", Config{}, nil)
+	d := Definition{Name: "x", Spec: "0 * * * *", Version: 1, CatchUp: CatchUpAll, CatchUpWindow: 48 * time.Hour, Retention: 24 * time.Hour}
+	err := in.s.Register(context.Background(), d, nop)
+	if !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "schedule: Definition.Retention: ") || !strings.Contains(err.Error(), "CatchUpWindow") {
+		t.Errorf("Definition.Retention within CatchUpWindow: %v", err)
+	}
+}
