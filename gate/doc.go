@@ -18,7 +18,9 @@
 //     ErrHeld, at once or after Config.LockWait; from Once, a *HeldError
 //     naming the run holding the lock.
 //   - Catch-up (Gate.CatchUp) runs, at start-up, the latest instant missed
-//     while every instance was down, once. Gate.Prune keeps the ledger short.
+//     while every instance was down, once. The Gate deletes finished ticks
+//     older than Config.Retention (7 days) itself; Gate.Prune deletes on
+//     request.
 //   - Lease locks (Lease) and leader election (Elector) cover places where
 //     session locks cannot live, and Active/Standby deployments.
 //     Elector.Prune keeps the record of election terms short.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +80,14 @@ type Config struct {
 	// that takes the lock marks every running tick of the job abandoned,
 	// including a live ledger-only run's.
 	LedgerOnly bool
+	// Retention is how long finished ticks are kept, by database time: a
+	// Gate deletes older ones itself (started from Once at most every 10
+	// minutes, the first 10 minutes after New; 1,000 ticks per statement,
+	// each bounded to 5 s). Running ticks are kept. Default (0):
+	// DefaultRetention, 7 days. KeepTicks keeps every tick. At least an
+	// hour and more than SkewTolerance; CatchUp refuses a window as long.
+	// Give every instance the same.
+	Retention time.Duration
 	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema):
 	// every statement names it, so nothing depends on search_path, and the
 	// jobs' advisory keys are the schema's: gates of installations in
@@ -107,6 +116,13 @@ type Gate struct {
 	// catchUp is the longest window given to CatchUp so far (ns); Prune
 	// refuses ages within it.
 	catchUp atomic.Int64
+	schema  *qualify.Schema
+	// retention (Config.Retention; negative: keep), the next pass (unix
+	// ns) and the pass running (retention.go).
+	retention   time.Duration
+	retainBatch int32
+	nextRetain  atomic.Int64
+	retaining   sync.Mutex
 }
 
 // New returns a Gate using pool, which must reach a database migrated with
@@ -134,6 +150,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 	if err := checkSchemaName("Config", cfg.Schema); err != nil {
 		return nil, err
 	}
+	if err := checkRetention(cfg.Retention, tol); err != nil {
+		return nil, err
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
 	schema := qualify.New(cfg.Schema)
 	q := store.New(schema.Wrap(lockcore.ReadCommitted{Pool: pool}))
 	opts := cfg.instance().withDefaults()
@@ -141,16 +163,21 @@ func New(pool *pgxpool.Pool, cfg Config) (*Gate, error) {
 		schema.Object("pgclaim_fence()"), schema.Object("pgclaim_raise(text,text)")); err != nil {
 		return nil, err
 	}
-	return &Gate{
-		pool:      pool,
-		q:         q,
-		probe:     store.New(schema.Wrap(lockcore.RolledBack{Pool: pool})),
-		opts:      opts,
-		tolerance: tol,
-		wait:      cfg.LockWait,
-		ledger:    cfg.LedgerOnly,
-		sessions:  lockcore.Share(pool, schema),
-	}, nil
+	g := &Gate{
+		pool:        pool,
+		q:           q,
+		probe:       store.New(schema.Wrap(lockcore.RolledBack{Pool: pool})),
+		opts:        opts,
+		tolerance:   tol,
+		wait:        cfg.LockWait,
+		ledger:      cfg.LedgerOnly,
+		sessions:    lockcore.Share(pool, schema),
+		schema:      schema,
+		retention:   cfg.Retention,
+		retainBatch: retainBatch,
+	}
+	g.nextRetain.Store(time.Now().Add(jittered(retainEvery)).UnixNano())
+	return g, nil
 }
 
 // Holder returns the identity this gate records runs under.
@@ -215,6 +242,7 @@ func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func)
 	if fn == nil {
 		return invalid("fn", "must not be nil")
 	}
+	g.maybeRetain()
 	tol := g.tolerance.Microseconds()
 	return pgerr.Explain(g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn))
 }
@@ -242,6 +270,9 @@ func (g *Gate) CatchUp(ctx context.Context, name string, sched Schedule, window 
 	}
 	if window <= 0 {
 		return invalid("window", "must be positive")
+	}
+	if g.retention > 0 && window >= g.retention {
+		return invalid("window", fmt.Sprintf("%s is not shorter than Config.Retention (%s): CatchUp could take a deleted tick for a missed one; raise Config.Retention (or gate.KeepTicks)", window, g.retention))
 	}
 	if fn == nil {
 		return invalid("fn", "must not be nil")

@@ -512,6 +512,34 @@ func (q *Queries) PruneTicks(ctx context.Context, olderThanUs int64) (int64, err
 	return result.RowsAffected(), nil
 }
 
+const pruneTicksBatch = `-- name: PruneTicksBatch :execrows
+DELETE FROM pgclaim_ticks t
+WHERE (t.job, t.fire_at) IN (
+    SELECT k.job, k.fire_at FROM pgclaim_ticks k
+    WHERE k.started_at < now() - $1::bigint * interval '1 microsecond'
+      AND k.fire_at < now() - $1::bigint * interval '1 microsecond'
+      AND k.outcome <> 'running'
+    ORDER BY k.fire_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED)
+`
+
+type PruneTicksBatchParams struct {
+	OlderThanUs int64
+	BatchSize   int32
+}
+
+// Retention: delete up to batch_size finished ticks whose instant and start
+// are both older than the limit, oldest first, skipping rows another
+// session has locked (as PruneTicks, a batch at a time).
+func (q *Queries) PruneTicksBatch(ctx context.Context, arg PruneTicksBatchParams) (int64, error) {
+	result, err := q.db.Exec(ctx, pruneTicksBatch, arg.OlderThanUs, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const tickOwner = `-- name: TickOwner :one
 SELECT holder, fence, outcome
 FROM pgclaim_ticks

@@ -230,6 +230,20 @@ WHERE started_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microse
   AND fire_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
   AND outcome <> 'running';
 
+-- name: PruneTicksBatch :execrows
+-- Retention: delete up to batch_size finished ticks whose instant and start
+-- are both older than the limit, oldest first, skipping rows another
+-- session has locked (as PruneTicks, a batch at a time).
+DELETE FROM pgclaim_ticks t
+WHERE (t.job, t.fire_at) IN (
+    SELECT k.job, k.fire_at FROM pgclaim_ticks k
+    WHERE k.started_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+      AND k.fire_at < now() - sqlc.arg(older_than_us)::bigint * interval '1 microsecond'
+      AND k.outcome <> 'running'
+    ORDER BY k.fire_at
+    LIMIT sqlc.arg(batch_size)::int
+    FOR UPDATE SKIP LOCKED);
+
 -- name: MissingRelations :one
 -- Which of the named relations (pgclaim's tables and sequence) and
 -- functions (a name ending in ")", with its argument types:
