@@ -54,17 +54,37 @@ func (s *Scheduler) retention(e *entry) time.Duration {
 func (s *Scheduler) retain(ctx context.Context) {
 	t := time.NewTimer(jittered(retainFirst))
 	defer t.Stop()
+	failing := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := s.retainOnce(ctx); err != nil && ctx.Err() == nil && !pgerr.Refused(err) {
-			s.log.WarnContext(ctx, "schedule: delete old runs (retention); trying again at the next pass", "error", err)
-		}
+		failing = s.retainReport(ctx, s.retainOnce(ctx), failing)
 		t.Reset(jittered(retainEvery))
 	}
+}
+
+// retainReport reports a pass's error once per episode: a warning for the
+// first failing pass (a refused connection is reported by the refusals'
+// back-off instead), an info line for the first pass that works again. It
+// returns whether the episode goes on.
+func (s *Scheduler) retainReport(ctx context.Context, err error, failing bool) bool {
+	switch {
+	case ctx.Err() != nil:
+		return failing
+	case err == nil:
+		if failing {
+			s.log.InfoContext(ctx, "schedule: deleting old runs (retention) works again")
+		}
+		return false
+	case pgerr.Refused(err):
+		return failing
+	case !failing:
+		s.log.WarnContext(ctx, "schedule: delete old runs (retention); trying again at each pass, reported once until one works", "error", err)
+	}
+	return true
 }
 
 func jittered(d time.Duration) time.Duration {

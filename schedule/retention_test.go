@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -97,5 +99,65 @@ func TestRetentionInvalid(t *testing.T) {
 	err := in.s.Register(context.Background(), d, nop)
 	if !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "schedule: Definition.Retention: ") || !strings.Contains(err.Error(), "CatchUpWindow") {
 		t.Errorf("Definition.Retention within CatchUpWindow: %v", err)
+	}
+}
+
+// Each retention statement is bounded by its statement timeout: a pass
+// blocked by a lock on the runs table ends with the timeout's error
+// (57014) instead of waiting; failing passes are reported once per
+// episode, and the pass that works again once.
+func TestRetentionBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	logs := &recLog{}
+	in := newInstance(t, db, "a", Config{Retention: time.Hour, Logger: slog.New(logs)}, nil)
+	if err := in.s.Register(ctx, Definition{Name: "hourly", Spec: "0 * * * *", Version: 1}, nop); err != nil {
+		t.Fatal(err)
+	}
+	hour := dbNow(t, db.Pool).Truncate(time.Hour)
+	if _, err := in.s.RunAt(ctx, "hourly", hour.Add(-3*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pgclaim_schedule_runs SET finished_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE pgclaim_schedule_runs IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	failing := false
+	for range 2 {
+		began := time.Now()
+		err := in.s.retainOnce(ctx)
+		took := time.Since(began)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "57014" {
+			t.Fatalf("a blocked pass: %v, want the statement timeout (57014)", err)
+		}
+		if took < retainStatement-time.Second || took > retainStatement+5*time.Second {
+			t.Fatalf("a blocked pass ended after %s, want about %s", took, retainStatement)
+		}
+		failing = in.s.retainReport(ctx, err, failing)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = in.s.retainOnce(ctx)
+	if failing = in.s.retainReport(ctx, err, failing); err != nil || failing {
+		t.Fatalf("the pass after the lock: %v", err)
+	}
+	if n := len(runsOf(t, db.Pool, "hourly")); n != 0 {
+		t.Errorf("%d runs left after the lock, want 0", n)
+	}
+	if got := logs.lines(slog.LevelWarn, "schedule: delete old runs"); len(got) != 1 {
+		t.Errorf("%d warnings for one episode of two failing passes, want 1: %v", len(got), got)
+	}
+	if got := logs.lines(slog.LevelInfo, "schedule: deleting old runs (retention) works again"); len(got) != 1 {
+		t.Errorf("%d lines for the pass that worked again, want 1", len(got))
 	}
 }
