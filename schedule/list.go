@@ -50,6 +50,11 @@ type Status struct {
 	PausedNote string
 	PausedBy   string
 	PausedAt   time.Time
+	// PrunedUntil is the newest scheduled or backfilled instant whose
+	// finished run was deleted, by retention (Config.Retention) or Prune;
+	// zero when none was. Instants up to it are never recorded again nor
+	// reported missed.
+	PrunedUntil time.Time
 	// DBNow is the database's time the status was computed at.
 	DBNow time.Time
 }
@@ -126,6 +131,7 @@ func (s *Scheduler) status(ctx context.Context, r store.ScheduleStatusesRow) (St
 	out := Status{
 		Name: d.Name, Spec: d.Spec, TimeZone: d.TimeZone, Version: d.Version,
 		OpenRuns: int(r.OpenRuns), Late: int(r.LateRuns), Overdue: int(r.OverdueRuns), Paused: st.paused, DBNow: st.dbNow,
+		PrunedUntil: st.prunedUntil,
 	}
 	if st.paused {
 		out.PausedNote, out.PausedBy, out.PausedAt = st.pausedNote, st.pausedBy, st.pausedAt

@@ -76,6 +76,12 @@ func TestRetention(t *testing.T) {
 	if !until.Equal(hour.Add(-time.Hour)) {
 		t.Errorf("short: pruned_until %v, want the newest instant deleted, %v", until, hour.Add(-time.Hour))
 	}
+	for name, want := range map[string]time.Time{"short": until, "kept": {}} {
+		st, err := in.s.Status(ctx, name)
+		if err != nil || !st.PrunedUntil.Equal(want) {
+			t.Errorf("%s: Status.PrunedUntil %v (%v), want %v", name, st.PrunedUntil, err, want)
+		}
+	}
 	if got := logs.lines(slog.LevelInfo, "schedule: old runs deleted (retention)"); len(got) != 2 {
 		t.Errorf("%d info lines for two schedules with runs deleted: %v", len(got), got)
 	}

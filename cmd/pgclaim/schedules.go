@@ -221,8 +221,9 @@ instant it comes due next (computed from the stored definition in the
 database's time), its latest outcome (the newest run no longer pending: its
 instant, state and attempts), its missed instants (rows recorded missed, plus
 instants due longer ago than --grace that no instance recorded; shown "N+"
-when the count stopped at 1000), its open runs, and its pause (note, by whom,
-since when).`
+when the count stopped at 1000), its open runs, the newest instant whose run retention (or Prune) deleted
+("DELETED TO"; instants up to it are never run again), and its pause (note,
+by whom, since when).`
 
 func runSchedulesList(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "schedules list", "schedules list [--grace DURATION] [--database-url URL] [--json]", schedulesListAbout)
@@ -257,7 +258,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "no schedules stored")
 		return nil
 	}
-	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "PAUSED")
+	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "PAUSED")
 	for _, st := range out {
 		last, state, attempt := "-", "-", "-"
 		if l := st.Last; l != nil {
@@ -270,7 +271,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		if st.MissedMore {
 			missed += "+"
 		}
-		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.Late, st.Overdue, st.OpenRuns, pausedCell(st))
+		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.Late, st.Overdue, st.OpenRuns, fmtTimePtr(st.PrunedUntil), pausedCell(st))
 	}
 	return tb.flush()
 }

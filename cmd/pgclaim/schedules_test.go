@@ -67,7 +67,7 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 	if len(lines) != 3 {
 		t.Fatalf("list:\n%s", r.stdout)
 	}
-	for _, h := range []string{"NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "PAUSED"} {
+	for _, h := range []string{"NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "PAUSED"} {
 		wantContains(t, "header", lines[0], h)
 	}
 	wantContains(t, "push-resume row", lines[1], "push-resume  0 9 * * *", "Europe/Berlin  3 ", "2026-11-30 08:00:00Z", "failed", "  3  ", "  1  ", "  0  ", "  -")

@@ -25,6 +25,7 @@ type Schedule struct {
 	PausedNote       *string    `json:"paused_note"`
 	PausedBy         *string    `json:"paused_by"`
 	PausedAt         *time.Time `json:"paused_at"`
+	PrunedUntil      *time.Time `json:"pruned_until"` // the newest instant whose run was deleted (retention, Prune)
 	DBNow            time.Time  `json:"db_now"`
 }
 
@@ -46,7 +47,7 @@ func ScheduleOf(st schedule.Status) Schedule {
 		OpenRuns: st.OpenRuns, Missed: st.Missed, MissedUnrecorded: st.MissedUnrecorded, MissedMore: st.MissedMore,
 		Late: st.Late, Overdue: st.Overdue,
 		Paused: st.Paused, PausedNote: strPtr(st.PausedNote), PausedBy: strPtr(st.PausedBy), PausedAt: timePtr(st.PausedAt),
-		DBNow: st.DBNow.UTC(),
+		PrunedUntil: timePtr(st.PrunedUntil), DBNow: st.DBNow.UTC(),
 	}
 	if l := st.Last; l != nil {
 		out.Last = &LastRun{Instant: l.Instant.UTC(), Kind: l.Kind, State: l.State, Attempt: l.Attempt,
