@@ -92,6 +92,15 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 	if berlin, _ := time.LoadLocation("Europe/Berlin"); p.NextDue != nil && p.NextDue.In(berlin).Hour() != 9 {
 		t.Errorf("push-resume next due %v is not 09:00 in Berlin", p.NextDue)
 	}
+	// How far retention (or Prune) has deleted: DELETED TO, pruned_until.
+	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = '2026-11-28 08:00Z' WHERE name = 'push-resume'`)
+	r = cli(t, "", "schedules", "list", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	wantContains(t, "push-resume row after retention", strings.Split(r.stdout, "\n")[1], "push-resume ", "2026-11-28 08:00:00Z")
+	r = cli(t, "", "schedules", "list", "--json", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	wantContains(t, "JSON after retention", r.stdout, `"pruned_until": "2026-11-28T08:00:00Z"`, `"pruned_until": null`)
+	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = NULL WHERE name = 'push-resume'`)
 	if rep.Name != "report" || rep.Last != nil || !rep.Paused || rep.PausedBy == nil || *rep.PausedBy != "alice" ||
 		rep.PausedNote == nil || *rep.PausedNote != "provider outage" || rep.PausedAt == nil || rep.NextDue == nil ||
 		rep.NextDue.Sub(rep.DBNow) > 5*time.Minute {
