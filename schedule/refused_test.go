@@ -77,15 +77,17 @@ func TestFullServerBackedOff(t *testing.T) {
 				generate_series($1::timestamptz, $2::timestamptz, interval '2 seconds') i)
 		SELECT count(*), count(r.state),
 			count(*) FILTER (WHERE due.instant > $3),
-			count(*) FILTER (WHERE due.instant > $3 AND r.state = 'succeeded'),
+			count(*) FILTER (WHERE due.instant > $3 AND (r.state = 'succeeded' OR r.state = 'skipped' AND r.reason LIKE 'overlap:%')),
 			count(*) FILTER (WHERE (SELECT count(*) FROM effects e WHERE e.schedule = due.name AND e.instant = due.instant) > 1)
 		FROM due LEFT JOIN pgclaim_schedule_runs r ON r.schedule = due.name AND r.instant = due.instant`,
 			from, to, lifted).Scan(&due, &recorded, &after, &succeededAfter, &doubled); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Once connections free up, everything due runs: within the back-off
-	// (up to 30 s) and however slow a loaded machine is.
+	// Once connections free up, everything due runs (or, on a loaded
+	// machine, is skipped by the overlap policy while the backlog's runs
+	// finish: decided and reported, never left open): within the back-off
+	// (up to 30 s) and however slow the machine is.
 	deadline := time.Now().Add(90 * time.Second)
 	for count(); (recorded != due || succeededAfter != after || dbNow(t, db.Pool).Before(to.Add(time.Second))) && time.Now().Before(deadline); count() {
 		time.Sleep(200 * time.Millisecond)
@@ -96,9 +98,9 @@ func TestFullServerBackedOff(t *testing.T) {
 	if refused == 0 || refused > 2 {
 		t.Errorf("%d EventRefused in 5 s of refusals, want one for the episode (two at most)", refused)
 	}
-	t.Logf("%d instants due, %d recorded; %d due after the limit was lifted, %d succeeded", due, recorded, after, succeededAfter)
+	t.Logf("%d instants due, %d recorded; %d due after the limit was lifted, %d succeeded or skipped by the overlap policy", due, recorded, after, succeededAfter)
 	if recorded != due || after == 0 || succeededAfter != after || doubled != 0 {
-		t.Errorf("%d instants due, %d recorded; after the limit was lifted %d due, %d succeeded; %d with more than one effect", due, recorded, after, succeededAfter, doubled)
+		t.Errorf("%d instants due, %d recorded; after the limit was lifted %d due, %d succeeded or skipped by the overlap policy; %d with more than one effect", due, recorded, after, succeededAfter, doubled)
 		rows, err := db.Pool.Query(ctx, `SELECT format('%s %s %s attempt %s holder %s reason %s', schedule, instant, state, attempt, holder, reason)
 			FROM pgclaim_schedule_runs WHERE instant BETWEEN $1 AND $2 AND state <> 'succeeded' ORDER BY instant, schedule`, from, to)
 		if err == nil {
