@@ -100,6 +100,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/schedule"
 )
 
@@ -168,6 +169,12 @@ type Config struct {
 	// application's own pool in an embedded page: this bounds the
 	// connections it takes at MaxReads. Zero: 2.
 	MaxReads int
+	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema,
+	// as the service's schedule.Config.Schema and gate.Config.Schema):
+	// every read and action names it, so nothing depends on search_path,
+	// and the locks view resolves that installation's advisory keys.
+	// Default: "", the objects found through search_path.
+	Schema string
 }
 
 // Table is a claimed table the claims view shows.
@@ -197,7 +204,8 @@ type Handler struct {
 	tables []table
 	log    *slog.Logger
 	cop    *http.CrossOriginProtection
-	reads  chan struct{} // MaxReads slots
+	reads  chan struct{}   // MaxReads slots
+	schema *qualify.Schema // Config.Schema
 }
 
 type table struct {
@@ -247,11 +255,11 @@ func New(cfg Config) (*Handler, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	sched, err := schedule.New(cfg.Pool, schedule.Config{Holder: "pgclaim-status", Logger: log, Grace: cfg.Grace})
+	sched, err := schedule.New(cfg.Pool, schedule.Config{Holder: "pgclaim-status", Logger: log, Grace: cfg.Grace, Schema: cfg.Schema})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	h := &Handler{cfg: cfg, sched: sched, log: log, cop: http.NewCrossOriginProtection(), reads: make(chan struct{}, cfg.MaxReads)}
+	h := &Handler{cfg: cfg, sched: sched, log: log, cop: http.NewCrossOriginProtection(), reads: make(chan struct{}, cfg.MaxReads), schema: qualify.New(cfg.Schema)}
 	for i, t := range cfg.Tables {
 		if t.Processing == "" {
 			t.Processing = "PROCESSING"

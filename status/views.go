@@ -81,7 +81,7 @@ func (h *Handler) views() map[string]func(*http.Request) (any, error) {
 		"locks": func(r *http.Request) (any, error) {
 			var l inspect.Locks
 			err := h.readTx(r.Context(), func(db inspect.DB) (err error) {
-				l, err = inspect.ReadAllLocks(r.Context(), db, h.cfg.Names)
+				l, err = inspect.ReadAllLocks(r.Context(), db, h.cfg.Schema, h.cfg.Names)
 				return err
 			})
 			if !detailed(r.Context()) {
@@ -103,7 +103,7 @@ func (h *Handler) readTx(ctx context.Context, fn func(inspect.DB) error) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(h.cfg.QueryTimeout.Milliseconds(), 10)); err != nil {
 			return err
 		}
-		return fn(tx)
+		return fn(h.schema.Wrap(tx))
 	})
 }
 
@@ -111,7 +111,7 @@ func (h *Handler) readTx(ctx context.Context, fn func(inspect.DB) error) error {
 const recentTerms = 20
 
 func (h *Handler) leaders(ctx context.Context, db inspect.DB) (Leaders, error) {
-	l, err := inspect.ReadLocks(ctx, db, nil)
+	l, err := inspect.ReadLocks(ctx, db, h.cfg.Schema, nil)
 	if err != nil {
 		return Leaders{}, err
 	}
@@ -304,7 +304,7 @@ func (h *Handler) release(r *http.Request, name string) (string, error) {
 	if name == "" {
 		return "", fmt.Errorf("name: the lease's name is required")
 	}
-	n, err := store.New(h.cfg.Pool).ReleaseLease(r.Context(), store.ReleaseLeaseParams{Name: name, Fence: fence, AtLeastUs: 0})
+	n, err := store.New(h.schema.Wrap(h.cfg.Pool)).ReleaseLease(r.Context(), store.ReleaseLeaseParams{Name: name, Fence: fence, AtLeastUs: 0})
 	if err != nil {
 		return "", fmt.Errorf("releasing lease %q: %w", name, err)
 	}

@@ -58,7 +58,7 @@ func runLocks(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	out, err := inspect.ReadLocks(ctx, pool, names)
+	out, err := inspect.ReadLocks(ctx, pool, f.schema, names)
 	if err != nil {
 		var ie *inspect.Error
 		if errors.As(err, &ie) {

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +22,7 @@ import (
 	"github.com/pgclaim/pgclaim/internal/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
+	"github.com/pgclaim/pgclaim/status"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -187,6 +191,26 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 		if _, err := s.Runs(ctx, "nightly", 10); err != nil {
 			t.Fatalf("Runs: %v", err)
+		}
+	}
+
+	// The status page: every view (its actions call the schedule package,
+	// above, and ReleaseLease, granted with pgclaim_locks).
+	page, err := status.New(status.Config{Pool: pool, Tables: []status.Table{{Table: appPushes}}, Actions: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(page)
+	defer srv.Close()
+	for _, view := range []string{"schedules.json", "locks.json", "leaders.json", "claims.json", ""} {
+		resp, err := srv.Client().Get(srv.URL + "/" + view)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(body), `"error"`) || strings.Contains(string(body), "SQLSTATE") {
+			t.Errorf("status page /%s as the application role: %d\n%s", view, resp.StatusCode, body)
 		}
 	}
 

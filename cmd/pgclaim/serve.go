@@ -118,7 +118,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	cfg := status.Config{Pool: pool, Tables: specs, Grace: *grace, Refresh: *refresh, Names: names, Actions: *token != "", Logger: log}
+	cfg := status.Config{Pool: pool, Tables: specs, Grace: *grace, Refresh: *refresh, Names: names, Actions: *token != "", Logger: log, Schema: f.schema}
 	if *token != "" {
 		cfg.Operator = func(r *http.Request) string {
 			who, _ := actorOf(r)

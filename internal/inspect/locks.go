@@ -73,20 +73,50 @@ type knownName struct {
 
 // ReadLocks reads the lease locks, the advisory locks of this database (the
 // names they guard resolved from the tick ledger, the lease table, the
-// election terms and names) and the open election terms. The caller has
-// checked that pgclaim's tables exist.
-func ReadLocks(ctx context.Context, db DB, names []string) (Locks, error) {
-	return readLocks(ctx, db, names, false)
+// election terms and names) and the open election terms. schema is the
+// installation's (pgclaim.WithSchema; "": found through search_path): it
+// picks the advisory keys names resolve to, as gate and schedule derive
+// them. The caller has checked that pgclaim's tables exist, and qualifies
+// them (db) for a schema of their own.
+func ReadLocks(ctx context.Context, db DB, schema string, names []string) (Locks, error) {
+	return readLocks(ctx, db, schema, names, false)
 }
 
 // ReadAllLocks is ReadLocks that also resolves the advisory locks of the
 // stored schedules (pgclaim_schedules), with the holder and start of a
 // schedule's running run.
-func ReadAllLocks(ctx context.Context, db DB, names []string) (Locks, error) {
-	return readLocks(ctx, db, names, true)
+func ReadAllLocks(ctx context.Context, db DB, schema string, names []string) (Locks, error) {
+	return readLocks(ctx, db, schema, names, true)
 }
 
-func readLocks(ctx context.Context, db DB, names []string, schedules bool) (Locks, error) {
+// The advisory keys of a name in an installation in schema, as gate
+// (Config.Schema: its jobs, leases and elections) and schedule
+// (Config.Schema: its schedules) derive them: the default installation's
+// keys hash the name alone, another schema's hash it prefixed with the
+// schema. TestLocksInSchema (package status) holds them to the keys the
+// packages take.
+func jobKey(schema, name string) (class, key int32) {
+	if schema == "" {
+		return gate.AdvisoryKey(name)
+	}
+	return gate.AdvisoryKey(schema + ":" + name)
+}
+
+func electionKey(schema, name string) (class, key int32) {
+	if schema == "" {
+		return gate.ElectionKey(name)
+	}
+	return gate.ElectionKey(schema + ":" + name)
+}
+
+func scheduleKey(schema, name string) (class, key int32) {
+	if schema == "" {
+		return schedule.LockKey(name)
+	}
+	return gate.AdvisoryKey("pgclaim.schedule:" + schema + ":" + name)
+}
+
+func readLocks(ctx context.Context, db DB, schema string, names []string, schedules bool) (Locks, error) {
 	out := Locks{Leases: []Lease{}, Advisory: []Advisory{}, Elections: []Term{}}
 
 	// Lease rows, but the schedules' own ("pgclaim.schedule:NAME", the
@@ -133,22 +163,22 @@ FROM pgclaim_terms WHERE ended_at IS NULL ORDER BY election`)
 
 	// Names whose advisory keys may be held: jobs in the ledger (with the
 	// running tick's holder and start), elections, leases, and --name.
-	// Jobs and leases lock gate.AdvisoryKey(name), elections
-	// gate.ElectionKey(name); a --name may be either.
+	// Jobs and leases lock jobKey, elections electionKey, schedules
+	// scheduleKey; a --name may be a job's or an election's.
 	known := map[[2]int32][]knownName{}
 	seen := map[string]bool{}
 	add := func(k knownName) {
 		var keys [][2]int32
 		if k.kind == "schedule" {
-			c, key := schedule.LockKey(k.name)
+			c, key := scheduleKey(schema, k.name)
 			keys = append(keys, [2]int32{c, key})
 		}
 		if k.kind != "election" && k.kind != "schedule" {
-			c, key := gate.AdvisoryKey(k.name)
+			c, key := jobKey(schema, k.name)
 			keys = append(keys, [2]int32{c, key})
 		}
 		if k.kind == "election" || k.kind == "given" {
-			c, key := gate.ElectionKey(k.name)
+			c, key := electionKey(schema, k.name)
 			keys = append(keys, [2]int32{c, key})
 		}
 		for _, key := range keys {
