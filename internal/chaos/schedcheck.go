@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -263,6 +264,7 @@ func (c *checker) schedules(ctx context.Context) error {
 	}
 	c.stat("schedule runs", "%d recorded (%s); %d skipped by overlap in the window; %d completed at attempt 2 or later; %d effects of superseded attempts (partial work)",
 		len(d.runs), strings.Join(st, ", "), overlapSkips, retried, partial)
+	c.stat("schedule start lag", "%s", startLag(d, p.schedules, from, upto, p.period))
 	if err := c.schedEventStats(ctx); err != nil {
 		return err
 	}
@@ -545,4 +547,51 @@ func (c *checker) schedEventStats(ctx context.Context) error {
 	c.stat("schedule events", "lost (ErrLost: completion refused or exclusivity lost) %s; writes refused by the fence %s; taken over %s; missed %s",
 		f("lost"), f("refused"), f("taken over"), f("missed"))
 	return nil
+}
+
+// startLag reports, per group, how long after its instant each instant of
+// the window first started (its first attempt's first write, by the
+// database's clock): p50, p99 and the largest, with the instant that had
+// it. The catch-up window must stay well above the largest, or instants
+// due during a fault are skipped as missed.
+func startLag(d *schedData, schedules []string, from, upto time.Time, period time.Duration) string {
+	lags := map[string][]time.Duration{}
+	worst := map[string]runKey{}
+	for _, name := range schedules {
+		g := schedGroup(name)
+		for t := from; !t.After(upto); t = t.Add(period) {
+			k := runKey{name, t.UnixMicro()}
+			as := d.attempts[k]
+			if len(as) == 0 {
+				continue
+			}
+			l := d.firstAt(k).Sub(t)
+			if w, ok := worst[g]; !ok || l > d.firstAt(w).Sub(time.UnixMicro(w.instant)) {
+				worst[g] = k
+			}
+			lags[g] = append(lags[g], l)
+		}
+	}
+	var out []string
+	for _, g := range slices.Sorted(maps.Keys(lags)) {
+		ls := lags[g]
+		slices.Sort(ls)
+		q := func(f float64) time.Duration { return ls[min(len(ls)-1, int(f*float64(len(ls))))].Round(time.Millisecond) }
+		out = append(out, fmt.Sprintf("%s p50 %v, p99 %v, max %v (%s)", g, q(0.5), q(0.99), ls[len(ls)-1].Round(time.Millisecond), fmtKey(worst[g])))
+	}
+	if len(out) == 0 {
+		return "none started"
+	}
+	return strings.Join(out, "; ")
+}
+
+// firstAt is when the first attempt of k first wrote (zero: none did).
+func (d *schedData) firstAt(k runKey) time.Time {
+	var first time.Time
+	for _, a := range d.attempts[k] {
+		if first.IsZero() || a.at.Before(first) {
+			first = a.at
+		}
+	}
+	return first
 }
