@@ -91,7 +91,11 @@
 // gate.AdvisoryKey of "pgclaim.schedule:"+name) together with the
 // schedule's lease row in pgclaim_locks. The advisory locks of all the
 // schedules an instance runs are held on one connection taken out of the
-// pool (a session holds any number of them) and watched while held: the
+// pool (a session holds any number of them) and watched while held. The
+// locks of the schedules due at the same moment are taken in one statement
+// on it (pg_try_advisory_lock over an array of keys), and released in one,
+// so hundreds of schedules due at the top of the hour do not queue for the
+// session one round trip each. The
 // server drops them the moment the holder's session ends, so another
 // instance takes a dead holder's run over at once, as attempt n+1 with a
 // fresh fence, when its poll or next instant finds the lock free. The

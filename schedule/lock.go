@@ -163,45 +163,29 @@ func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Dur
 	if !ok {
 		return nil, nil // this instance's runner of the schedule has it
 	}
-	// Bounded like a statement under the lock: a lock statement cut off
-	// by its deadline closes its session, which drops a lock it got.
-	lctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
-	defer cancel()
-	var s *lockcore.Session
-	var err error
-	var sent time.Time
-	for try := 0; try < 2; try++ {
-		if s, err = ss.Get(lctx); err != nil {
-			free()
-			return nil, fmt.Errorf("schedule: %q: lock connection: %w", name, err)
-		}
-		sent = time.Now()
-		_, ok, err = s.TryLock(lctx, class, key, 0)
-		if err == nil {
-			break
-		}
-		s.Close() // the lock may have been taken: closing drops it
-		if !s.Ended(err) {
-			break
-		}
-		// A session that ended while idle: once more, fresh.
-	}
+	// The locks of every schedule of the process due at the same moment
+	// are taken in one statement on the shared session (bounded like a
+	// statement under the lock: one cut off by its deadline closes the
+	// session, which drops the locks it took).
+	h := &sessionHeld{sch: l.s, ss: ss, class: class, key: key, free: free, name: lockName(name), valid: validFor(lease, false), lostc: make(chan struct{})}
+	h.lostCtx, h.cancelLost = context.WithCancel(context.Background())
+	lk, ok, err := ss.TryLockBatched(lockcore.LockRequest{Class: class, Key: key, Validity: validFor(lease, true), OnLost: func(err error) {
+		h.lose(fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err))
+	}})
 	if err != nil {
+		h.cancelLost()
 		free()
-		return nil, fmt.Errorf("schedule: %q: take lock: %w", name, err)
+		return nil, fmt.Errorf("schedule: %q: %w", name, err)
 	}
 	if !ok {
-		ss.Put(s)
+		h.cancelLost()
 		free()
 		return nil, nil
 	}
-	h := &sessionHeld{sch: l.s, ss: ss, s: s, class: class, key: key, free: free, name: lockName(name), valid: validFor(lease, false), lostc: make(chan struct{})}
-	h.lostCtx, h.cancelLost = context.WithCancel(context.Background())
-	sv := lockcore.NewValidity(sent, validFor(lease, true), nil)
-	h.watch = s.Watch(ctx, lockcore.WatchConfig{Every: min(lockcore.PingEvery, sv.Length()/3), Validity: sv}, func(err error) {
-		h.lose(fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err))
-	})
-	sent = time.Now()
+	h.lk = lk
+	lctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
+	defer cancel()
+	sent := time.Now()
 	err = l.s.stmts(lctx, func(q *store.Queries) error {
 		r, err := q.SeizeLease(lctx, store.SeizeLeaseParams{Name: h.name, Holder: l.s.holder, AtMostUs: us(lease)})
 		h.fence = r.Fence
@@ -225,13 +209,12 @@ func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Dur
 type sessionHeld struct {
 	sch        *Scheduler
 	ss         *lockcore.Ref
-	s          *lockcore.Session
+	lk         lockcore.Locked // the advisory lock, its session and watch
 	class, key int32
 	free       func() // ends the lock's reservation in this process
 	name       string // the lease row
 	fence      int64  // the lease's fence (0 until seized)
 	valid      time.Duration
-	watch      *lockcore.Keeper
 	stopRenew  func()
 	lostc      chan struct{}
 	lostCtx    context.Context // cancelled when the lock is lost
@@ -291,16 +274,10 @@ func (h *sessionHeld) release() {
 		})
 		cancel()
 	}
-	lost := h.watch.Stop() // the session is this caller's again
-	if h.s.Conn.IsClosed() || (lost != nil && !errors.Is(lost, lockcore.ErrExpired)) {
-		h.s.Close() // ended: the lock went with it
-	} else {
-		// Unlocked on the session even when its validity ran out (a slow
-		// answer; the run was cancelled): the session keeps every other
-		// lock of the process. An unlock not answered within
-		// lockcore.SessionBound closes it.
-		h.ss.Unlock(context.Background(), h.s, h.class, h.key)
-	}
+	// Unlocked on the session even when its validity ran out (a slow
+	// answer; the run was cancelled), with the other releases of the
+	// moment: the session keeps every other lock of the process.
+	h.ss.ReleaseBatched(h.lk, h.class, h.key)
 	h.free()
 	h.cancelLost()
 }

@@ -576,7 +576,9 @@ func startLag(d *schedData, schedules []string, from, upto time.Time, period tim
 	for _, g := range slices.Sorted(maps.Keys(lags)) {
 		ls := lags[g]
 		slices.Sort(ls)
-		q := func(f float64) time.Duration { return ls[min(len(ls)-1, int(f*float64(len(ls))))].Round(time.Millisecond) }
+		q := func(f float64) time.Duration {
+			return ls[min(len(ls)-1, int(f*float64(len(ls))))].Round(time.Millisecond)
+		}
 		out = append(out, fmt.Sprintf("%s p50 %v, p99 %v, max %v (%s)", g, q(0.5), q(0.99), ls[len(ls)-1].Round(time.Millisecond), fmtKey(worst[g])))
 	}
 	if len(out) == 0 {

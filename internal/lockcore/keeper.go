@@ -85,10 +85,12 @@ func (v *Validity) Stop() {
 // is stopped or finds the lock lost. Session.Watch and Renew start one.
 type Keeper struct {
 	stopFn func() error // a watch on a shared session (Session.Watch)
-	stop   context.CancelFunc
-	start  *time.Timer
-	done   chan struct{}
-	err    error // why the lock was lost; read after done
+	// detachFn is stopFn without taking the session (ReleaseBatched).
+	detachFn func() error
+	stop     context.CancelFunc
+	start    *time.Timer
+	done     chan struct{}
+	err      error // why the lock was lost; read after done
 }
 
 // keep starts loop after after (0: at once). loop returns nil when its

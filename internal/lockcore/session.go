@@ -109,6 +109,7 @@ type Sessions struct {
 	inUse    bool
 	closed   bool
 	reserved map[[2]int32]chan struct{} // closed when the key is free again
+	batch    batches                    // TryLockBatched, ReleaseBatched
 }
 
 // Reserve claims the advisory key (class, key) within this process before
@@ -529,8 +530,15 @@ type WatchConfig struct {
 // the watch ends by Stop or with the session. c.After is ignored: the
 // session is watched anyway while it holds locks.
 func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *Keeper {
+	k := s.register(c, onLost)
+	s.c.give()
+	return k
+}
+
+// register is Watch without handing s back: the caller still uses it.
+func (s *Session) register(c WatchConfig, onLost func(error)) *Keeper {
 	w := &watch{valid: c.Validity, every: c.Every, onLost: onLost, k: &Keeper{done: make(chan struct{})}}
-	w.k.stopFn = func() error {
+	stop := func(take bool) error {
 		s.c.mu.Lock()
 		_, on := s.watches[w]
 		delete(s.watches, w)
@@ -544,13 +552,17 @@ func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *K
 			<-w.k.done
 			return w.k.err
 		}
-		_ = s.c.take(context.Background())
+		if take {
+			_ = s.c.take(context.Background())
+		}
 		if on {
 			w.once.Do(func() { close(w.k.done) })
 		}
 		<-w.k.done
 		return w.k.err
 	}
+	w.k.stopFn = func() error { return stop(true) }
+	w.k.detachFn = func() error { return stop(false) }
 	s.c.mu.Lock()
 	ended := s.ended
 	if ended == nil {
@@ -563,7 +575,6 @@ func (s *Session) Watch(_ context.Context, c WatchConfig, onLost func(error)) *K
 	if ended != nil {
 		w.lose(ended)
 	}
-	s.c.give()
 	return w.k
 }
 
@@ -709,6 +720,15 @@ func (r *Ref) Get(ctx context.Context) (*Session, error) {
 		return nil, ErrClosed
 	}
 	return r.Sessions.Get(ctx)
+}
+
+// TryLockBatched is Sessions.TryLockBatched for this user: ErrClosed once
+// it has closed its share.
+func (r *Ref) TryLockBatched(req LockRequest) (Locked, bool, error) {
+	if r.closed.Load() {
+		return Locked{}, false, ErrClosed
+	}
+	return r.Sessions.TryLockBatched(req)
 }
 
 // Close ends this user's share.

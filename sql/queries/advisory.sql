@@ -29,6 +29,22 @@ WITH t AS (
 SELECT g.fence::bigint AS fence FROM g
 WHERE pg_logical_emit_message(true, 'pgclaim_fence', g.fence::text) IS NOT NULL;
 
+-- name: AdvisoryTryLocks :many
+-- Take each free lock of (lock_class, lock_keys[i]) without waiting, in one
+-- round trip, and return the keys taken. No fencing token comes with them:
+-- for callers whose fence comes from a row they seize under the lock (the
+-- scheduler's lease rows).
+SELECT k::int4 AS lock_key
+FROM unnest(sqlc.arg(lock_keys)::int4[]) AS k
+WHERE pg_try_advisory_lock(sqlc.arg(lock_class)::int4, k);
+
+-- name: AdvisoryUnlocks :many
+-- Release each lock of (lock_class, lock_keys[i]) this session holds, in
+-- one round trip, and return the keys released.
+SELECT k::int4 AS lock_key
+FROM unnest(sqlc.arg(lock_keys)::int4[]) AS k
+WHERE pg_advisory_unlock(sqlc.arg(lock_class)::int4, k);
+
 -- name: AdvisoryUnlock :one
 SELECT pg_advisory_unlock(sqlc.arg(lock_class)::int4, sqlc.arg(lock_key)::int4)::boolean AS unlocked;
 

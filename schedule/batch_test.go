@@ -1,0 +1,107 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// lockCounter counts the statements of a pool's connections that take or
+// release advisory locks.
+type lockCounter struct{ takes, releases atomic.Int64 }
+
+func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	switch {
+	case strings.Contains(d.SQL, "pg_try_advisory_lock"):
+		c.takes.Add(1)
+	case strings.Contains(d.SQL, "pg_advisory_unlock"):
+		c.releases.Add(1)
+	}
+	return ctx
+}
+
+func (c *lockCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestLocksOfOneInstantBatched: the locks of many schedules due at the same
+// instant on one instance are taken in a few statements on its lock
+// session, and released in a few, rather than one round trip each while
+// the others wait for the session.
+func TestLocksOfOneInstantBatched(t *testing.T) {
+	const schedules = 100
+	db := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count lockCounter
+	cfg.ConnConfig.Tracer = &count
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := New(pool, Config{Holder: "one", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ran := map[time.Time]int{}
+	for i := range schedules {
+		def := Definition{Name: fmt.Sprintf("batch-%03d", i), Spec: "*/2 * * * * *", Version: 1}
+		if err := s.Register(ctx, def, func(_ context.Context, r Run) error {
+			mu.Lock()
+			ran[r.Instant]++
+			mu.Unlock()
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+
+	// The first instant whose runs all ran, counted from a quiet moment
+	// after it: the lock statements of that instant and no other.
+	var takes, releases int64
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("no instant had all %d schedules run within a minute: %v", schedules, ran)
+		}
+		// Between instants (the odd second after an even one, past its
+		// middle), everything of the last instant has ended.
+		now := time.Now()
+		wait := now.Truncate(2 * time.Second).Add(2*time.Second + 100*time.Millisecond).Sub(now)
+		time.Sleep(wait)
+		t0, r0 := count.takes.Load(), count.releases.Load()
+		instant := time.Now().Truncate(2 * time.Second).UTC()
+		time.Sleep(1500 * time.Millisecond)
+		mu.Lock()
+		n := ran[instant]
+		mu.Unlock()
+		if n == schedules {
+			takes, releases = count.takes.Load()-t0, count.releases.Load()-r0
+			break
+		}
+	}
+	t.Logf("one instant of %d schedules: %d statements took their locks, %d released them", schedules, takes, releases)
+	// Runs end at different moments, so releases batch less than takes;
+	// one statement per lock (before batching) is schedules of each.
+	if takes > schedules/10 || releases > schedules/3 {
+		t.Errorf("%d schedules due at one instant: %d statements took their locks (want at most %d) and %d released them (want at most %d)",
+			schedules, takes, schedules/10, releases, schedules/3)
+	}
+}
