@@ -207,6 +207,19 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			}
 		}
 		var wake time.Time
+		if st != nil && cur == nil && (st.paused || (len(open) == 0 && !due(st))) {
+			// Nothing to write: another instance ran what was due (or the
+			// schedule is paused). The lock goes back without its lease
+			// having been seized.
+			r.wake = s.nextWake(st, open, false)
+			s.setStored(e, st)
+			return r
+		}
+		if st != nil {
+			if err := h.seize(ctx); err != nil {
+				return s.retryLater(ctx, r, err)
+			}
+		}
 		if st != nil {
 			// What this pass writes is added to st and open as it is
 			// written, so the pass reads the database once.
@@ -293,6 +306,21 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			s.checkOverdue(ctx, h, cur)
 		}
 	}
+}
+
+// due reports whether an instant of st's schedule has come due that its
+// ledger may lack: one after the last recorded (and after the start and
+// what retention deleted), up to the database time st was read at.
+func due(st *stored) bool {
+	from := st.startsAt
+	if st.cursor.After(from) {
+		from = st.cursor
+	}
+	if st.prunedUntil.After(from) {
+		from = st.prunedUntil
+	}
+	ins, _ := st.spec.between(from, st.dbNow, 1)
+	return len(ins) > 0
 }
 
 // lostLock ends the attempt a once the lock h it runs under is lost: it

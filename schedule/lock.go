@@ -60,6 +60,11 @@ type held interface {
 	// lock): a running run with an older fence was started under an
 	// earlier grant.
 	leaseFence() int64
+	// seize makes the holder's writes fenced before its first: the
+	// session lock seizes the schedule's lease row (see
+	// sessionHeld.seize); a lease lock already is one. Call it before
+	// anything is written under the lock.
+	seize(ctx context.Context) error
 }
 
 // guard names the lease a guarded statement checks (zero: none, the
@@ -182,26 +187,44 @@ func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Dur
 		free()
 		return nil, nil
 	}
-	h.lk = lk
-	lctx, cancel := context.WithTimeout(ctx, validFor(lease, true))
+	h.lk, h.lease, h.schedule, h.keepCtx = lk, lease, name, ctx
+	return h, nil
+}
+
+// seize seizes the schedule's lease row with a fresh fence, once, and
+// renews it while the lock is held: the runner's statements check that
+// fence, so a runner that lost its lock changes nothing once this holder
+// has seized. A holder that finds nothing to do releases the advisory
+// lock without seizing (an instance that looks after another has run the
+// instant costs two reads, not four statements).
+func (h *sessionHeld) seize(ctx context.Context) error {
+	if h.fence != 0 {
+		return nil
+	}
+	if err := h.cause(); err != nil {
+		return err
+	}
+	l := h.sch
+	lctx, cancel := context.WithTimeout(ctx, validFor(h.lease, true))
 	defer cancel()
 	sent := time.Now()
-	err = l.s.stmts(lctx, func(q *store.Queries) error {
-		r, err := q.SeizeLease(lctx, store.SeizeLeaseParams{Name: h.name, Holder: l.s.holder, AtMostUs: us(lease)})
+	err := l.stmts(lctx, func(q *store.Queries) error {
+		r, err := q.SeizeLease(lctx, store.SeizeLeaseParams{Name: h.name, Holder: l.holder, AtMostUs: us(h.lease)})
 		h.fence = r.Fence
 		return err
 	})
 	if err != nil {
-		h.release()
-		return nil, fmt.Errorf("schedule: %q: take lease: %w", name, err)
+		h.fence = 0
+		return fmt.Errorf("schedule: %q: take lease: %w", h.schedule, err)
 	}
-	h.stopRenew = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
-		return l.s.stmts(ctx, func(q *store.Queries) error {
-			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: h.fence, AtMostUs: us(lease)})
+	fence, lease := h.fence, h.lease
+	h.stopRenew = l.keep(h.keepCtx, "lease", h.schedule, sent, lease, func(ctx context.Context) error {
+		return l.stmts(ctx, func(q *store.Queries) error {
+			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: fence, AtMostUs: us(lease)})
 			return err
 		})
 	}, h.lose)
-	return h, nil
+	return nil
 }
 
 // sessionHeld is a schedule's lock while held: the advisory lock on the
@@ -210,6 +233,9 @@ type sessionHeld struct {
 	sch        *Scheduler
 	ss         *lockcore.Ref
 	lk         lockcore.Locked // the advisory lock, its session and watch
+	schedule   string
+	lease      time.Duration   // the schedule's Lease
+	keepCtx    context.Context // acquire's: the values renewals run with
 	class, key int32
 	free       func() // ends the lock's reservation in this process
 	name       string // the lease row
@@ -335,6 +361,9 @@ type leaseHeld struct {
 }
 
 func (h *leaseHeld) lost() <-chan struct{} { return h.lostc }
+
+// seize: the lease is the lock, seized with a fresh fence by acquire.
+func (h *leaseHeld) seize(context.Context) error { return h.cause() }
 
 func (h *leaseHeld) leaseFence() int64 { return h.fence }
 

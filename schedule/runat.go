@@ -159,6 +159,9 @@ func (s *Scheduler) runHeld(ctx context.Context, h held, e *entry, instant time.
 		}
 	}
 	defer release()
+	if err := h.seize(ctx); err != nil {
+		return nil, err
+	}
 	var st *stored
 	var r *ledgerRun
 	look := func() error {
