@@ -193,18 +193,18 @@ func callJob(ctx context.Context, job Job, run Run) (err error) {
 // over), and a failure is left for the next holder to take over. The
 // outcome is written through the pool (the fence guards it), not on the
 // lock's session, where a statement's deadline would end the lock.
-func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost error) {
+func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost error) (recorded string) {
 	a.stopKeep()
 	d := time.Since(a.start)
 	run := a.run
 	ev := Event{Kind: EventFinished, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder, Duration: d, Err: a.err}
 	if lost != nil && a.err != nil {
 		if a.replaced {
-			return // recorded skipped when it was replaced
+			return "" // recorded skipped when it was replaced
 		}
 		s.emit(ctx, Event{Kind: EventLost, Schedule: run.Schedule, Instant: run.Instant, RunKind: run.Kind, Attempt: run.Attempt, Fence: run.Fence, Holder: s.holder,
 			Err: fmt.Errorf("%w; the attempt's error (%v) is left for the next holder", lost, a.err)})
-		return
+		return ""
 	}
 	p := store.FinishRunParams{Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence}
 	switch {
@@ -259,8 +259,10 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 	default:
 		ev.State, ev.Reason = p.State, p.Reason
 		a.handBack = p.State == stateRetrying && ctx.Err() != nil
+		recorded = p.State
 	}
 	s.emit(ctx, ev)
+	return recorded
 }
 
 func truncate(s string) string {

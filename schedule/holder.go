@@ -207,6 +207,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			}
 		}
 		var wake time.Time
+		clean := false // this pass read and recorded without error
 		if st != nil && cur == nil && (st.paused || (len(open) == 0 && !due(st))) {
 			// Nothing to write: another instance ran what was due (or the
 			// schedule is paused). The lock goes back without its lease
@@ -255,6 +256,7 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 				cur = started
 			}
 			wake = s.nextWake(st, open, cur != nil)
+			clean = recErr == nil
 			if recErr != nil {
 				if cur == nil {
 					return s.retryLater(ctx, r, recErr)
@@ -281,8 +283,15 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 		timer.Reset(d)
 		select {
 		case <-cur.done:
-			s.finish(ctx, h, cur, nil)
+			run := cur.run
+			recorded := s.finish(ctx, h, cur, nil)
 			cur = nil
+			if w, ok := s.settled(st, open, clean, run, recorded); ok {
+				// Nothing else was open and nothing has come due since:
+				// no need to read the schedule again before letting go.
+				r.wake = w
+				return r
+			}
 		case <-h.lost():
 			s.lostLock(ctx, h, cur)
 			cur = nil
@@ -306,6 +315,29 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 			s.checkOverdue(ctx, h, cur)
 		}
 	}
+}
+
+// settled reports whether, after the attempt of run ended recorded as
+// recorded, the schedule needs no further look now, and its next wake-up:
+// the pass that started the attempt read and recorded cleanly, the run
+// ended (succeeded or failed, not to be retried), no other run of the
+// schedule was open, and its next instant is still to come. A trigger,
+// backfill, pause or new version meanwhile reaches the runner by
+// notification or poll, which attends the schedule again.
+func (s *Scheduler) settled(st *stored, open []openRun, clean bool, run Run, recorded string) (time.Time, bool) {
+	if st == nil || !clean || (recorded != stateSucceeded && recorded != stateFailed) {
+		return time.Time{}, false
+	}
+	for _, o := range open {
+		if !o.instant.Equal(run.Instant) {
+			return time.Time{}, false
+		}
+	}
+	w := s.nextWake(st, nil, false)
+	if w.IsZero() || !w.After(s.dbNow()) {
+		return time.Time{}, false
+	}
+	return w, true
 }
 
 // due reports whether an instant of st's schedule has come due that its

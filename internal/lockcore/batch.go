@@ -82,7 +82,7 @@ func (c *Sessions) TryLockBatched(r LockRequest) (Locked, bool, error) {
 // requests of the other callers due at the same moment (goroutines started
 // one after another) before its statement goes: a round trip's worth at
 // most, so that one statement takes what would otherwise be many.
-const gather = 2 * time.Millisecond
+const gather = 5 * time.Millisecond
 
 // queue adds call to *q, under mu, and unless a goroutine already drains
 // *q (busy), starts one: after gather, it runs each batch queued meanwhile
