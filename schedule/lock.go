@@ -172,7 +172,7 @@ func (l *sessionLocker) acquire(ctx context.Context, name string, lease time.Dur
 	// are taken in one statement on the shared session (bounded like a
 	// statement under the lock: one cut off by its deadline closes the
 	// session, which drops the locks it took).
-	h := &sessionHeld{sch: l.s, ss: ss, class: class, key: key, free: free, name: lockName(name), valid: validFor(lease, false), lostc: make(chan struct{})}
+	h := &sessionHeld{sch: l.s, ss: ss, free: free, name: lockName(name), valid: validFor(lease, false), lostc: make(chan struct{})}
 	h.lostCtx, h.cancelLost = context.WithCancel(context.Background())
 	lk, ok, err := ss.TryLockBatched(lockcore.LockRequest{Class: class, Key: key, Validity: validFor(lease, true), OnLost: func(err error) {
 		h.lose(fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err))
@@ -236,10 +236,9 @@ type sessionHeld struct {
 	schedule   string
 	lease      time.Duration   // the schedule's Lease
 	keepCtx    context.Context // acquire's: the values renewals run with
-	class, key int32
-	free       func() // ends the lock's reservation in this process
-	name       string // the lease row
-	fence      int64  // the lease's fence (0 until seized)
+	free       func()          // ends the lock's reservation in this process
+	name       string          // the lease row
+	fence      int64           // the lease's fence (0 until seized)
 	valid      time.Duration
 	stopRenew  func()
 	lostc      chan struct{}
@@ -303,7 +302,7 @@ func (h *sessionHeld) release() {
 	// Unlocked on the session even when its validity ran out (a slow
 	// answer; the run was cancelled), with the other releases of the
 	// moment: the session keeps every other lock of the process.
-	h.ss.ReleaseBatched(h.lk, h.class, h.key)
+	h.ss.ReleaseBatched(h.lk)
 	h.free()
 	h.cancelLost()
 }

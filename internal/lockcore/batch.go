@@ -29,12 +29,12 @@ type LockRequest struct {
 	OnLost func(error)
 }
 
-// Locked is a lock TryLockBatched took: held on Session, watched by
-// Keeper, confirmed from Sent.
+// Locked is a lock TryLockBatched took: the advisory lock (Class, Key)
+// held on Session, watched by Keeper.
 type Locked struct {
-	Session *Session
-	Keeper  *Keeper
-	Sent    time.Time
+	Class, Key int32
+	Session    *Session
+	Keeper     *Keeper
 }
 
 // batches holds the requests waiting for the next statement.
@@ -160,7 +160,7 @@ func (c *Sessions) lockBatch(calls []*lockCall) {
 			Every:    min(PingEvery, call.r.Validity/3),
 			Validity: NewValidity(sent, call.r.Validity, nil),
 		}, call.r.OnLost)
-		results[i] = lockResult{l: Locked{Session: s, Keeper: k, Sent: sent}, ok: true}
+		results[i] = lockResult{l: Locked{Class: call.r.Class, Key: call.r.Key, Session: s, Keeper: k}, ok: true}
 	}
 	c.Put(s)
 	for i, call := range calls {
@@ -194,13 +194,13 @@ func tryLocks(ctx context.Context, s *Session, calls []*lockCall) (map[[2]int32]
 // out (ErrExpired: a slow answer; the session keeps every other lock). A
 // session that has ended took the lock with it; one whose unlock is not
 // confirmed within SessionBound is closed.
-func (c *Sessions) ReleaseBatched(l Locked, class, key int32) {
+func (c *Sessions) ReleaseBatched(l Locked) {
 	// The session is not this caller's: its connection is looked at only
 	// by the goroutine releasing the batch, which takes the session.
 	if lost := l.Keeper.detachFn(); lost != nil && !errors.Is(lost, ErrExpired) {
 		return // the session ended: the lock went with it
 	}
-	call := &unlockCall{s: l.Session, class: class, key: key, done: make(chan struct{})}
+	call := &unlockCall{s: l.Session, class: l.Class, key: l.Key, done: make(chan struct{})}
 	queue(&c.batch.mu, &c.batch.unlocks, &c.batch.unlocking, call, func(calls []*unlockCall) {
 		c.unlockBatch(calls)
 		for _, call := range calls {
