@@ -332,9 +332,12 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{Pool: pool, MaxReads: -1},
 		{Pool: pool, Tables: []status.Table{{Table: claim.Table{Name: ""}}}},
 		{Pool: pool, Tables: []status.Table{{Table: claim.Table{Name: "t", State: "bad\x00col"}}}},
+		{Pool: pool, Schema: "Bad"},
 	} {
 		if _, err := status.New(cfg); !errors.Is(err, status.ErrInvalid) {
 			t.Errorf("New(%+v): %v, want ErrInvalid", cfg, err)
+		} else if cfg.Schema != "" && !strings.Contains(err.Error(), "Config.Schema") {
+			t.Errorf("New(Schema %q): %v, want an error naming Config.Schema", cfg.Schema, err)
 		}
 	}
 }
