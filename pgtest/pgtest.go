@@ -4,7 +4,8 @@
 //
 // The server comes from, in order: the connection string in
 // PGCLAIM_TEST_DATABASE_URL; a container from testcontainers-go when a Docker
-// engine answers; an ephemeral cluster started from local PostgreSQL binaries
+// engine answers and the test binary imports package pgtest/pgcontainer (pgtest
+// alone links no container runtime); an ephemeral cluster started from local PostgreSQL binaries
 // (as the postgres user when the process runs as root), removed when the test
 // process exits. PGCLAIM_TEST_PG_BIN names the directory of the binaries for
 // every cluster pgtest starts (the local one, and NewPair's), so that a run

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -139,13 +140,28 @@ func TestSourceOnThisMachine(t *testing.T) {
 			t.Fatalf("%s is set but the server came from %s", EnvURL, s.Source())
 		}
 	default:
-		ok, _ := dockerAnswers(context.Background())
-		want := SourceLocal
-		if ok {
-			want = SourceContainer
+		// This test binary does not import pgcontainer: no container.
+		if s.Source() != SourceLocal {
+			t.Fatalf("server came from %s, want %s", s.Source(), SourceLocal)
 		}
-		if s.Source() != want {
-			t.Fatalf("server came from %s, want %s", s.Source(), want)
+	}
+}
+
+// TestNoContainerUnlessLinked: pgtest alone links no container runtime, and
+// says how to get one.
+func TestNoContainerUnlessLinked(t *testing.T) {
+	t.Parallel()
+	_, err := startContainer(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "pgtest/pgcontainer") {
+		t.Fatalf("want the reason to name pgtest/pgcontainer, got %v", err)
+	}
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.Contains(dep, "testcontainers") || strings.Contains(dep, "docker") {
+			t.Fatalf("pgtest links %s", dep)
 		}
 	}
 }

@@ -32,7 +32,7 @@ type Source string
 // The sources a Server can come from, in the order Start tries them.
 const (
 	SourceURL       Source = "url"       // the server named by PGCLAIM_TEST_DATABASE_URL (or Config.URL)
-	SourceContainer Source = "container" // a container started with testcontainers-go
+	SourceContainer Source = "container" // a container, from a ContainerProvider (package pgcontainer)
 	SourceLocal     Source = "local"     // a cluster started from local PostgreSQL binaries
 )
 
@@ -241,7 +241,8 @@ type Config struct {
 	// URL, when set, is used instead of the PGCLAIM_TEST_DATABASE_URL
 	// environment variable.
 	URL string
-	// NoContainer skips the testcontainers-go source.
+	// NoContainer skips the container source even where package pgcontainer
+	// is linked.
 	NoContainer bool
 	// BinDir, when set, is the directory holding initdb and postgres. Unset,
 	// it is the PGCLAIM_TEST_PG_BIN environment variable (EnvBin), else
@@ -259,8 +260,8 @@ type Config struct {
 // Start provisions a PostgreSQL server, trying in order:
 //
 //  1. the server named by PGCLAIM_TEST_DATABASE_URL (or opts.URL);
-//  2. a container from testcontainers-go's postgres module, when a Docker
-//     engine answers;
+//  2. a container, when a provider is registered (import package
+//     pgtest/pgcontainer for testcontainers-go) and a Docker engine answers;
 //  3. an ephemeral cluster started from local PostgreSQL binaries (in
 //     opts.BinDir or PGCLAIM_TEST_PG_BIN, else found on PATH, via
 //     pg_config, or under /usr/lib/postgresql/*/bin), run as the
@@ -283,13 +284,52 @@ func Start(ctx context.Context, opts ...Config) (*Server, error) {
 // check the order in which provision tries them.
 type sources struct {
 	url       func(ctx context.Context, url string) (*Server, error)
-	container func(ctx context.Context) (*Server, error) // errNoEngine when no Docker engine answers
+	container func(ctx context.Context) (*Server, error) // an error when no provider is registered or no engine answers
 	local     func(ctx context.Context, binDir string, settings []string) (*Server, error)
 }
 
 var realSources = sources{url: fromURL, container: startContainer, local: startLocal}
 
-var errNoEngine = errors.New("no Docker engine answered")
+// ContainerProvider starts a PostgreSQL server in a container. It returns the
+// connection string of a role that may create databases (and roles, for
+// tests that run as an application role) and a function that removes the
+// container, or an error at once when it cannot start one (no engine).
+type ContainerProvider func(ctx context.Context) (url string, remove func() error, err error)
+
+var (
+	containerMu       sync.Mutex
+	containerProvider ContainerProvider
+)
+
+// UseContainers makes Start (and so Shared) try p after the URL and before
+// local binaries. Package pgtest/pgcontainer calls it when imported; pgtest
+// itself links no container runtime.
+func UseContainers(p ContainerProvider) {
+	containerMu.Lock()
+	defer containerMu.Unlock()
+	containerProvider = p
+}
+
+// errNoProvider is the container source's reason when none is registered.
+var errNoProvider = errors.New(`not linked (import _ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" to use a Docker engine)`)
+
+func startContainer(ctx context.Context) (*Server, error) {
+	containerMu.Lock()
+	p := containerProvider
+	containerMu.Unlock()
+	if p == nil {
+		return nil, errNoProvider
+	}
+	u, remove, err := p(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, u, nil); err != nil {
+		_ = remove()
+		return nil, err
+	}
+	return &Server{source: SourceContainer, adminURL: u, close: remove}, nil
+}
 
 func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 	logf := o.Logf
@@ -308,14 +348,14 @@ func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 	}
 	var reasons []string
 	if o.NoContainer {
-		reasons = append(reasons, "testcontainers: skipped")
+		reasons = append(reasons, "container: skipped")
 	} else {
 		s, err := src.container(ctx)
 		if err == nil {
 			logf("pgtest: started a PostgreSQL container")
 			return s, nil
 		}
-		reasons = append(reasons, "testcontainers: "+err.Error())
+		reasons = append(reasons, "container: "+err.Error())
 	}
 	s, err := src.local(ctx, o.BinDir, o.Settings)
 	if err == nil {
@@ -324,7 +364,7 @@ func provision(ctx context.Context, o Config, src sources) (*Server, error) {
 	}
 	reasons = append(reasons, "local binaries: "+err.Error())
 	return nil, fmt.Errorf("%w: set %s to a server's connection string (role with CREATEDB), "+
-		"or run a Docker engine for testcontainers-go, "+
+		"or run a Docker engine and import pgtest/pgcontainer, "+
 		"or install PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin "+
 		"or name their directory in %s (%s)",
 		ErrUnavailable, EnvURL, EnvBin, strings.Join(reasons, "; "))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 // Two backfills of overlapping ranges at the same time, with a scheduler

@@ -19,6 +19,7 @@ import (
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 	"github.com/pgclaim/pgclaim/status"
 	"github.com/pgclaim/pgclaim/status/internal/scenario"
 )

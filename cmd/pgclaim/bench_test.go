@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 func TestBenchUsage(t *testing.T) {

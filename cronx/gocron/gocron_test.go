@@ -15,6 +15,7 @@ import (
 	"github.com/pgclaim/pgclaim/cronx/internal/crontest"
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 const everySecond = "* * * * * *"

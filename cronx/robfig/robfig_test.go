@@ -13,6 +13,7 @@ import (
 	"github.com/pgclaim/pgclaim/cronx/internal/crontest"
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 // everySecond is the schedule the tests fire on.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/pgtest/pgcontainer"
 	"github.com/pgclaim/pgclaim/status"
 )
 
@@ -212,7 +213,7 @@ func (o *orchestrator) provision(ctx context.Context) (url string, cleanup func(
 		o.pool, o.q = pool, db.New(pool)
 		how := "a throwaway cluster from the local PostgreSQL binaries"
 		if srv.Source() == pgtest.SourceContainer {
-			how = "a container (testcontainers, " + pgtest.ContainerImage + ")"
+			how = "a container (testcontainers, " + pgcontainer.Image + ")"
 		}
 		o.say("demo", "Postgres: %s (removed at the end)", how)
 		return srv.URL(), func() { pool.Close(); closeSrv() }, nil

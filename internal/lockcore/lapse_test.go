@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 // TestLapseKeepsSharedSession: when the shared session answers too slowly

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 func TestAdvisoryProbe(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/internal/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
+	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 )
 
 func TestLockUnlock(t *testing.T) {
