@@ -284,8 +284,9 @@ type stored struct {
 	pausedAt    time.Time
 	resumedAt   time.Time
 	startsAt    time.Time
-	prunedUntil time.Time // instants up to it may have been pruned (zero: none)
-	cursor      time.Time // the newest scheduled instant recorded (zero: none)
+	prunedUntil time.Time     // instants up to it may have been pruned (zero: none)
+	retention   time.Duration // as a scheduler last reported it (0: none did; KeepRuns)
+	cursor      time.Time     // the newest scheduled instant recorded (zero: none)
 	dbNow       time.Time
 	pausedNote  string
 	pausedBy    string
@@ -331,8 +332,8 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 	}
 	return &stored{
 		def: d, spec: spec, paused: r.Paused, pausedAt: tm(r.PausedAt), resumedAt: tm(r.ResumedAt),
-		startsAt: tm(r.StartsAt), prunedUntil: tm(r.PrunedUntil), cursor: tm(r.Cursor), dbNow: tm(r.DbNow),
-		pausedNote: deref(r.PausedNote), pausedBy: deref(r.PausedBy),
+		startsAt: tm(r.StartsAt), prunedUntil: tm(r.PrunedUntil), retention: reportedRetention(r.RetentionUs),
+		cursor: tm(r.Cursor), dbNow: tm(r.DbNow), pausedNote: deref(r.PausedNote), pausedBy: deref(r.PausedBy),
 	}, nil
 }
 

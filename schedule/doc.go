@@ -272,7 +272,8 @@
 // days, unless set; Definition.Retention per schedule; KeepRuns keeps them
 // all): a minute after Run starts, then every 10 minutes, 1,000 rows per
 // statement, each bounded to 5 s, logging one line per schedule that lost
-// runs. A schedule whose CatchUpWindow is as long as its retention keeps
+// runs. Each pass stores the age it applied (Status.Retention, shown by the
+// CLI and the status page). A schedule whose CatchUpWindow is as long as its retention keeps
 // its runs (Register warns). Scheduler.Prune deletes finished runs older
 // than a given age on request, by database time, never an open one. Each schedule keeps the newest scheduled instant
 // pruned (pruned_until): instants up to it are never recorded again by

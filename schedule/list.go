@@ -55,6 +55,11 @@ type Status struct {
 	// zero when none was. Instants up to it are never recorded again nor
 	// reported missed.
 	PrunedUntil time.Time
+	// Retention is how long this schedule's finished runs are kept, as the
+	// last retention pass of a running Scheduler applied it (Config.Retention
+	// or Definition.Retention); KeepRuns when every run is kept (so set, or
+	// the catch-up window reaches past it); zero until a pass has run.
+	Retention time.Duration
 	// DBNow is the database's time the status was computed at.
 	DBNow time.Time
 }
@@ -131,7 +136,7 @@ func (s *Scheduler) status(ctx context.Context, r store.ScheduleStatusesRow) (St
 	out := Status{
 		Name: d.Name, Spec: d.Spec, TimeZone: d.TimeZone, Version: d.Version,
 		OpenRuns: int(r.OpenRuns), Late: int(r.LateRuns), Overdue: int(r.OverdueRuns), Paused: st.paused, DBNow: st.dbNow,
-		PrunedUntil: st.prunedUntil,
+		PrunedUntil: st.prunedUntil, Retention: st.retention,
 	}
 	if st.paused {
 		out.PausedNote, out.PausedBy, out.PausedAt = st.pausedNote, st.pausedBy, st.pausedAt

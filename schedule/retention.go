@@ -94,14 +94,25 @@ func jittered(d time.Duration) time.Duration {
 // retainOnce deletes, for every schedule registered here, its finished
 // runs older than its retention, a batch at a time, and logs what it
 // deleted. It stops at the first error.
-func (s *Scheduler) retainOnce(ctx context.Context) error {
+func (s *Scheduler) retainOnce(ctx context.Context) (err error) {
+	var names []string
+	var applied []int64
+	defer func() {
+		// Say what this pass applied, for the CLI and the status page.
+		if len(names) > 0 && ctx.Err() == nil {
+			if rerr := s.q.ReportRetention(ctx, store.ReportRetentionParams{Names: names, RetentionsUs: applied}); rerr != nil && err == nil {
+				err = fmt.Errorf("schedule: report retention: %w", rerr)
+			}
+		}
+	}()
 	for _, e := range s.snapshot() {
 		age := s.retention(e)
 		if age <= 0 {
+			names, applied = append(names, e.name), append(applied, int64(KeepRuns))
 			continue
 		}
 		var total int64
-		for {
+		for first := true; ; first = false {
 			var row store.PruneScheduleRunsRow
 			err := s.tx(ctx, func(q *store.Queries) error {
 				if err := q.SetLocalStatementTimeout(ctx, fmt.Sprint(retainStatement.Milliseconds())); err != nil {
@@ -114,6 +125,14 @@ func (s *Scheduler) retainOnce(ctx context.Context) error {
 			if err != nil {
 				s.logRetained(ctx, e.name, age, total)
 				return fmt.Errorf("schedule: %q: %w", e.name, err)
+			}
+			if first {
+				// The first batch says whether the catch-up window lets
+				// this age apply; if not, every run is kept.
+				names, applied = append(names, e.name), append(applied, us(age))
+				if !row.Eligible {
+					applied[len(applied)-1] = int64(KeepRuns)
+				}
 			}
 			total += row.Deleted
 			if row.Deleted < int64(s.retainBatch) || ctx.Err() != nil {
@@ -129,6 +148,18 @@ func (s *Scheduler) logRetained(ctx context.Context, name string, age time.Durat
 	if n > 0 {
 		s.log.InfoContext(ctx, "schedule: old runs deleted (retention)", "schedule", name, "deleted", n, "older_than", age.String())
 	}
+}
+
+// reportedRetention reads a stored retention_us: nil (no pass reported)
+// is 0, a negative one KeepRuns.
+func reportedRetention(us *int64) time.Duration {
+	switch {
+	case us == nil:
+		return 0
+	case *us < 0:
+		return KeepRuns
+	}
+	return dur(*us)
 }
 
 // checkRetention validates a retention setting named field.

@@ -55,6 +55,9 @@ func TestRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if st, err := in.s.Status(ctx, "short"); err != nil || st.Retention != 0 {
+		t.Errorf("short: Status.Retention %v (%v) before any pass, want 0", st.Retention, err)
+	}
 	in.s.retainBatch = 2 // several batches per schedule
 	if err := in.s.retainOnce(ctx); err != nil {
 		t.Fatal(err)
@@ -80,6 +83,14 @@ func TestRetention(t *testing.T) {
 		st, err := in.s.Status(ctx, name)
 		if err != nil || !st.PrunedUntil.Equal(want) {
 			t.Errorf("%s: Status.PrunedUntil %v (%v), want %v", name, st.PrunedUntil, err, want)
+		}
+	}
+	// The pass says what it applied: the wide schedule's catch-up window
+	// reaches past the age, so its runs are kept.
+	for name, want := range map[string]time.Duration{"short": 2 * time.Hour, "default": 24 * time.Hour, "kept": KeepRuns, "wide": KeepRuns} {
+		st, err := in.s.Status(ctx, name)
+		if err != nil || st.Retention != want {
+			t.Errorf("%s: Status.Retention %v (%v), want %v", name, st.Retention, err, want)
 		}
 	}
 	if got := logs.lines(slog.LevelInfo, "schedule: old runs deleted (retention)"); len(got) != 2 {

@@ -222,6 +222,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 	"since":   since,
 	"seconds": fmtSeconds,
 	"dur":     func(s float64) string { return fmtSeconds(&s) },
+	"kept":    inspect.RetentionText,
 }).ParseFS(templateFS, "templates/*.html"))
 
 // New returns the status page's handler. It validates cfg (the table

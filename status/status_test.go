@@ -1,6 +1,7 @@
 package status_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -90,9 +91,13 @@ func hasState(runs []status.Run, state string) bool {
 }
 
 func TestViews(t *testing.T) {
-	_, srv := serve(t, false)
+	sc, srv := serve(t, false)
 	c := srv.Client()
 	base := srv.URL + "/pgclaim/"
+	// How long runs are kept, as a retention pass reported it.
+	if _, err := sc.Pool.Exec(context.Background(), `UPDATE pgclaim_schedules SET retention_us = 604800000000 WHERE name = $1`, scenario.Paused); err != nil {
+		t.Fatal(err)
+	}
 
 	all := getJSON[status.Schedules](t, c, base+"schedules.json")
 	if alt := getJSON[status.Schedules](t, c, base+"schedules?format=json"); len(alt.Schedules) != len(all.Schedules) {
@@ -108,7 +113,8 @@ func TestViews(t *testing.T) {
 	if s := findSchedule(t, all, scenario.Missed); s.Missed < 1 || !hasState(s.Timeline, "missed") {
 		t.Errorf("%s: want missed instants, got %+v", scenario.Missed, s)
 	}
-	if s := findSchedule(t, all, scenario.Paused); !s.Paused || deref(s.PausedNote) != scenario.PausedNote || deref(s.PausedBy) != "ops@example.com" {
+	if s := findSchedule(t, all, scenario.Paused); !s.Paused || deref(s.PausedNote) != scenario.PausedNote || deref(s.PausedBy) != "ops@example.com" ||
+		deref(s.Retention) != "168h0m0s" {
 		t.Errorf("%s: want paused with its note, got %+v", scenario.Paused, s)
 	}
 	if s := findSchedule(t, all, scenario.Hostile); s.Last == nil || s.Last.State != "failed" || !strings.HasSuffix(deref(s.Last.Reason), scenario.HostileReason) {
@@ -125,7 +131,7 @@ func TestViews(t *testing.T) {
 		`&lt;img src=x onerror=&#34;alert(2)&#34;&gt; upstream 503`,
 		`vendor API down &lt;i&gt;ticket 42&lt;/i&gt;`,
 		`data-state="running"`, `data-state="missed"`, `paused-badge`, `missed-count`,
-		`read-only`,
+		`read-only`, `runs kept: 7d`,
 	} {
 		if !strings.Contains(html, want) {
 			t.Errorf("the schedules page lacks %q", want)

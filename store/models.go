@@ -50,6 +50,7 @@ type PgclaimSchedule struct {
 	StartsAt         pgtype.Timestamptz
 	CreatedAt        pgtype.Timestamptz
 	UpdatedAt        pgtype.Timestamptz
+	RetentionUs      *int64
 }
 
 type PgclaimScheduleRun struct {

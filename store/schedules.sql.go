@@ -785,6 +785,26 @@ func (q *Queries) ReplaceRuns(ctx context.Context, arg ReplaceRunsParams) ([]pgt
 	return items, nil
 }
 
+const reportRetention = `-- name: ReportRetention :exec
+UPDATE pgclaim_schedules s
+SET retention_us = v.retention_us
+FROM (SELECT unnest($1::text[]) AS name,
+             unnest($2::bigint[]) AS retention_us) AS v
+WHERE s.name = v.name AND s.retention_us IS DISTINCT FROM v.retention_us
+`
+
+type ReportRetentionParams struct {
+	Names        []string
+	RetentionsUs []int64
+}
+
+// Store, for each named schedule, the retention its scheduler applies
+// (microseconds; -1: every run kept), where it changed.
+func (q *Queries) ReportRetention(ctx context.Context, arg ReportRetentionParams) error {
+	_, err := q.db.Exec(ctx, reportRetention, arg.Names, arg.RetentionsUs)
+	return err
+}
+
 const resumeSchedule = `-- name: ResumeSchedule :one
 WITH u AS (
     UPDATE pgclaim_schedules
@@ -929,7 +949,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until, retention_us,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -960,6 +980,7 @@ type ScheduleByNameRow struct {
 	ResumedAt       pgtype.Timestamptz
 	StartsAt        pgtype.Timestamptz
 	PrunedUntil     pgtype.Timestamptz
+	RetentionUs     *int64
 	Cursor          pgtype.Timestamptz
 	DbNow           pgtype.Timestamptz
 }
@@ -994,6 +1015,7 @@ func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNa
 		&i.ResumedAt,
 		&i.StartsAt,
 		&i.PrunedUntil,
+		&i.RetentionUs,
 		&i.Cursor,
 		&i.DbNow,
 	)

@@ -73,6 +73,14 @@ func fmtTimePtr(t *time.Time) string {
 	return fmtTime(*t)
 }
 
+// orDash is s, or "-" when it is empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
 // fmtDur prints a duration rounded to a precision that suits its size.
 func fmtDur(d time.Duration) string {
 	neg := d < 0

@@ -222,7 +222,9 @@ database's time), its latest outcome (the newest run no longer pending: its
 instant, state and attempts), its missed instants (rows recorded missed, plus
 instants due longer ago than --grace that no instance recorded; shown "N+"
 when the count stopped at 1000), its open runs, the newest instant whose run retention (or Prune) deleted
-("DELETED TO"; instants up to it are never run again), and its pause (note,
+("DELETED TO"; instants up to it are never run again), how long its finished runs are
+kept ("KEPT", as the last retention pass of a running scheduler applied it; "-" before one
+ran), and its pause (note,
 by whom, since when).`
 
 func runSchedulesList(ctx context.Context, e *env, args []string) error {
@@ -258,7 +260,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "no schedules stored")
 		return nil
 	}
-	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "PAUSED")
+	tb := newTable(e.stdout, "NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "KEPT", "PAUSED")
 	for _, st := range out {
 		last, state, attempt := "-", "-", "-"
 		if l := st.Last; l != nil {
@@ -271,7 +273,7 @@ func runSchedulesList(ctx context.Context, e *env, args []string) error {
 		if st.MissedMore {
 			missed += "+"
 		}
-		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.Late, st.Overdue, st.OpenRuns, fmtTimePtr(st.PrunedUntil), pausedCell(st))
+		tb.row(st.Name, st.Spec, st.TimeZone, st.Version, fmtTimePtr(st.NextDue), last, state, attempt, missed, st.Late, st.Overdue, st.OpenRuns, fmtTimePtr(st.PrunedUntil), orDash(inspect.RetentionText(st.Retention)), pausedCell(st))
 	}
 	return tb.flush()
 }

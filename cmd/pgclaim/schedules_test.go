@@ -67,7 +67,7 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 	if len(lines) != 3 {
 		t.Fatalf("list:\n%s", r.stdout)
 	}
-	for _, h := range []string{"NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "PAUSED"} {
+	for _, h := range []string{"NAME", "SPEC", "ZONE", "VERSION", "NEXT DUE", "LAST RUN", "STATE", "ATTEMPT", "MISSED", "LATE", "OVERDUE", "OPEN", "DELETED TO", "KEPT", "PAUSED"} {
 		wantContains(t, "header", lines[0], h)
 	}
 	wantContains(t, "push-resume row", lines[1], "push-resume  0 9 * * *", "Europe/Berlin  3 ", "2026-11-30 08:00:00Z", "failed", "  3  ", "  1  ", "  0  ", "  -")
@@ -93,14 +93,19 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 		t.Errorf("push-resume next due %v is not 09:00 in Berlin", p.NextDue)
 	}
 	// How far retention (or Prune) has deleted: DELETED TO, pruned_until.
-	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = '2026-11-28 08:00Z' WHERE name = 'push-resume'`)
+	// And how long runs are kept, as a scheduler's retention pass reported
+	// it: KEPT, retention.
+	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = '2026-11-28 08:00Z', retention_us = 604800000000 WHERE name = 'push-resume'`)
+	exec1(t, db, `UPDATE pgclaim_schedules SET retention_us = -1 WHERE name = 'report'`)
 	r = cli(t, "", "schedules", "list", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	wantContains(t, "push-resume row after retention", strings.Split(r.stdout, "\n")[1], "push-resume ", "2026-11-28 08:00:00Z")
+	wantContains(t, "push-resume row after retention", strings.Split(r.stdout, "\n")[1], "push-resume ", "2026-11-28 08:00:00Z", " 7d ")
+	wantContains(t, "report row after retention", r.stdout, " keep all ")
 	r = cli(t, "", "schedules", "list", "--json", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	wantContains(t, "JSON after retention", r.stdout, `"pruned_until": "2026-11-28T08:00:00Z"`, `"pruned_until": null`)
-	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = NULL WHERE name = 'push-resume'`)
+	wantContains(t, "JSON after retention", r.stdout, `"pruned_until": "2026-11-28T08:00:00Z"`, `"pruned_until": null`,
+		`"retention": "168h0m0s"`, `"retention": "keep"`)
+	exec1(t, db, `UPDATE pgclaim_schedules SET pruned_until = NULL, retention_us = NULL`)
 	if rep.Name != "report" || rep.Last != nil || !rep.Paused || rep.PausedBy == nil || *rep.PausedBy != "alice" ||
 		rep.PausedNote == nil || *rep.PausedNote != "provider outage" || rep.PausedAt == nil || rep.NextDue == nil ||
 		rep.NextDue.Sub(rep.DBNow) > 5*time.Minute {

@@ -1,6 +1,8 @@
 package inspect
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pgclaim/pgclaim/schedule"
@@ -26,6 +28,7 @@ type Schedule struct {
 	PausedBy         *string    `json:"paused_by"`
 	PausedAt         *time.Time `json:"paused_at"`
 	PrunedUntil      *time.Time `json:"pruned_until"` // the newest instant whose run was deleted (retention, Prune)
+	Retention        *string    `json:"retention"`    // finished runs kept this long ("168h0m0s"), "keep" (all), null (no pass yet)
 	DBNow            time.Time  `json:"db_now"`
 }
 
@@ -47,7 +50,7 @@ func ScheduleOf(st schedule.Status) Schedule {
 		OpenRuns: st.OpenRuns, Missed: st.Missed, MissedUnrecorded: st.MissedUnrecorded, MissedMore: st.MissedMore,
 		Late: st.Late, Overdue: st.Overdue,
 		Paused: st.Paused, PausedNote: strPtr(st.PausedNote), PausedBy: strPtr(st.PausedBy), PausedAt: timePtr(st.PausedAt),
-		PrunedUntil: timePtr(st.PrunedUntil), DBNow: st.DBNow.UTC(),
+		PrunedUntil: timePtr(st.PrunedUntil), Retention: retentionPtr(st.Retention), DBNow: st.DBNow.UTC(),
 	}
 	if l := st.Last; l != nil {
 		out.Last = &LastRun{Instant: l.Instant.UTC(), Kind: l.Kind, State: l.State, Attempt: l.Attempt,
@@ -62,6 +65,36 @@ func timePtr(t time.Time) *time.Time {
 	}
 	u := t.UTC()
 	return &u
+}
+
+// retentionPtr is Status.Retention as JSON: nil until a pass reported one.
+func retentionPtr(d time.Duration) *string {
+	switch {
+	case d == 0:
+		return nil
+	case d < 0:
+		return strPtr("keep")
+	}
+	return strPtr(d.String())
+}
+
+// RetentionText is a schedule's retention for people: "7d", "36h",
+// "keep all", or "" while no pass reported one.
+func RetentionText(r *string) string {
+	if r == nil {
+		return ""
+	}
+	if *r == "keep" {
+		return "keep all"
+	}
+	d, err := time.ParseDuration(*r)
+	if err != nil {
+		return *r
+	}
+	if d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(d.String(), "0s"), "0m")
 }
 
 func strPtr(s string) *string {

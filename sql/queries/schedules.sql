@@ -56,7 +56,7 @@ SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM late_after) * 1000000)::bigint AS late_after_us,
        (extract(epoch FROM jitter) * 1000000)::bigint AS jitter_us,
        (extract(epoch FROM lease) * 1000000)::bigint AS lease_us,
-       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until,
+       paused, paused_note, paused_by, paused_at, resumed_at, starts_at, pruned_until, retention_us,
        (SELECT max(r.instant) FROM pgclaim_schedule_runs r
         WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
@@ -370,6 +370,15 @@ SELECT (SELECT count(*) FROM d)::bigint AS deleted,
        (SELECT count(*) FROM u)::bigint AS schedules,
        COALESCE((SELECT name FROM bad), '')::text AS refused_by,
        COALESCE((SELECT window_us FROM bad), 0)::bigint AS refused_window_us;
+
+-- name: ReportRetention :exec
+-- Store, for each named schedule, the retention its scheduler applies
+-- (microseconds; -1: every run kept), where it changed.
+UPDATE pgclaim_schedules s
+SET retention_us = v.retention_us
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name,
+             unnest(sqlc.arg(retentions_us)::bigint[]) AS retention_us) AS v
+WHERE s.name = v.name AND s.retention_us IS DISTINCT FROM v.retention_us;
 
 -- name: PruneScheduleRuns :one
 -- Retention: delete up to batch_size of one schedule's finished runs

@@ -52,6 +52,7 @@ type PgclaimSchedule struct {
 	StartsAt         time.Time
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
+	RetentionUs      *int64
 }
 
 type PgclaimScheduleRun struct {
