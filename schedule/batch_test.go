@@ -16,8 +16,8 @@ import (
 )
 
 // lockCounter counts the statements of a pool's connections that take or
-// release advisory locks.
-type lockCounter struct{ takes, releases atomic.Int64 }
+// release advisory locks, and that read schedules' open runs.
+type lockCounter struct{ takes, releases, reads atomic.Int64 }
 
 func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	switch {
@@ -25,6 +25,8 @@ func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 		c.takes.Add(1)
 	case strings.Contains(d.SQL, "pg_advisory_unlock"):
 		c.releases.Add(1)
+	case strings.Contains(d.SQL, "-- name: OpenRuns"):
+		c.reads.Add(1)
 	}
 	return ctx
 }
@@ -34,7 +36,8 @@ func (c *lockCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // TestLocksOfOneInstantBatched: the locks of many schedules due at the same
 // instant on one instance are taken in a few statements on its lock
 // session, and released in a few, rather than one round trip each while
-// the others wait for the session.
+// the others wait for the session; and the runners that took them read
+// their schedules' state in a few statements, not one each through the pool.
 func TestLocksOfOneInstantBatched(t *testing.T) {
 	const schedules = 100
 	db := pgtest.NewDatabase(t)
@@ -75,7 +78,7 @@ func TestLocksOfOneInstantBatched(t *testing.T) {
 
 	// The first instant whose runs all ran, counted from a quiet moment
 	// after it: the lock statements of that instant and no other.
-	var takes, releases int64
+	var takes, releases, reads int64
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if time.Now().After(deadline) {
@@ -86,22 +89,27 @@ func TestLocksOfOneInstantBatched(t *testing.T) {
 		now := time.Now()
 		wait := now.Truncate(2 * time.Second).Add(2*time.Second + 100*time.Millisecond).Sub(now)
 		time.Sleep(wait)
-		t0, r0 := count.takes.Load(), count.releases.Load()
+		t0, r0, d0 := count.takes.Load(), count.releases.Load(), count.reads.Load()
 		instant := time.Now().Truncate(2 * time.Second).UTC()
 		time.Sleep(1500 * time.Millisecond)
 		mu.Lock()
 		n := ran[instant]
 		mu.Unlock()
 		if n == schedules {
-			takes, releases = count.takes.Load()-t0, count.releases.Load()-r0
+			takes, releases, reads = count.takes.Load()-t0, count.releases.Load()-r0, count.reads.Load()-d0
 			break
 		}
 	}
-	t.Logf("one instant of %d schedules: %d statements took their locks, %d released them", schedules, takes, releases)
+	t.Logf("one instant of %d schedules: %d statements took their locks, %d released them, %d read open runs", schedules, takes, releases, reads)
 	// Runs end at different moments, so releases batch less than takes;
 	// one statement per lock (before batching) is schedules of each.
 	if takes > schedules/5 || releases > schedules/2 {
 		t.Errorf("%d schedules due at one instant: %d statements took their locks (want at most %d) and %d released them (want at most %d)",
 			schedules, takes, schedules/5, releases, schedules/2)
+	}
+	// Each runner reads its schedule's state at least once (before
+	// batching: once or twice each).
+	if reads > schedules/5 {
+		t.Errorf("%d schedules due at one instant: %d statements read their open runs (want at most %d)", schedules, reads, schedules/5)
 	}
 }

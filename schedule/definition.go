@@ -312,13 +312,18 @@ func deref(s *string) string {
 
 // loadSchedule reads the stored definition of name; ErrNotFound if none.
 func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, error) {
-	r, err := q.ScheduleByName(ctx, name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
-	}
+	rows, err := q.SchedulesByName(ctx, []string{name})
 	if err != nil {
 		return nil, fmt.Errorf("schedule: %q: read definition: %w", name, schemaHint(err))
 	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	return storedOf(rows[0])
+}
+
+// storedOf converts a stored definition as read.
+func storedOf(r store.SchedulesByNameRow) (*stored, error) {
 	d := Definition{
 		Name: r.Name, Spec: r.Spec, TimeZone: r.TimeZone, Version: int(r.Version),
 		CatchUp: CatchUp(r.CatchUp), CatchUpWindow: dur(r.CatchUpWindowUs), CatchUpCap: int(r.CatchUpCap),
@@ -328,7 +333,7 @@ func loadSchedule(ctx context.Context, q *store.Queries, name string) (*stored, 
 	}
 	spec, err := parseSpec(d.Spec, d.TimeZone)
 	if err != nil {
-		return nil, fmt.Errorf("schedule: %q: the stored definition (version %d) does not parse here: %w", name, d.Version, err)
+		return nil, fmt.Errorf("schedule: %q: the stored definition (version %d) does not parse here: %w", r.Name, d.Version, err)
 	}
 	return &stored{
 		def: d, spec: spec, paused: r.Paused, pausedAt: tm(r.PausedAt), resumedAt: tm(r.ResumedAt),

@@ -154,28 +154,16 @@ func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result 
 	return r
 }
 
-// state reads the stored definition and the open runs of name, holding h.
+// state reads the stored definition and the open runs of name, holding h
+// (in one batch with the reads of this scheduler's other runners).
 func (s *Scheduler) state(ctx context.Context, h held, name string) (*stored, []openRun, error) {
 	var st *stored
 	var open []openRun
 	sent := time.Now()
-	err := h.do(ctx, func(ctx context.Context, q *store.Queries, _ guard) error {
+	err := h.do(ctx, func(ctx context.Context, _ *store.Queries, _ guard) error {
 		var err error
-		if st, err = loadSchedule(ctx, q, name); err != nil {
-			return err
-		}
-		rows, err := q.OpenRuns(ctx, store.OpenRunsParams{Schedule: name, PendingLimit: pendingRead})
-		if err != nil {
-			return fmt.Errorf("schedule: %q: read open runs: %w", name, err)
-		}
-		open = make([]openRun, 0, len(rows))
-		for _, o := range rows {
-			open = append(open, openRun{
-				instant: tm(o.Instant), kind: o.Kind, state: o.State, attempt: int(o.Attempt), fence: o.Fence,
-				holder: deref(o.Holder), leaseUntil: tm(o.LeaseUntil), nextAt: tm(o.NextAttemptAt), startAfter: tm(o.StartAfter), ready: o.Ready,
-			})
-		}
-		return nil
+		st, open, err = s.readState(ctx, name)
+		return err
 	})
 	if err == nil {
 		s.observe(sent, st.dbNow)

@@ -76,7 +76,9 @@ type Config struct {
 	LeaseLocks bool
 	// PollInterval bounds how long pause, resume and trigger take to reach
 	// this instance when a notification is lost (or with LeaseLocks, where
-	// nothing listens), and how soon a run whose holder died is found.
+	// nothing listens), and how soon a run whose holder died is found. A
+	// pending run of a schedule whose lock another runner holds is left to
+	// that runner, and found by the first poll after it lets go.
 	// Default 1 s.
 	PollInterval time.Duration
 	// Grace is how late an instant may be recorded and still be on time;
@@ -121,6 +123,7 @@ type Scheduler struct {
 	schema *qualify.Schema // Config.Schema
 
 	refusals refusals // connections refused by the database: back-off and reports
+	reads    reads    // batched reads of the runners' state (reads.go)
 	// retainBatch is the most runs one retention statement deletes
 	// (retainBatch; smaller in tests).
 	retainBatch int32

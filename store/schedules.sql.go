@@ -252,38 +252,39 @@ func (q *Queries) NotifySchedule(ctx context.Context, name string) error {
 }
 
 const openRuns = `-- name: OpenRuns :many
-SELECT o.instant, o.kind, o.state, o.attempt, o.fence, o.holder, o.lease_until, o.next_attempt_at, o.start_after, o.ready
-FROM (
+SELECT n.name::text AS schedule, o.instant, o.kind, o.state, o.attempt, o.fence, o.holder, o.lease_until, o.next_attempt_at, o.start_after, o.ready
+FROM unnest($1::text[]) AS n(name) CROSS JOIN LATERAL (
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             ((state = 'retrying' AND next_attempt_at <= now())
              OR (state = 'running' AND lease_until <= now()))::boolean AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = $1::text AND state IN ('running', 'retrying'))
+     WHERE schedule = n.name AND state IN ('running', 'retrying'))
     UNION
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             (start_after IS NULL OR start_after <= now())::boolean AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = $1::text AND state = 'pending'
+     WHERE schedule = n.name AND state = 'pending'
      ORDER BY instant
      LIMIT $2::int)
     UNION
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             true AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = $1::text AND state = 'pending'
+     WHERE schedule = n.name AND state = 'pending'
        AND (start_after IS NULL OR start_after <= now())
      ORDER BY instant
      LIMIT 1)
 ) AS o
-ORDER BY o.instant
+ORDER BY n.name, o.instant
 `
 
 type OpenRunsParams struct {
-	Schedule     string
+	Schedules    []string
 	PendingLimit int32
 }
 
 type OpenRunsRow struct {
+	Schedule      string
 	Instant       pgtype.Timestamptz
 	Kind          string
 	State         string
@@ -296,7 +297,7 @@ type OpenRunsRow struct {
 	Ready         bool
 }
 
-// A schedule's unfinished runs, oldest first, with whether each can be
+// The named schedules' unfinished runs, by schedule, oldest first, with whether each can be
 // taken now: a pending run past its start_after, a retry whose time has
 // come, a running one whose lease has expired. Every running and retrying
 // run is returned, but of the pending ones only the oldest pending_limit
@@ -304,7 +305,7 @@ type OpenRunsRow struct {
 // a backfill) is read a few rows at a time, not whole on every pass of the
 // runner, which would make working it off quadratic in its length.
 func (q *Queries) OpenRuns(ctx context.Context, arg OpenRunsParams) ([]OpenRunsRow, error) {
-	rows, err := q.db.Query(ctx, openRuns, arg.Schedule, arg.PendingLimit)
+	rows, err := q.db.Query(ctx, openRuns, arg.Schedules, arg.PendingLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +314,7 @@ func (q *Queries) OpenRuns(ctx context.Context, arg OpenRunsParams) ([]OpenRunsR
 	for rows.Next() {
 		var i OpenRunsRow
 		if err := rows.Scan(
+			&i.Schedule,
 			&i.Instant,
 			&i.Kind,
 			&i.State,
@@ -374,6 +376,19 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
            WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
              AND CASE r.state
                  WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
+                      AND CASE WHEN $1::boolean
+                          THEN NOT EXISTS (
+                              SELECT 1 FROM pgclaim_locks l
+                              WHERE l.name = 'pgclaim.schedule:' || s.name AND l.lock_until > now())
+                          ELSE NOT EXISTS (
+                              SELECT 1 FROM pg_catalog.pg_locks l
+                              WHERE l.locktype = 'advisory'
+                                AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+                                AND l.classid = $2::int4::oid
+                                AND l.objid = k.lock_key::oid
+                                AND l.objsubid = 2
+                                AND l.granted)
+                          END
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
                       OR ($1::boolean AND NOT EXISTS (
@@ -411,7 +426,9 @@ type PollSchedulesRow struct {
 
 // For each of the named schedules: its version and pause state, and
 // whether a run waits for an instance: pending (not paused, past its
-// start_after), a retry whose
+// start_after, and nobody holds the schedule's lock: a holder takes its
+// pending runs itself, so an instance that polls while a runner records and
+// claims an instant does not come to look for nothing), a retry whose
 // time has come, or a running run whose holder is gone (its lease expired;
 // with advisory locks, nobody holds the schedule's lock; with leases, the
 // lease lock it started under, the one with an older fence, has expired).
@@ -939,7 +956,7 @@ func (q *Queries) RunInstants(ctx context.Context, arg RunInstantsParams) ([]pgt
 	return items, nil
 }
 
-const scheduleByName = `-- name: ScheduleByName :one
+const schedulesByName = `-- name: SchedulesByName :many
 SELECT name, spec, time_zone, version, catch_up,
        (extract(epoch FROM catch_up_window) * 1000000)::bigint AS catch_up_window_us,
        catch_up_cap, overlap, max_attempts,
@@ -954,10 +971,10 @@ SELECT name, spec, time_zone, version, catch_up,
         WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
 FROM pgclaim_schedules s
-WHERE name = $1::text
+WHERE name = ANY($1::text[])
 `
 
-type ScheduleByNameRow struct {
+type SchedulesByNameRow struct {
 	Name            string
 	Spec            string
 	TimeZone        string
@@ -985,41 +1002,56 @@ type ScheduleByNameRow struct {
 	DbNow           pgtype.Timestamptz
 }
 
-// A stored definition and its pause state, with the database's time.
+// Stored definitions and their pause state, with the database's time, of
+// the named schedules (a runner reads those of every schedule whose lock it
+// took at the same moment in one statement).
 // cursor is the newest scheduled instant recorded that is due: a future
 // instant Scheduler.RunAt ran ahead of time does not move it, so the
 // instants before that one are still recorded as they come due.
-func (q *Queries) ScheduleByName(ctx context.Context, name string) (ScheduleByNameRow, error) {
-	row := q.db.QueryRow(ctx, scheduleByName, name)
-	var i ScheduleByNameRow
-	err := row.Scan(
-		&i.Name,
-		&i.Spec,
-		&i.TimeZone,
-		&i.Version,
-		&i.CatchUp,
-		&i.CatchUpWindowUs,
-		&i.CatchUpCap,
-		&i.Overlap,
-		&i.MaxAttempts,
-		&i.BackoffUs,
-		&i.MaxBackoffUs,
-		&i.ExpectedUs,
-		&i.LateAfterUs,
-		&i.JitterUs,
-		&i.LeaseUs,
-		&i.Paused,
-		&i.PausedNote,
-		&i.PausedBy,
-		&i.PausedAt,
-		&i.ResumedAt,
-		&i.StartsAt,
-		&i.PrunedUntil,
-		&i.RetentionUs,
-		&i.Cursor,
-		&i.DbNow,
-	)
-	return i, err
+func (q *Queries) SchedulesByName(ctx context.Context, names []string) ([]SchedulesByNameRow, error) {
+	rows, err := q.db.Query(ctx, schedulesByName, names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SchedulesByNameRow{}
+	for rows.Next() {
+		var i SchedulesByNameRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Spec,
+			&i.TimeZone,
+			&i.Version,
+			&i.CatchUp,
+			&i.CatchUpWindowUs,
+			&i.CatchUpCap,
+			&i.Overlap,
+			&i.MaxAttempts,
+			&i.BackoffUs,
+			&i.MaxBackoffUs,
+			&i.ExpectedUs,
+			&i.LateAfterUs,
+			&i.JitterUs,
+			&i.LeaseUs,
+			&i.Paused,
+			&i.PausedNote,
+			&i.PausedBy,
+			&i.PausedAt,
+			&i.ResumedAt,
+			&i.StartsAt,
+			&i.PrunedUntil,
+			&i.RetentionUs,
+			&i.Cursor,
+			&i.DbNow,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const setLocalStatementTimeout = `-- name: SetLocalStatementTimeout :exec

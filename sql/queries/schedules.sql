@@ -42,8 +42,10 @@ SET spec = excluded.spec,
 WHERE s.version < excluded.version
 RETURNING (xmax = 0)::boolean AS inserted;
 
--- name: ScheduleByName :one
--- A stored definition and its pause state, with the database's time.
+-- name: SchedulesByName :many
+-- Stored definitions and their pause state, with the database's time, of
+-- the named schedules (a runner reads those of every schedule whose lock it
+-- took at the same moment in one statement).
 -- cursor is the newest scheduled instant recorded that is due: a future
 -- instant Scheduler.RunAt ran ahead of time does not move it, so the
 -- instants before that one are still recorded as they come due.
@@ -61,40 +63,40 @@ SELECT name, spec, time_zone, version, catch_up,
         WHERE r.schedule = s.name AND r.kind = 'scheduled' AND r.instant <= now())::timestamptz AS cursor,
        now()::timestamptz AS db_now
 FROM pgclaim_schedules s
-WHERE name = sqlc.arg(name)::text;
+WHERE name = ANY(sqlc.arg(names)::text[]);
 
 -- name: OpenRuns :many
--- A schedule's unfinished runs, oldest first, with whether each can be
+-- The named schedules' unfinished runs, by schedule, oldest first, with whether each can be
 -- taken now: a pending run past its start_after, a retry whose time has
 -- come, a running one whose lease has expired. Every running and retrying
 -- run is returned, but of the pending ones only the oldest pending_limit
 -- and the oldest that can start now: a backlog of pending runs (a catch-up,
 -- a backfill) is read a few rows at a time, not whole on every pass of the
 -- runner, which would make working it off quadratic in its length.
-SELECT o.instant, o.kind, o.state, o.attempt, o.fence, o.holder, o.lease_until, o.next_attempt_at, o.start_after, o.ready
-FROM (
+SELECT n.name::text AS schedule, o.instant, o.kind, o.state, o.attempt, o.fence, o.holder, o.lease_until, o.next_attempt_at, o.start_after, o.ready
+FROM unnest(sqlc.arg(schedules)::text[]) AS n(name) CROSS JOIN LATERAL (
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             ((state = 'retrying' AND next_attempt_at <= now())
              OR (state = 'running' AND lease_until <= now()))::boolean AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = sqlc.arg(schedule)::text AND state IN ('running', 'retrying'))
+     WHERE schedule = n.name AND state IN ('running', 'retrying'))
     UNION
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             (start_after IS NULL OR start_after <= now())::boolean AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = sqlc.arg(schedule)::text AND state = 'pending'
+     WHERE schedule = n.name AND state = 'pending'
      ORDER BY instant
      LIMIT sqlc.arg(pending_limit)::int)
     UNION
     (SELECT instant, kind, state, attempt, fence, holder, lease_until, next_attempt_at, start_after,
             true AS ready
      FROM pgclaim_schedule_runs
-     WHERE schedule = sqlc.arg(schedule)::text AND state = 'pending'
+     WHERE schedule = n.name AND state = 'pending'
        AND (start_after IS NULL OR start_after <= now())
      ORDER BY instant
      LIMIT 1)
 ) AS o
-ORDER BY o.instant;
+ORDER BY n.name, o.instant;
 
 -- name: RecordInstants :execrows
 -- Record due instants of a schedule, each pending (to run, not before its
@@ -256,7 +258,9 @@ WHERE schedule = sqlc.arg(schedule)::text
 -- name: PollSchedules :many
 -- For each of the named schedules: its version and pause state, and
 -- whether a run waits for an instance: pending (not paused, past its
--- start_after), a retry whose
+-- start_after, and nobody holds the schedule's lock: a holder takes its
+-- pending runs itself, so an instance that polls while a runner records and
+-- claims an instant does not come to look for nothing), a retry whose
 -- time has come, or a running run whose holder is gone (its lease expired;
 -- with advisory locks, nobody holds the schedule's lock; with leases, the
 -- lease lock it started under, the one with an older fence, has expired).
@@ -266,6 +270,19 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
            WHERE r.schedule = s.name AND r.state IN ('pending', 'running', 'retrying')
              AND CASE r.state
                  WHEN 'pending' THEN NOT s.paused AND (r.start_after IS NULL OR r.start_after <= now())
+                      AND CASE WHEN sqlc.arg(lease_mode)::boolean
+                          THEN NOT EXISTS (
+                              SELECT 1 FROM pgclaim_locks l
+                              WHERE l.name = 'pgclaim.schedule:' || s.name AND l.lock_until > now())
+                          ELSE NOT EXISTS (
+                              SELECT 1 FROM pg_catalog.pg_locks l
+                              WHERE l.locktype = 'advisory'
+                                AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+                                AND l.classid = sqlc.arg(lock_class)::int4::oid
+                                AND l.objid = k.lock_key::oid
+                                AND l.objsubid = 2
+                                AND l.granted)
+                          END
                  WHEN 'retrying' THEN r.next_attempt_at <= now() AND NOT s.paused
                  ELSE r.lease_until <= now()
                       OR (sqlc.arg(lease_mode)::boolean AND NOT EXISTS (
