@@ -208,11 +208,11 @@ func (h *sessionHeld) seize(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, validFor(h.lease, true))
 	defer cancel()
 	sent := time.Now()
-	err := l.stmts(lctx, func(q *store.Queries) error {
-		r, err := q.SeizeLease(lctx, store.SeizeLeaseParams{Name: h.name, Holder: l.holder, AtMostUs: us(h.lease)})
-		h.fence = r.Fence
-		return err
-	})
+	fence, err := l.seizes.do(lctx, seizeCall{name: h.name, lease: h.lease})
+	if err == nil && fence == 0 {
+		err = errors.New("the lease row was not seized")
+	}
+	h.fence = fence
 	if err != nil {
 		h.fence = 0
 		return fmt.Errorf("schedule: %q: take lease: %w", h.schedule, err)
@@ -225,6 +225,75 @@ func (h *sessionHeld) seize(ctx context.Context) error {
 		})
 	}, h.lose)
 	return nil
+}
+
+// seizeCall is one runner's lease seize, batched with the others'
+// (SeizeLeases): the lease row name, held for lease.
+type seizeCall struct {
+	name  string
+	lease time.Duration
+}
+
+// seizeLeases seizes the lease rows of calls in one statement and returns
+// each one's fence. A name twice in one batch (never, while a process
+// holds each schedule's lock once) fails the second call.
+func (s *Scheduler) seizeLeases(ctx context.Context, calls []seizeCall) ([]int64, error) {
+	names := make([]string, 0, len(calls))
+	leases := make([]int64, 0, len(calls))
+	first := make(map[string]bool, len(calls))
+	for _, c := range calls {
+		if !first[c.name] {
+			first[c.name] = true
+			names, leases = append(names, c.name), append(leases, us(c.lease))
+		}
+	}
+	rows, err := s.rc.SeizeLeases(ctx, store.SeizeLeasesParams{Holder: s.holder, Names: names, AtMostUs: leases})
+	if err != nil {
+		return nil, fmt.Errorf("take leases: %w", err)
+	}
+	fences := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		fences[r.Name] = r.Fence
+	}
+	out := make([]int64, len(calls))
+	for i, c := range calls {
+		out[i] = fences[c.name]
+		fences[c.name] = 0 // a second call for the name gets none
+	}
+	return out, nil
+}
+
+// releaseGather is how long a batch of lease releases gathers: runs that
+// came due together end at about the same time, not at once.
+const releaseGather = 5 * time.Millisecond
+
+// releaseCall is one runner's lease release (ReleaseLeases).
+type releaseCall struct {
+	name  string
+	fence int64
+}
+
+// releaseLeases releases the leases of calls in one statement; each
+// output says whether that lease was still held.
+func (s *Scheduler) releaseLeases(ctx context.Context, calls []releaseCall) ([]bool, error) {
+	names := make([]string, len(calls))
+	fences := make([]int64, len(calls))
+	for i, c := range calls {
+		names[i], fences[i] = c.name, c.fence
+	}
+	released, err := s.rc.ReleaseLeases(ctx, store.ReleaseLeasesParams{Names: names, Fences: fences})
+	if err != nil {
+		return nil, err
+	}
+	done := make(map[string]bool, len(released))
+	for _, n := range released {
+		done[n] = true
+	}
+	out := make([]bool, len(calls))
+	for i, c := range calls {
+		out[i] = done[c.name]
+	}
+	return out, nil
 }
 
 // sessionHeld is a schedule's lock while held: the advisory lock on the
@@ -293,10 +362,7 @@ func (h *sessionHeld) release() {
 		// A release not answered in time is moot: the lease runs out,
 		// and the next holder seizes it anyway.
 		ctx, cancel := context.WithTimeout(context.Background(), h.valid)
-		_ = h.sch.stmts(ctx, func(q *store.Queries) error {
-			_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})
-			return err
-		})
+		_, _ = h.sch.releases.do(ctx, releaseCall{name: h.name, fence: h.fence})
 		cancel()
 	}
 	// Unlocked on the session even when its validity ran out (a slow

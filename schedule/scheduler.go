@@ -122,8 +122,10 @@ type Scheduler struct {
 	locks  locker
 	schema *qualify.Schema // Config.Schema
 
-	refusals refusals // connections refused by the database: back-off and reports
-	reads    reads    // batched reads of the runners' state (reads.go)
+	refusals refusals                    // connections refused by the database: back-off and reports
+	reads    batcher[string, readResult] // the runners' state reads (reads.go)
+	seizes   batcher[seizeCall, int64]   // session locks' lease seizes (lock.go)
+	releases batcher[releaseCall, bool]  // session locks' lease releases (lock.go)
 	// retainBatch is the most runs one retention statement deletes
 	// (retainBatch; smaller in tests).
 	retainBatch int32
@@ -199,6 +201,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		holder: cfg.Holder, log: cfg.Logger, hooks: cfg.Hooks, cfg: cfg,
 		entries: map[string]*entry{}, changed: make(chan struct{}, 1), retainBatch: retainBatch,
 	}
+	s.reads.send = s.readStates
+	s.seizes.send = s.seizeLeases
+	s.releases.send, s.releases.gather = s.releaseLeases, releaseGather
 	s.locks = s.newLocker()
 	return s, nil
 }

@@ -132,6 +132,41 @@ func (q *Queries) ReleaseLease(ctx context.Context, arg ReleaseLeaseParams) (int
 	return result.RowsAffected(), nil
 }
 
+const releaseLeases = `-- name: ReleaseLeases :many
+UPDATE pgclaim_locks l
+SET lock_until = now()
+FROM (SELECT unnest($1::text[]) AS name, unnest($2::bigint[]) AS fence) AS v
+WHERE l.name = v.name AND l.fence = v.fence AND l.lock_until > now()
+RETURNING l.name
+`
+
+type ReleaseLeasesParams struct {
+	Names  []string
+	Fences []int64
+}
+
+// ReleaseLease (with at_least 0) for many leases at once, each only where
+// it is still held with its fence; returns the names released.
+func (q *Queries) ReleaseLeases(ctx context.Context, arg ReleaseLeasesParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, releaseLeases, arg.Names, arg.Fences)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		items = append(items, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const seizeLease = `-- name: SeizeLease :one
 INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
 VALUES ($1::text, $2::text, now(),
@@ -166,4 +201,52 @@ func (q *Queries) SeizeLease(ctx context.Context, arg SeizeLeaseParams) (SeizeLe
 	var i SeizeLeaseRow
 	err := row.Scan(&i.Fence, &i.LockedAt, &i.LockUntil)
 	return i, err
+}
+
+const seizeLeases = `-- name: SeizeLeases :many
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+SELECT v.name, $1::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
+FROM (SELECT unnest($2::text[]) AS name, unnest($3::bigint[]) AS at_most_us) AS v
+ORDER BY v.name
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+RETURNING name, fence
+`
+
+type SeizeLeasesParams struct {
+	Holder   string
+	Names    []string
+	AtMostUs []int64
+}
+
+type SeizeLeasesRow struct {
+	Name  string
+	Fence int64
+}
+
+// SeizeLease for many names at once, each until now() + its at_most, each
+// with a fresh fencing token: for a caller that holds every name's advisory
+// lock (a scheduler's runners whose schedules came due together). Names
+// must be distinct; rows are taken in name order.
+func (q *Queries) SeizeLeases(ctx context.Context, arg SeizeLeasesParams) ([]SeizeLeasesRow, error) {
+	rows, err := q.db.Query(ctx, seizeLeases, arg.Holder, arg.Names, arg.AtMostUs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SeizeLeasesRow{}
+	for rows.Next() {
+		var i SeizeLeasesRow
+		if err := rows.Scan(&i.Name, &i.Fence); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -35,6 +35,31 @@ SET holder     = excluded.holder,
     fence      = excluded.fence
 RETURNING fence, locked_at, lock_until;
 
+-- name: SeizeLeases :many
+-- SeizeLease for many names at once, each until now() + its at_most, each
+-- with a fresh fencing token: for a caller that holds every name's advisory
+-- lock (a scheduler's runners whose schedules came due together). Names
+-- must be distinct; rows are taken in name order.
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+SELECT v.name, sqlc.arg(holder)::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(at_most_us)::bigint[]) AS at_most_us) AS v
+ORDER BY v.name
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+RETURNING name, fence;
+
+-- name: ReleaseLeases :many
+-- ReleaseLease (with at_least 0) for many leases at once, each only where
+-- it is still held with its fence; returns the names released.
+UPDATE pgclaim_locks l
+SET lock_until = now()
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(fences)::bigint[]) AS fence) AS v
+WHERE l.name = v.name AND l.fence = v.fence AND l.lock_until > now()
+RETURNING l.name;
+
 -- name: ExtendLease :one
 -- Push lock_until to now() + at_most, only for the holder of this fence and
 -- only while the lease has not expired. No row returned: expired or taken over.

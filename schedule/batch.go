@@ -1,0 +1,115 @@
+package schedule
+
+// Batching: the runners of the schedules due at one moment each read their
+// state, seize their lease and release it at about the same time. Each of
+// those goes in one statement for all the runners waiting, rather than one
+// statement each queued for the pool. A call waits only for the statement
+// in flight, if any, and then goes with every call that came meanwhile.
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// batchWait bounds a batch's statements when no caller has a deadline.
+const batchWait = 30 * time.Second
+
+// batcher sends the calls that wait together through send, which answers
+// each input with one output, in order, or fails them all.
+type batcher[In, Out any] struct {
+	send func(ctx context.Context, ins []In) ([]Out, error)
+	// gather, when set, is how long a batch waits for more calls before
+	// it is sent (for calls off the path to a job's start).
+	gather time.Duration
+
+	mu      sync.Mutex
+	calls   []*batchCall[In, Out]
+	sending bool // a goroutine is sending batches
+}
+
+type batchCall[In, Out any] struct {
+	ctx context.Context
+	in  In
+	res chan batchResult[Out]
+}
+
+type batchResult[Out any] struct {
+	out Out
+	err error
+}
+
+// do sends in with the other calls waiting, and returns its output when the
+// batch answered or ctx ended.
+func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
+	c := &batchCall[In, Out]{ctx: ctx, in: in, res: make(chan batchResult[Out], 1)}
+	b.mu.Lock()
+	b.calls = append(b.calls, c)
+	if !b.sending {
+		b.sending = true
+		go b.sendAll()
+	}
+	b.mu.Unlock()
+	select {
+	case r := <-c.res:
+		return r.out, r.err
+	case <-ctx.Done():
+		var zero Out
+		return zero, ctx.Err()
+	}
+}
+
+// sendAll sends batches until no call is waiting.
+func (b *batcher[In, Out]) sendAll() {
+	for {
+		if b.gather > 0 {
+			time.Sleep(b.gather)
+		}
+		b.mu.Lock()
+		calls := b.calls
+		b.calls = nil
+		if len(calls) == 0 {
+			b.sending = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		b.sendBatch(calls)
+	}
+}
+
+// sendBatch answers calls in one send. Calls whose context has ended are
+// left out; the statements are bounded by the latest deadline among the
+// others.
+func (b *batcher[In, Out]) sendBatch(calls []*batchCall[In, Out]) {
+	live := calls[:0]
+	ins := make([]In, 0, len(calls))
+	var latest time.Time
+	for _, c := range calls {
+		if c.ctx.Err() != nil {
+			continue
+		}
+		live = append(live, c)
+		ins = append(ins, c.in)
+		if d, ok := c.ctx.Deadline(); ok && d.After(latest) {
+			latest = d
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	deadline := time.Now().Add(batchWait)
+	if !latest.IsZero() && latest.Before(deadline) {
+		deadline = latest
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	outs, err := b.send(ctx, ins)
+	for i, c := range live {
+		if err != nil {
+			c.res <- batchResult[Out]{err: err}
+			continue
+		}
+		c.res <- batchResult[Out]{out: outs[i]}
+	}
+}
