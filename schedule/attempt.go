@@ -82,13 +82,14 @@ func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o o
 	if ctx.Err() != nil {
 		return nil, context.Cause(ctx)
 	}
-	var row store.ClaimRunRow
-	err := h.do(context.WithoutCancel(ctx), func(ctx context.Context, q *store.Queries, g guard) error {
+	var row store.ClaimRunsRow
+	err := h.do(context.WithoutCancel(ctx), func(ctx context.Context, _ *store.Queries, g guard) error {
 		var err error
-		row, err = q.ClaimRun(ctx, store.ClaimRunParams{
-			Holder: s.holder, LeaseUs: us(st.def.Lease), Schedule: e.name, Instant: ts(o.instant),
-			State: o.state, Fence: o.fence, LeaseMode: s.locks.leases(), LockName: g.name, LockFence: g.fence,
-		})
+		var res claimResult
+		res, err = s.claims.do(ctx, claimCall{schedule: e.name, o: o, lease: st.def.Lease, g: g})
+		if err == nil {
+			row, err = res.row, res.err
+		}
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -109,6 +110,64 @@ func (s *Scheduler) claim(ctx context.Context, h held, e *entry, st *stored, o o
 		a.late = a.lag
 	}
 	return a, nil
+}
+
+// claimCall is one runner's claim, batched with the others' (ClaimRuns):
+// the run o of schedule, its lease, the schedule's lease g.
+type claimCall struct {
+	schedule string
+	o        openRun
+	lease    time.Duration
+	g        guard
+}
+
+// claimMany claims the runs of calls in one statement; a call whose run was
+// moved meanwhile (or whose schedule is paused) gets pgx.ErrNoRows.
+func (s *Scheduler) claimMany(ctx context.Context, calls []claimCall) ([]claimResult, error) {
+	p := store.ClaimRunsParams{Holder: s.holder, LeaseMode: s.locks.leases()}
+	for _, c := range calls {
+		var fence int64 // 0: never attempted
+		if c.o.fence != nil {
+			fence = *c.o.fence
+		}
+		p.Schedules = append(p.Schedules, c.schedule)
+		p.Instants = append(p.Instants, ts(c.o.instant))
+		p.States = append(p.States, c.o.state)
+		p.Fences = append(p.Fences, fence)
+		p.LeaseUs = append(p.LeaseUs, us(c.lease))
+		p.LockNames = append(p.LockNames, c.g.name)
+		p.LockFences = append(p.LockFences, c.g.fence)
+	}
+	rows, err := s.rc.ClaimRuns(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		schedule string
+		instant  int64 // Unix microseconds: the database's precision
+	}
+	got := make(map[key]store.ClaimRunsRow, len(rows))
+	for _, r := range rows {
+		got[key{r.Schedule, tm(r.Instant).UnixMicro()}] = r
+	}
+	out := make([]claimResult, len(calls))
+	for i, c := range calls {
+		k := key{c.schedule, c.o.instant.UnixMicro()}
+		r, ok := got[k]
+		if !ok {
+			out[i].err = pgx.ErrNoRows
+			continue
+		}
+		delete(got, k) // claimed once
+		out[i].row = r
+	}
+	return out, nil
+}
+
+// claimResult is one call's answer: the run as claimed, or pgx.ErrNoRows.
+type claimResult struct {
+	row store.ClaimRunsRow
+	err error
 }
 
 // begin starts a's job, and the keeper renewing its run's lease.
@@ -206,21 +265,17 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 			Err: fmt.Errorf("%w; the attempt's error (%v) is left for the next holder", lost, a.err)})
 		return ""
 	}
-	p := store.FinishRunParams{Schedule: run.Schedule, Instant: ts(run.Instant), Fence: run.Fence}
+	p := finishCall{schedule: run.Schedule, instant: run.Instant, fence: run.Fence}
 	switch {
 	case a.err == nil:
-		p.State = stateSucceeded
+		p.state = stateSucceeded
 	case ctx.Err() != nil:
 		// Interrupted by this scheduler's shutdown: handed back at once.
-		p.State, p.Reason = stateRetrying, fmt.Sprintf("attempt %d interrupted: the scheduler stopped (%v)", run.Attempt, a.err)
+		p.state, p.reason = stateRetrying, fmt.Sprintf("attempt %d interrupted: the scheduler stopped (%v)", run.Attempt, a.err)
 	case run.Attempt < a.max:
-		p.State, p.Reason, p.RetryUs = stateRetrying, truncate(a.err.Error()), us(a.retry.delay(run.Attempt))
+		p.state, p.reason, p.retry = stateRetrying, truncate(a.err.Error()), a.retry.delay(run.Attempt)
 	default:
-		p.State, p.Reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
-	}
-	write := func(ctx context.Context, q *store.Queries) error {
-		_, err := q.FinishRun(ctx, p)
-		return err
+		p.state, p.reason = stateFailed, truncate(fmt.Sprintf("attempt %d of %d: %v", run.Attempt, a.max, a.err))
 	}
 	var err error
 	for try := 1; ; try++ {
@@ -228,7 +283,10 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 		// session: a statement there that hits its deadline ends the
 		// session, and with it the lock.
 		rctx, cancel := lockcore.ReleaseContext(ctx)
-		err = s.stmts(rctx, func(q *store.Queries) error { return write(rctx, q) })
+		var ended bool
+		if ended, err = s.finishes.do(rctx, p); err == nil && !ended {
+			err = pgx.ErrNoRows
+		}
 		cancel()
 		if err == nil || errors.Is(err, pgx.ErrNoRows) || !transient(err) || h == nil || lost != nil || h.cause() != nil {
 			break
@@ -237,7 +295,7 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 		// over: keep trying rather than release the lock while the run is
 		// recorded running, which the next holder would run again.
 		wait := min(50*time.Millisecond<<min(try, 6), 2*time.Second)
-		s.log.WarnContext(ctx, "schedule: record outcome; retrying while the schedule's lock is held", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.State, "try", try, "retry_in", wait, "error", err)
+		s.log.WarnContext(ctx, "schedule: record outcome; retrying while the schedule's lock is held", "schedule", run.Schedule, "instant", run.Instant, "fence", run.Fence, "state", p.state, "try", try, "retry_in", wait, "error", err)
 		select {
 		case <-h.lost():
 		case <-time.After(wait):
@@ -250,19 +308,65 @@ func (s *Scheduler) finish(ctx context.Context, h held, a *attemptRun, lost erro
 			how = "replaced"
 		}
 		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): the run was %s; its %s completion changed nothing",
-			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, how, p.State)
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, how, p.state)
 	case err != nil:
 		// Left running: once the lock is released the next holder takes
 		// the run over as a dead one, attempt n+1.
 		ev.Kind, ev.Err = EventLost, fmt.Errorf("%w: %q %s attempt %d (fence %d): its %s outcome could not be recorded (%w); the run will be taken over as a dead holder's",
-			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.State, err)
+			ErrLost, run.Schedule, run.Instant.Format(time.RFC3339Nano), run.Attempt, run.Fence, p.state, err)
 	default:
-		ev.State, ev.Reason = p.State, p.Reason
-		a.handBack = p.State == stateRetrying && ctx.Err() != nil
-		recorded = p.State
+		ev.State, ev.Reason = p.state, p.reason
+		a.handBack = p.state == stateRetrying && ctx.Err() != nil
+		recorded = p.state
 	}
 	s.emit(ctx, ev)
 	return recorded
+}
+
+// finishGather is how long a batch of outcomes gathers: runs that came due
+// together end at about the same time, not at once.
+const finishGather = 5 * time.Millisecond
+
+// finishCall is one attempt's outcome, batched with the others'
+// (FinishRuns): the run, its fence, the state to record.
+type finishCall struct {
+	schedule string
+	instant  time.Time
+	fence    int64
+	state    string
+	reason   string
+	retry    time.Duration // retrying: how long until the next attempt
+}
+
+// finishMany records the outcomes of calls in one statement; each output
+// says whether that run was still running with that fence.
+func (s *Scheduler) finishMany(ctx context.Context, calls []finishCall) ([]bool, error) {
+	var p store.FinishRunsParams
+	for _, c := range calls {
+		p.Schedules = append(p.Schedules, c.schedule)
+		p.Instants = append(p.Instants, ts(c.instant))
+		p.Fences = append(p.Fences, c.fence)
+		p.States = append(p.States, c.state)
+		p.Reasons = append(p.Reasons, c.reason)
+		p.RetryUs = append(p.RetryUs, us(c.retry))
+	}
+	rows, err := s.rc.FinishRuns(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		schedule string
+		instant  int64
+	}
+	ended := make(map[key]bool, len(rows))
+	for _, r := range rows {
+		ended[key{r.Schedule, tm(r.Instant).UnixMicro()}] = true
+	}
+	out := make([]bool, len(calls))
+	for i, c := range calls {
+		out[i] = ended[key{c.schedule, c.instant.UnixMicro()}]
+	}
+	return out, nil
 }
 
 func truncate(s string) string {

@@ -43,10 +43,10 @@ func TestStaleRunnerRefused(t *testing.T) {
 	record := func(h held, at time.Time) int64 {
 		var n int64
 		err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
-			var err error
-			n, err = q.RecordInstants(ctx, store.RecordInstantsParams{Schedule: "x", Kind: kindScheduled,
+			rows, err := q.RecordInstants(ctx, store.RecordInstantsParams{Schedules: []string{"x"}, Kind: kindScheduled,
 				Instants: []pgtype.Timestamptz{ts(at)}, States: []string{statePending}, Missed: []bool{false}, Reasons: []string{""},
-				LockName: g.name, LockFence: g.fence})
+				LockNames: []string{g.name}, LockFences: []int64{g.fence}})
+			n = int64(len(rows))
 			return err
 		})
 		if err != nil {

@@ -171,19 +171,10 @@ type rec struct {
 // already in the ledger is left as it is; nothing is recorded while the
 // schedule is paused) and the events to report for recs.
 func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) (int64, []Event, error) {
-	p := store.RecordInstantsParams{Schedule: name, Kind: kindScheduled}
-	for _, r := range recs {
-		p.Instants = append(p.Instants, ts(r.instant))
-		p.States = append(p.States, r.state)
-		p.Missed = append(p.Missed, r.missed)
-		p.Reasons = append(p.Reasons, r.reason)
-		p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
-	}
 	var n int64
-	err := h.do(ctx, func(ctx context.Context, q *store.Queries, g guard) error {
-		p.LockName, p.LockFence = g.name, g.fence
+	err := h.do(ctx, func(ctx context.Context, _ *store.Queries, g guard) error {
 		var err error
-		n, err = q.RecordInstants(ctx, p)
+		n, err = s.records.do(ctx, recordCall{schedule: name, g: g, recs: recs})
 		return err
 	})
 	if err != nil {
@@ -199,6 +190,46 @@ func (s *Scheduler) write(ctx context.Context, h held, name string, recs []rec) 
 		}
 	}
 	return n, evs, nil
+}
+
+// recordCall is one runner's instants to record, batched with the others'
+// (RecordInstants over many schedules): the schedule, its lease, the rows.
+type recordCall struct {
+	schedule string
+	g        guard
+	recs     []rec
+}
+
+// recordMany records the instants of calls in one statement and returns
+// how many rows each call inserted.
+func (s *Scheduler) recordMany(ctx context.Context, calls []recordCall) ([]int64, error) {
+	p := store.RecordInstantsParams{Kind: kindScheduled}
+	for _, c := range calls {
+		for _, r := range c.recs {
+			p.Schedules = append(p.Schedules, c.schedule)
+			p.Instants = append(p.Instants, ts(r.instant))
+			p.States = append(p.States, r.state)
+			p.Missed = append(p.Missed, r.missed)
+			p.Reasons = append(p.Reasons, r.reason)
+			p.StartAfters = append(p.StartAfters, pgtype.Timestamptz{Time: r.startAfter, Valid: !r.startAfter.IsZero()})
+			p.LockNames = append(p.LockNames, c.g.name)
+			p.LockFences = append(p.LockFences, c.g.fence)
+		}
+	}
+	inserted, err := s.rc.RecordInstants(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	per := make(map[string]int64, len(calls))
+	for _, name := range inserted {
+		per[name]++
+	}
+	out := make([]int64, len(calls))
+	for i, c := range calls {
+		out[i] = per[c.schedule]
+		per[c.schedule] = 0 // a schedule twice in a batch: counted once
+	}
+	return out, nil
 }
 
 // replace applies overlap replace for the instant by, just recorded: the

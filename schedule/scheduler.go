@@ -122,10 +122,13 @@ type Scheduler struct {
 	locks  locker
 	schema *qualify.Schema // Config.Schema
 
-	refusals refusals                    // connections refused by the database: back-off and reports
-	reads    batcher[string, readResult] // the runners' state reads (reads.go)
-	seizes   batcher[seizeCall, int64]   // session locks' lease seizes (lock.go)
-	releases batcher[releaseCall, bool]  // session locks' lease releases (lock.go)
+	refusals refusals                        // connections refused by the database: back-off and reports
+	reads    batcher[string, readResult]     // the runners' state reads (reads.go)
+	seizes   batcher[seizeCall, int64]       // session locks' lease seizes (lock.go)
+	releases batcher[releaseCall, bool]      // session locks' lease releases (lock.go)
+	records  batcher[recordCall, int64]      // the runners' recorded instants (record.go)
+	claims   batcher[claimCall, claimResult] // the runners' claims (attempt.go)
+	finishes batcher[finishCall, bool]       // the attempts' outcomes (attempt.go)
 	// retainBatch is the most runs one retention statement deletes
 	// (retainBatch; smaller in tests).
 	retainBatch int32
@@ -203,6 +206,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	}
 	s.reads.send = s.readStates
 	s.seizes.send = s.seizeLeases
+	s.records.send = s.recordMany
+	s.claims.send = s.claimMany
+	s.finishes.send, s.finishes.gather = s.finishMany, finishGather
 	s.releases.send, s.releases.gather = s.releaseLeases, releaseGather
 	s.locks = s.newLocker()
 	return s, nil

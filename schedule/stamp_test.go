@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -33,12 +34,17 @@ func TestStartStampedWhenClaimed(t *testing.T) {
 		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
 			return err
 		}
-		row, err := store.New(tx).ClaimRun(ctx, store.ClaimRunParams{
-			Holder: "inst", LeaseUs: us(time.Minute), Schedule: def.Name, Instant: ts(instant), State: statePending,
+		rows, err := store.New(tx).ClaimRuns(ctx, store.ClaimRunsParams{
+			Holder: "inst", LeaseUs: []int64{us(time.Minute)}, Schedules: []string{def.Name}, Instants: []pgtype.Timestamptz{ts(instant)},
+			States: []string{statePending}, Fences: []int64{0}, LockNames: []string{""}, LockFences: []int64{0},
 		})
 		if err != nil {
 			return err
 		}
+		if len(rows) != 1 {
+			return fmt.Errorf("claimed %d runs, want 1", len(rows))
+		}
+		row := rows[0]
 		if started := row.StartedAt.Time; started.Before(before) {
 			t.Errorf("started_at %s is before the claim ran (%s): stamped %s early", started.Format("15:04:05.000000"),
 				before.Format("15:04:05.000000"), before.Sub(started).Round(time.Millisecond))
@@ -63,9 +69,10 @@ func TestRecordStampedWhenItReadThePause(t *testing.T) {
 	at := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
 	i1, i2 := ts(at), ts(at.AddDate(1, 0, 0))
 	record := func(q *store.Queries, instants ...pgtype.Timestamptz) error {
-		p := store.RecordInstantsParams{Schedule: def.Name, Kind: "scheduled", Instants: instants}
+		p := store.RecordInstantsParams{Kind: "scheduled", Instants: instants}
 		for range instants {
 			p.States, p.Missed, p.Reasons = append(p.States, statePending), append(p.Missed, false), append(p.Reasons, "")
+			p.Schedules, p.LockNames, p.LockFences = append(p.Schedules, def.Name), append(p.LockNames, ""), append(p.LockFences, 0)
 		}
 		_, err := q.RecordInstants(ctx, p)
 		return err

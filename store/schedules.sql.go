@@ -11,47 +11,53 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const claimRun = `-- name: ClaimRun :one
+const claimRuns = `-- name: ClaimRuns :many
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
     fence = pgclaim_fence(),
     holder = $1::text,
-    lease_until = now() + $2::bigint * interval '1 microsecond',
+    lease_until = now() + v.lease_us * interval '1 microsecond',
     next_attempt_at = NULL,
     started_at = clock_timestamp(),
     late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND clock_timestamp() - COALESCE(r.start_after, r.instant) > s.late_after)
-FROM pgclaim_schedules s
+FROM pgclaim_schedules s,
+     (SELECT unnest($3::text[]) AS schedule, unnest($4::timestamptz[]) AS instant,
+             unnest($5::text[]) AS state, NULLIF(unnest($6::bigint[]), 0) AS fence,
+             unnest($7::bigint[]) AS lease_us,
+             unnest($8::text[]) AS lock_name, unnest($9::bigint[]) AS lock_fence) AS v
 WHERE s.name = r.schedule
   AND NOT s.paused
-  AND r.schedule = $3::text
-  AND r.instant = $4::timestamptz
-  AND r.state = $5::text
-  AND r.fence IS NOT DISTINCT FROM $6::bigint
+  AND r.schedule = v.schedule
+  AND r.instant = v.instant
+  AND r.state = v.state
+  AND r.fence IS NOT DISTINCT FROM v.fence
   AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
   AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
-  AND (r.state <> 'running' OR NOT $7::boolean OR r.lease_until <= now()
-       OR r.fence < $8::bigint)
-  AND ($8::bigint = 0 OR EXISTS (
+  AND (r.state <> 'running' OR NOT $2::boolean OR r.lease_until <= now()
+       OR r.fence < v.lock_fence)
+  AND (v.lock_fence = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
-RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+    WHERE l.name = v.lock_name AND l.fence = v.lock_fence AND l.lock_until > now()))
+RETURNING r.schedule::text AS schedule, r.instant, r.attempt, r.fence, r.kind, r.started_at, r.late,
           (extract(epoch FROM clock_timestamp() - r.instant) * 1000000)::bigint AS lag_us
 `
 
-type ClaimRunParams struct {
-	Holder    string
-	LeaseUs   int64
-	Schedule  string
-	Instant   pgtype.Timestamptz
-	State     string
-	Fence     *int64
-	LeaseMode bool
-	LockFence int64
-	LockName  string
+type ClaimRunsParams struct {
+	Holder     string
+	LeaseMode  bool
+	Schedules  []string
+	Instants   []pgtype.Timestamptz
+	States     []string
+	Fences     []int64
+	LeaseUs    []int64
+	LockNames  []string
+	LockFences []int64
 }
 
-type ClaimRunRow struct {
+type ClaimRunsRow struct {
+	Schedule  string
+	Instant   pgtype.Timestamptz
 	Attempt   int32
 	Fence     *int64
 	Kind      string
@@ -82,28 +88,46 @@ type ClaimRunRow struct {
 // fenced write of the previous attempt that held the row lock commits
 // before this claim takes effect, and the start must not read as earlier
 // than that write.
-func (q *Queries) ClaimRun(ctx context.Context, arg ClaimRunParams) (ClaimRunRow, error) {
-	row := q.db.QueryRow(ctx, claimRun,
+// Many runs go in one statement (a scheduler whose runners came due
+// together), each of its own schedule: fence 0 for a run never attempted,
+// lock_fence 0 for no lease. A row for each run claimed.
+func (q *Queries) ClaimRuns(ctx context.Context, arg ClaimRunsParams) ([]ClaimRunsRow, error) {
+	rows, err := q.db.Query(ctx, claimRuns,
 		arg.Holder,
-		arg.LeaseUs,
-		arg.Schedule,
-		arg.Instant,
-		arg.State,
-		arg.Fence,
 		arg.LeaseMode,
-		arg.LockFence,
-		arg.LockName,
+		arg.Schedules,
+		arg.Instants,
+		arg.States,
+		arg.Fences,
+		arg.LeaseUs,
+		arg.LockNames,
+		arg.LockFences,
 	)
-	var i ClaimRunRow
-	err := row.Scan(
-		&i.Attempt,
-		&i.Fence,
-		&i.Kind,
-		&i.StartedAt,
-		&i.Late,
-		&i.LagUs,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimRunsRow{}
+	for rows.Next() {
+		var i ClaimRunsRow
+		if err := rows.Scan(
+			&i.Schedule,
+			&i.Instant,
+			&i.Attempt,
+			&i.Fence,
+			&i.Kind,
+			&i.StartedAt,
+			&i.Late,
+			&i.LagUs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const failDeadRun = `-- name: FailDeadRun :execrows
@@ -149,50 +173,67 @@ func (q *Queries) FailDeadRun(ctx context.Context, arg FailDeadRunParams) (int64
 	return result.RowsAffected(), nil
 }
 
-const finishRun = `-- name: FinishRun :one
-UPDATE pgclaim_schedule_runs
-SET state = $1::text,
+const finishRuns = `-- name: FinishRuns :many
+UPDATE pgclaim_schedule_runs r
+SET state = v.state,
     lease_until = NULL,
-    reason = NULLIF($2::text, ''),
-    next_attempt_at = CASE WHEN $1::text = 'retrying'
-                           THEN now() + $3::bigint * interval '1 microsecond' END,
-    finished_at = CASE WHEN $1::text <> 'retrying' THEN now() END
-WHERE schedule = $4::text
-  AND instant = $5::timestamptz
-  AND fence = $6::bigint
-  AND state = 'running'
-RETURNING state, next_attempt_at
+    reason = NULLIF(v.reason, ''),
+    next_attempt_at = CASE WHEN v.state = 'retrying' THEN now() + v.retry_us * interval '1 microsecond' END,
+    finished_at = CASE WHEN v.state <> 'retrying' THEN now() END
+FROM (SELECT unnest($1::text[]) AS schedule, unnest($2::timestamptz[]) AS instant,
+             unnest($3::bigint[]) AS fence, unnest($4::text[]) AS state,
+             unnest($5::text[]) AS reason, unnest($6::bigint[]) AS retry_us) AS v
+WHERE r.schedule = v.schedule
+  AND r.instant = v.instant
+  AND r.fence = v.fence
+  AND r.state = 'running'
+RETURNING r.schedule::text AS schedule, r.instant
 `
 
-type FinishRunParams struct {
-	State    string
-	Reason   string
-	RetryUs  int64
+type FinishRunsParams struct {
+	Schedules []string
+	Instants  []pgtype.Timestamptz
+	Fences    []int64
+	States    []string
+	Reasons   []string
+	RetryUs   []int64
+}
+
+type FinishRunsRow struct {
 	Schedule string
 	Instant  pgtype.Timestamptz
-	Fence    int64
 }
 
-type FinishRunRow struct {
-	State         string
-	NextAttemptAt pgtype.Timestamptz
-}
-
-// End an attempt: succeeded, failed (with reason), or retrying (with
-// reason, next attempt at now() + retry_us). A compare-and-swap on the
-// fence: a stale holder (its run taken over) changes nothing.
-func (q *Queries) FinishRun(ctx context.Context, arg FinishRunParams) (FinishRunRow, error) {
-	row := q.db.QueryRow(ctx, finishRun,
-		arg.State,
-		arg.Reason,
+// End attempts: each succeeded, failed (with reason), or retrying (with
+// reason, next attempt at now() + its retry_us). A compare-and-swap on each
+// run's fence: a stale holder (its run taken over) changes nothing. Many
+// runs go in one statement (runs of a scheduler that ended together);
+// returns the schedule and instant of each run ended.
+func (q *Queries) FinishRuns(ctx context.Context, arg FinishRunsParams) ([]FinishRunsRow, error) {
+	rows, err := q.db.Query(ctx, finishRuns,
+		arg.Schedules,
+		arg.Instants,
+		arg.Fences,
+		arg.States,
+		arg.Reasons,
 		arg.RetryUs,
-		arg.Schedule,
-		arg.Instant,
-		arg.Fence,
 	)
-	var i FinishRunRow
-	err := row.Scan(&i.State, &i.NextAttemptAt)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []FinishRunsRow{}
+	for rows.Next() {
+		var i FinishRunsRow
+		if err := rows.Scan(&i.Schedule, &i.Instant); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const markOverdue = `-- name: MarkOverdue :one
@@ -571,31 +612,34 @@ func (q *Queries) PruneScheduleRuns(ctx context.Context, arg PruneScheduleRunsPa
 	return i, err
 }
 
-const recordInstants = `-- name: RecordInstants :execrows
+const recordInstants = `-- name: RecordInstants :many
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
-SELECT $1::text, u.instant, $2::text, u.state, u.missed, NULLIF(u.reason, ''),
+SELECT u.schedule, u.instant, $1::text, u.state, u.missed, NULLIF(u.reason, ''),
        CASE WHEN u.state = 'pending' THEN u.start_after END, statement_timestamp(), CASE WHEN u.state = 'skipped' THEN statement_timestamp() END
-FROM (SELECT unnest($3::timestamptz[]) AS instant, unnest($4::text[]) AS state,
-             unnest($5::boolean[]) AS missed, unnest($6::text[]) AS reason,
-             unnest($7::timestamptz[]) AS start_after) AS u
+FROM (SELECT unnest($2::text[]) AS schedule, unnest($3::timestamptz[]) AS instant,
+             unnest($4::text[]) AS state, unnest($5::boolean[]) AS missed,
+             unnest($6::text[]) AS reason, unnest($7::timestamptz[]) AS start_after,
+             unnest($8::text[]) AS lock_name, unnest($9::bigint[]) AS lock_fence) AS u
 WHERE u.instant IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = $1::text AND s.paused)
-  AND ($8::bigint = 0 OR EXISTS (
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = u.schedule AND s.paused)
+  AND (u.lock_fence = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = $9::text AND l.fence = $8::bigint AND l.lock_until > now()))
+    WHERE l.name = u.lock_name AND l.fence = u.lock_fence AND l.lock_until > now()))
+ORDER BY u.schedule, u.instant
 ON CONFLICT DO NOTHING
+RETURNING schedule::text AS schedule
 `
 
 type RecordInstantsParams struct {
-	Schedule    string
 	Kind        string
+	Schedules   []string
 	Instants    []pgtype.Timestamptz
 	States      []string
 	Missed      []bool
 	Reasons     []string
 	StartAfters []pgtype.Timestamptz
-	LockFence   int64
-	LockName    string
+	LockNames   []string
+	LockFences  []int64
 }
 
 // Record due instants of a schedule, each pending (to run, not before its
@@ -608,22 +652,38 @@ type RecordInstantsParams struct {
 // holder of the schedule's lock records: with a lease (lock_fence > 0) the
 // statement checks it still holds it; a session lock is checked by
 // running the statement on the lock's own session.
-func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) (int64, error) {
-	result, err := q.db.Exec(ctx, recordInstants,
-		arg.Schedule,
+// Many schedules' instants go in one statement (a scheduler whose runners
+// came due together): each element names its schedule and that schedule's
+// lease (lock_fence 0: none). Returns the schedule of each row inserted;
+// rows go in (schedule, instant) order.
+func (q *Queries) RecordInstants(ctx context.Context, arg RecordInstantsParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, recordInstants,
 		arg.Kind,
+		arg.Schedules,
 		arg.Instants,
 		arg.States,
 		arg.Missed,
 		arg.Reasons,
 		arg.StartAfters,
-		arg.LockFence,
-		arg.LockName,
+		arg.LockNames,
+		arg.LockFences,
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var schedule string
+		if err := rows.Scan(&schedule); err != nil {
+			return nil, err
+		}
+		items = append(items, schedule)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const registerSchedule = `-- name: RegisterSchedule :one

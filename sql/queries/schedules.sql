@@ -98,7 +98,7 @@ FROM unnest(sqlc.arg(schedules)::text[]) AS n(name) CROSS JOIN LATERAL (
 ) AS o
 ORDER BY n.name, o.instant;
 
--- name: RecordInstants :execrows
+-- name: RecordInstants :many
 -- Record due instants of a schedule, each pending (to run, not before its
 -- start_after; start_afters may be NULL or shorter: the missing ones start
 -- at once) or skipped (with its reason). An instant already recorded is left as it is; nothing is
@@ -109,20 +109,27 @@ ORDER BY n.name, o.instant;
 -- holder of the schedule's lock records: with a lease (lock_fence > 0) the
 -- statement checks it still holds it; a session lock is checked by
 -- running the statement on the lock's own session.
+-- Many schedules' instants go in one statement (a scheduler whose runners
+-- came due together): each element names its schedule and that schedule's
+-- lease (lock_fence 0: none). Returns the schedule of each row inserted;
+-- rows go in (schedule, instant) order.
 INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, missed, reason, start_after, created_at, finished_at)
-SELECT sqlc.arg(schedule)::text, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
+SELECT u.schedule, u.instant, sqlc.arg(kind)::text, u.state, u.missed, NULLIF(u.reason, ''),
        CASE WHEN u.state = 'pending' THEN u.start_after END, statement_timestamp(), CASE WHEN u.state = 'skipped' THEN statement_timestamp() END
-FROM (SELECT unnest(sqlc.arg(instants)::timestamptz[]) AS instant, unnest(sqlc.arg(states)::text[]) AS state,
-             unnest(sqlc.arg(missed)::boolean[]) AS missed, unnest(sqlc.arg(reasons)::text[]) AS reason,
-             unnest(sqlc.narg(start_afters)::timestamptz[]) AS start_after) AS u
+FROM (SELECT unnest(sqlc.arg(schedules)::text[]) AS schedule, unnest(sqlc.arg(instants)::timestamptz[]) AS instant,
+             unnest(sqlc.arg(states)::text[]) AS state, unnest(sqlc.arg(missed)::boolean[]) AS missed,
+             unnest(sqlc.arg(reasons)::text[]) AS reason, unnest(sqlc.narg(start_afters)::timestamptz[]) AS start_after,
+             unnest(sqlc.arg(lock_names)::text[]) AS lock_name, unnest(sqlc.arg(lock_fences)::bigint[]) AS lock_fence) AS u
 WHERE u.instant IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = sqlc.arg(schedule)::text AND s.paused)
-  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+  AND NOT EXISTS (SELECT 1 FROM pgclaim_schedules s WHERE s.name = u.schedule AND s.paused)
+  AND (u.lock_fence = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
-ON CONFLICT DO NOTHING;
+    WHERE l.name = u.lock_name AND l.fence = u.lock_fence AND l.lock_until > now()))
+ORDER BY u.schedule, u.instant
+ON CONFLICT DO NOTHING
+RETURNING schedule::text AS schedule;
 
--- name: ClaimRun :one
+-- name: ClaimRuns :many
 -- Start the next attempt of a run: a compare-and-swap on its state and
 -- fence (NULL for a run never attempted) that bumps attempt and issues a
 -- fresh fencing token. A running run is taken over only by the holder of
@@ -145,30 +152,37 @@ ON CONFLICT DO NOTHING;
 -- fenced write of the previous attempt that held the row lock commits
 -- before this claim takes effect, and the start must not read as earlier
 -- than that write.
+-- Many runs go in one statement (a scheduler whose runners came due
+-- together), each of its own schedule: fence 0 for a run never attempted,
+-- lock_fence 0 for no lease. A row for each run claimed.
 UPDATE pgclaim_schedule_runs r
 SET state = 'running',
     attempt = r.attempt + 1,
     fence = pgclaim_fence(),
     holder = sqlc.arg(holder)::text,
-    lease_until = now() + sqlc.arg(lease_us)::bigint * interval '1 microsecond',
+    lease_until = now() + v.lease_us * interval '1 microsecond',
     next_attempt_at = NULL,
     started_at = clock_timestamp(),
     late = r.late OR (r.attempt = 0 AND r.kind <> 'backfill' AND clock_timestamp() - COALESCE(r.start_after, r.instant) > s.late_after)
-FROM pgclaim_schedules s
+FROM pgclaim_schedules s,
+     (SELECT unnest(sqlc.arg(schedules)::text[]) AS schedule, unnest(sqlc.arg(instants)::timestamptz[]) AS instant,
+             unnest(sqlc.arg(states)::text[]) AS state, NULLIF(unnest(sqlc.arg(fences)::bigint[]), 0) AS fence,
+             unnest(sqlc.arg(lease_us)::bigint[]) AS lease_us,
+             unnest(sqlc.arg(lock_names)::text[]) AS lock_name, unnest(sqlc.arg(lock_fences)::bigint[]) AS lock_fence) AS v
 WHERE s.name = r.schedule
   AND NOT s.paused
-  AND r.schedule = sqlc.arg(schedule)::text
-  AND r.instant = sqlc.arg(instant)::timestamptz
-  AND r.state = sqlc.arg(state)::text
-  AND r.fence IS NOT DISTINCT FROM sqlc.narg(fence)::bigint
+  AND r.schedule = v.schedule
+  AND r.instant = v.instant
+  AND r.state = v.state
+  AND r.fence IS NOT DISTINCT FROM v.fence
   AND (r.state <> 'retrying' OR r.next_attempt_at <= now())
   AND (r.state <> 'pending' OR r.start_after IS NULL OR r.start_after <= now())
   AND (r.state <> 'running' OR NOT sqlc.arg(lease_mode)::boolean OR r.lease_until <= now()
-       OR r.fence < sqlc.arg(lock_fence)::bigint)
-  AND (sqlc.arg(lock_fence)::bigint = 0 OR EXISTS (
+       OR r.fence < v.lock_fence)
+  AND (v.lock_fence = 0 OR EXISTS (
     SELECT 1 FROM pgclaim_locks l
-    WHERE l.name = sqlc.arg(lock_name)::text AND l.fence = sqlc.arg(lock_fence)::bigint AND l.lock_until > now()))
-RETURNING r.attempt, r.fence, r.kind, r.started_at, r.late,
+    WHERE l.name = v.lock_name AND l.fence = v.lock_fence AND l.lock_until > now()))
+RETURNING r.schedule::text AS schedule, r.instant, r.attempt, r.fence, r.kind, r.started_at, r.late,
           (extract(epoch FROM clock_timestamp() - r.instant) * 1000000)::bigint AS lag_us;
 
 -- name: RenewRun :one
@@ -183,22 +197,26 @@ WHERE schedule = sqlc.arg(schedule)::text
   AND lease_until > now()
 RETURNING lease_until;
 
--- name: FinishRun :one
--- End an attempt: succeeded, failed (with reason), or retrying (with
--- reason, next attempt at now() + retry_us). A compare-and-swap on the
--- fence: a stale holder (its run taken over) changes nothing.
-UPDATE pgclaim_schedule_runs
-SET state = sqlc.arg(state)::text,
+-- name: FinishRuns :many
+-- End attempts: each succeeded, failed (with reason), or retrying (with
+-- reason, next attempt at now() + its retry_us). A compare-and-swap on each
+-- run's fence: a stale holder (its run taken over) changes nothing. Many
+-- runs go in one statement (runs of a scheduler that ended together);
+-- returns the schedule and instant of each run ended.
+UPDATE pgclaim_schedule_runs r
+SET state = v.state,
     lease_until = NULL,
-    reason = NULLIF(sqlc.arg(reason)::text, ''),
-    next_attempt_at = CASE WHEN sqlc.arg(state)::text = 'retrying'
-                           THEN now() + sqlc.arg(retry_us)::bigint * interval '1 microsecond' END,
-    finished_at = CASE WHEN sqlc.arg(state)::text <> 'retrying' THEN now() END
-WHERE schedule = sqlc.arg(schedule)::text
-  AND instant = sqlc.arg(instant)::timestamptz
-  AND fence = sqlc.arg(fence)::bigint
-  AND state = 'running'
-RETURNING state, next_attempt_at;
+    reason = NULLIF(v.reason, ''),
+    next_attempt_at = CASE WHEN v.state = 'retrying' THEN now() + v.retry_us * interval '1 microsecond' END,
+    finished_at = CASE WHEN v.state <> 'retrying' THEN now() END
+FROM (SELECT unnest(sqlc.arg(schedules)::text[]) AS schedule, unnest(sqlc.arg(instants)::timestamptz[]) AS instant,
+             unnest(sqlc.arg(fences)::bigint[]) AS fence, unnest(sqlc.arg(states)::text[]) AS state,
+             unnest(sqlc.arg(reasons)::text[]) AS reason, unnest(sqlc.arg(retry_us)::bigint[]) AS retry_us) AS v
+WHERE r.schedule = v.schedule
+  AND r.instant = v.instant
+  AND r.fence = v.fence
+  AND r.state = 'running'
+RETURNING r.schedule::text AS schedule, r.instant;
 
 -- name: MarkOverdue :one
 -- Mark a running attempt overdue once it has run for expected_us (database
