@@ -208,7 +208,7 @@ func (h *sessionHeld) seize(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, validFor(h.lease, true))
 	defer cancel()
 	sent := time.Now()
-	fence, err := l.seizes.do(lctx, seizeCall{name: h.name, lease: h.lease})
+	fence, err := l.seizes.do(lctx, leaseCall{name: h.name, lease: h.lease})
 	if err == nil && fence == 0 {
 		err = errors.New("the lease row was not seized")
 	}
@@ -227,26 +227,57 @@ func (h *sessionHeld) seize(ctx context.Context) error {
 	return nil
 }
 
-// seizeCall is one runner's lease seize, batched with the others'
-// (SeizeLeases): the lease row name, held for lease.
-type seizeCall struct {
+// leaseCall is one runner's lease to take (AcquireLeases) or seize
+// (SeizeLeases), batched with the others': the lease row name, held for lease.
+type leaseCall struct {
 	name  string
 	lease time.Duration
+}
+
+// acquireLeases takes the lease rows of calls that are free in one
+// statement (AcquireLeases) and returns each one's fence, 0 for a lease
+// held elsewhere. A name twice in one batch gets it once.
+func (s *Scheduler) acquireLeases(ctx context.Context, calls []leaseCall) ([]int64, error) {
+	names, leases := distinctLeases(calls)
+	rows, err := s.rc.AcquireLeases(ctx, store.AcquireLeasesParams{Holder: s.holder, Names: names, AtMostUs: leases})
+	if err != nil {
+		return nil, err
+	}
+	fences := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		fences[r.Name] = r.Fence
+	}
+	return fencesOf(calls, fences), nil
+}
+
+// distinctLeases lists the names of calls once each, with their leases.
+func distinctLeases(calls []leaseCall) (names []string, leasesUs []int64) {
+	seen := make(map[string]bool, len(calls))
+	for _, c := range calls {
+		if !seen[c.name] {
+			seen[c.name] = true
+			names, leasesUs = append(names, c.name), append(leasesUs, us(c.lease))
+		}
+	}
+	return names, leasesUs
+}
+
+// fencesOf answers calls from the fences granted by name: a second call
+// for a name gets none.
+func fencesOf(calls []leaseCall, fences map[string]int64) []int64 {
+	out := make([]int64, len(calls))
+	for i, c := range calls {
+		out[i] = fences[c.name]
+		fences[c.name] = 0
+	}
+	return out
 }
 
 // seizeLeases seizes the lease rows of calls in one statement and returns
 // each one's fence. A name twice in one batch (never, while a process
 // holds each schedule's lock once) fails the second call.
-func (s *Scheduler) seizeLeases(ctx context.Context, calls []seizeCall) ([]int64, error) {
-	names := make([]string, 0, len(calls))
-	leases := make([]int64, 0, len(calls))
-	first := make(map[string]bool, len(calls))
-	for _, c := range calls {
-		if !first[c.name] {
-			first[c.name] = true
-			names, leases = append(names, c.name), append(leases, us(c.lease))
-		}
-	}
+func (s *Scheduler) seizeLeases(ctx context.Context, calls []leaseCall) ([]int64, error) {
+	names, leases := distinctLeases(calls)
 	rows, err := s.rc.SeizeLeases(ctx, store.SeizeLeasesParams{Holder: s.holder, Names: names, AtMostUs: leases})
 	if err != nil {
 		return nil, fmt.Errorf("take leases: %w", err)
@@ -255,12 +286,7 @@ func (s *Scheduler) seizeLeases(ctx context.Context, calls []seizeCall) ([]int64
 	for _, r := range rows {
 		fences[r.Name] = r.Fence
 	}
-	out := make([]int64, len(calls))
-	for i, c := range calls {
-		out[i] = fences[c.name]
-		fences[c.name] = 0 // a second call for the name gets none
-	}
-	return out, nil
+	return fencesOf(calls, fences), nil
 }
 
 // releaseGather is how long a batch of lease releases gathers: runs that
@@ -385,22 +411,17 @@ func (l *leaseLocker) close()       {}
 func (l *leaseLocker) check(context.Context) error { return nil }
 
 func (l *leaseLocker) acquire(ctx context.Context, name string, lease time.Duration) (held, error) {
-	var fence int64
 	// Bounded like a statement under the lock: a lease granted by a
 	// statement whose answer came too late runs out by itself.
 	ctx, cancel := context.WithTimeout(ctx, validFor(lease, false))
 	defer cancel()
 	sent := time.Now()
-	err := l.s.stmts(ctx, func(q *store.Queries) error {
-		r, err := q.AcquireLease(ctx, store.AcquireLeaseParams{Name: lockName(name), Holder: l.s.holder, AtMostUs: us(lease)})
-		fence = r.Fence
-		return err
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
+	fence, err := l.s.acquires.do(ctx, leaseCall{name: lockName(name), lease: lease})
 	if err != nil {
 		return nil, fmt.Errorf("schedule: %q: take lease: %w", name, err)
+	}
+	if fence == 0 {
+		return nil, nil // held elsewhere
 	}
 	h := &leaseHeld{l: l, name: lockName(name), fence: fence, valid: validFor(lease, false), lostc: make(chan struct{})}
 	h.stop = l.s.keep(ctx, "lease", name, sent, lease, func(ctx context.Context) error {
@@ -457,10 +478,7 @@ func (h *leaseHeld) release() {
 	// runs out by itself.
 	ctx, cancel := context.WithTimeout(context.Background(), h.valid)
 	defer cancel()
-	_ = h.l.s.stmts(ctx, func(q *store.Queries) error {
-		_, err := q.ReleaseLease(ctx, store.ReleaseLeaseParams{Name: h.name, Fence: h.fence, AtLeastUs: 0})
-		return err
-	})
+	_, _ = h.l.s.releases.do(ctx, releaseCall{name: h.name, fence: h.fence})
 }
 
 // keep renews a lease of length lease (the schedule's lock, or a run's

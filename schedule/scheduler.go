@@ -124,8 +124,9 @@ type Scheduler struct {
 
 	refusals refusals                        // connections refused by the database: back-off and reports
 	reads    batcher[string, readResult]     // the runners' state reads (reads.go)
-	seizes   batcher[seizeCall, int64]       // session locks' lease seizes (lock.go)
-	releases batcher[releaseCall, bool]      // session locks' lease releases (lock.go)
+	seizes   batcher[leaseCall, int64]       // session locks' lease seizes (lock.go)
+	acquires batcher[leaseCall, int64]       // lease locks' acquisitions (lock.go)
+	releases batcher[releaseCall, bool]      // lease releases, both kinds of lock (lock.go)
 	records  batcher[recordCall, int64]      // the runners' recorded instants (record.go)
 	claims   batcher[claimCall, claimResult] // the runners' claims (attempt.go)
 	finishes batcher[finishCall, bool]       // the attempts' outcomes (attempt.go)
@@ -206,6 +207,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	}
 	s.reads.send = s.readStates
 	s.seizes.send = s.seizeLeases
+	s.acquires.send = s.acquireLeases
 	s.records.send = s.recordMany
 	s.claims.send = s.claimMany
 	s.finishes.send, s.finishes.gather = s.finishMany, finishGather

@@ -52,6 +52,56 @@ func (q *Queries) AcquireLease(ctx context.Context, arg AcquireLeaseParams) (Acq
 	return i, err
 }
 
+const acquireLeases = `-- name: AcquireLeases :many
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+SELECT v.name, $1::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
+FROM (SELECT unnest($2::text[]) AS name, unnest($3::bigint[]) AS at_most_us) AS v
+ORDER BY v.name
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+WHERE pgclaim_locks.lock_until <= now()
+RETURNING name, fence
+`
+
+type AcquireLeasesParams struct {
+	Holder   string
+	Names    []string
+	AtMostUs []int64
+}
+
+type AcquireLeasesRow struct {
+	Name  string
+	Fence int64
+}
+
+// AcquireLease for many names at once, each until now() + its at_most:
+// returns the name and fresh fence of each lease taken; the others are
+// held elsewhere. Names must be distinct; rows are taken in name order, so
+// that instances trying the same names at once wait for each other rather
+// than deadlock.
+func (q *Queries) AcquireLeases(ctx context.Context, arg AcquireLeasesParams) ([]AcquireLeasesRow, error) {
+	rows, err := q.db.Query(ctx, acquireLeases, arg.Holder, arg.Names, arg.AtMostUs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AcquireLeasesRow{}
+	for rows.Next() {
+		var i AcquireLeasesRow
+		if err := rows.Scan(&i.Name, &i.Fence); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const extendLease = `-- name: ExtendLease :one
 UPDATE pgclaim_locks
 SET lock_until = now() + $1::bigint * interval '1 microsecond'

@@ -35,6 +35,24 @@ SET holder     = excluded.holder,
     fence      = excluded.fence
 RETURNING fence, locked_at, lock_until;
 
+-- name: AcquireLeases :many
+-- AcquireLease for many names at once, each until now() + its at_most:
+-- returns the name and fresh fence of each lease taken; the others are
+-- held elsewhere. Names must be distinct; rows are taken in name order, so
+-- that instances trying the same names at once wait for each other rather
+-- than deadlock.
+INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+SELECT v.name, sqlc.arg(holder)::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(at_most_us)::bigint[]) AS at_most_us) AS v
+ORDER BY v.name
+ON CONFLICT (name) DO UPDATE
+SET holder     = excluded.holder,
+    locked_at  = excluded.locked_at,
+    lock_until = excluded.lock_until,
+    fence      = excluded.fence
+WHERE pgclaim_locks.lock_until <= now()
+RETURNING name, fence;
+
 -- name: SeizeLeases :many
 -- SeizeLease for many names at once, each until now() + its at_most, each
 -- with a fresh fencing token: for a caller that holds every name's advisory
