@@ -20,12 +20,15 @@ const batchWait = 30 * time.Second
 type batcher[In, Out any] struct {
 	send func(ctx context.Context, ins []In) ([]Out, error)
 	// gather, when set, is how long a batch waits for more calls before
-	// it is sent (for calls off the path to a job's start).
+	// it is sent (for calls off the path to a job's start), while batches
+	// come with more than one call: a lone caller (one runner working off
+	// a backlog) does not wait.
 	gather time.Duration
 
 	mu      sync.Mutex
 	calls   []*batchCall[In, Out]
 	sending bool // a goroutine is sending batches
+	last    int  // the number of calls of the last batch sent
 }
 
 type batchCall[In, Out any] struct {
@@ -62,12 +65,16 @@ func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
 // sendAll sends batches until no call is waiting.
 func (b *batcher[In, Out]) sendAll() {
 	for {
-		if b.gather > 0 {
+		b.mu.Lock()
+		gather := b.gather > 0 && b.last > 1
+		b.mu.Unlock()
+		if gather {
 			time.Sleep(b.gather)
 		}
 		b.mu.Lock()
 		calls := b.calls
 		b.calls = nil
+		b.last = len(calls)
 		if len(calls) == 0 {
 			b.sending = false
 			b.mu.Unlock()

@@ -62,6 +62,9 @@ type herdShape struct {
 	// server pool 20 connections) between the pgclaim side's instances and
 	// the server; the schedulers then hold lease rows (LeaseLocks).
 	Bouncer bool
+	// MaxConcurrent is the pgclaim side's schedule.Config.MaxConcurrent
+	// (0: the default), for instances run as goroutines.
+	MaxConcurrent int
 	// Sides run, in order: "pgclaim" (schedule.Scheduler), "river"
 	// (River's periodic jobs), "robfig" (gate + cronx/robfig).
 	Sides []string
@@ -74,6 +77,9 @@ func (s herdShape) label() string {
 	}
 	if s.Bouncer {
 		l += " behind PgBouncer"
+	}
+	if s.MaxConcurrent > 0 {
+		l += fmt.Sprintf(", MaxConcurrent %d", s.MaxConcurrent)
 	}
 	return l
 }
@@ -561,7 +567,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 			}
 			it := &inst{in: in, done: make(chan error, 1)}
 			insts[i] = it
-			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events, LeaseLocks: sh.Bouncer})
+			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events, LeaseLocks: sh.Bouncer, MaxConcurrent: sh.MaxConcurrent})
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
