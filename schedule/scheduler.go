@@ -89,7 +89,9 @@ type Config struct {
 	// once — running an attempt, or recording what came due — so that its
 	// jobs queue here rather than on the pool. At the limit it leaves due
 	// schedules alone until one of its own finishes; instances with room
-	// take them meanwhile. Default 50.
+	// take them meanwhile. Default 50. For every schedule due at one moment
+	// to start at once, set it to at least their number divided by the
+	// instances; it bounds goroutines and jobs, not connections.
 	MaxConcurrent int
 	// Retention is how long the finished runs (succeeded, failed, skipped)
 	// of the schedules registered with this scheduler are kept, by database
