@@ -115,7 +115,7 @@ func validFor(lease time.Duration, session bool) time.Duration {
 // sessionLocker, the default, holds a schedule's session advisory lock on
 // the one dedicated session of the Scheduler (lockcore.Sessions, shared by
 // all its schedules) and, once the advisory lock is its, seizes the
-// schedule's lease row with a fresh fence (SeizeLease). The advisory lock
+// schedule's lease row with a fresh fence (SeizeLeases). The advisory lock
 // is what lets another instance take a dead holder's run over at once: the
 // server drops it the moment the holder's session ends. The lease's fence
 // guards the runner's statements, which go through the pool like any

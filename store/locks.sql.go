@@ -217,42 +217,6 @@ func (q *Queries) ReleaseLeases(ctx context.Context, arg ReleaseLeasesParams) ([
 	return items, nil
 }
 
-const seizeLease = `-- name: SeizeLease :one
-INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
-VALUES ($1::text, $2::text, now(),
-        now() + $3::bigint * interval '1 microsecond',
-        pgclaim_fence())
-ON CONFLICT (name) DO UPDATE
-SET holder     = excluded.holder,
-    locked_at  = excluded.locked_at,
-    lock_until = excluded.lock_until,
-    fence      = excluded.fence
-RETURNING fence, locked_at, lock_until
-`
-
-type SeizeLeaseParams struct {
-	Name     string
-	Holder   string
-	AtMostUs int64
-}
-
-type SeizeLeaseRow struct {
-	Fence     int64
-	LockedAt  pgtype.Timestamptz
-	LockUntil pgtype.Timestamptz
-}
-
-// Take the lease on name until now() + at_most with a fresh fencing token,
-// whoever held it: for a caller that holds the name's advisory lock, which
-// proves the previous holder's session has ended (schedule's default
-// locks). Every statement guarded by the previous fence fails from then on.
-func (q *Queries) SeizeLease(ctx context.Context, arg SeizeLeaseParams) (SeizeLeaseRow, error) {
-	row := q.db.QueryRow(ctx, seizeLease, arg.Name, arg.Holder, arg.AtMostUs)
-	var i SeizeLeaseRow
-	err := row.Scan(&i.Fence, &i.LockedAt, &i.LockUntil)
-	return i, err
-}
-
 const seizeLeases = `-- name: SeizeLeases :many
 INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
 SELECT v.name, $1::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
@@ -277,9 +241,11 @@ type SeizeLeasesRow struct {
 	Fence int64
 }
 
-// SeizeLease for many names at once, each until now() + its at_most, each
-// with a fresh fencing token: for a caller that holds every name's advisory
-// lock (a scheduler's runners whose schedules came due together). Names
+// Take the leases on names, each until now() + its at_most with a fresh
+// fencing token, whoever held them: for a caller that holds every name's
+// advisory lock, which proves the previous holder's session has ended
+// (schedule's default locks; the runners whose schedules came due
+// together). Every statement guarded by a previous fence fails from then on. Names
 // must be distinct; rows are taken in name order.
 func (q *Queries) SeizeLeases(ctx context.Context, arg SeizeLeasesParams) ([]SeizeLeasesRow, error) {
 	rows, err := q.db.Query(ctx, seizeLeases, arg.Holder, arg.Names, arg.AtMostUs)

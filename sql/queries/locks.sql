@@ -19,22 +19,6 @@ SET holder     = excluded.holder,
 WHERE pgclaim_locks.lock_until <= now()
 RETURNING fence, locked_at, lock_until;
 
--- name: SeizeLease :one
--- Take the lease on name until now() + at_most with a fresh fencing token,
--- whoever held it: for a caller that holds the name's advisory lock, which
--- proves the previous holder's session has ended (schedule's default
--- locks). Every statement guarded by the previous fence fails from then on.
-INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
-VALUES (sqlc.arg(name)::text, sqlc.arg(holder)::text, now(),
-        now() + sqlc.arg(at_most_us)::bigint * interval '1 microsecond',
-        pgclaim_fence())
-ON CONFLICT (name) DO UPDATE
-SET holder     = excluded.holder,
-    locked_at  = excluded.locked_at,
-    lock_until = excluded.lock_until,
-    fence      = excluded.fence
-RETURNING fence, locked_at, lock_until;
-
 -- name: AcquireLeases :many
 -- AcquireLease for many names at once, each until now() + its at_most:
 -- returns the name and fresh fence of each lease taken; the others are
@@ -54,9 +38,11 @@ WHERE pgclaim_locks.lock_until <= now()
 RETURNING name, fence;
 
 -- name: SeizeLeases :many
--- SeizeLease for many names at once, each until now() + its at_most, each
--- with a fresh fencing token: for a caller that holds every name's advisory
--- lock (a scheduler's runners whose schedules came due together). Names
+-- Take the leases on names, each until now() + its at_most with a fresh
+-- fencing token, whoever held them: for a caller that holds every name's
+-- advisory lock, which proves the previous holder's session has ended
+-- (schedule's default locks; the runners whose schedules came due
+-- together). Every statement guarded by a previous fence fails from then on. Names
 -- must be distinct; rows are taken in name order.
 INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
 SELECT v.name, sqlc.arg(holder)::text, now(), now() + v.at_most_us * interval '1 microsecond', pgclaim_fence()
