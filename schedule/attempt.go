@@ -142,17 +142,13 @@ func (s *Scheduler) claimMany(ctx context.Context, calls []claimCall) ([]claimRe
 	if err != nil {
 		return nil, err
 	}
-	type key struct {
-		schedule string
-		instant  int64 // Unix microseconds: the database's precision
-	}
-	got := make(map[key]store.ClaimRunsRow, len(rows))
+	got := make(map[runKey]store.ClaimRunsRow, len(rows))
 	for _, r := range rows {
-		got[key{r.Schedule, tm(r.Instant).UnixMicro()}] = r
+		got[keyOf(r.Schedule, tm(r.Instant))] = r
 	}
 	out := make([]claimResult, len(calls))
 	for i, c := range calls {
-		k := key{c.schedule, c.o.instant.UnixMicro()}
+		k := keyOf(c.schedule, c.o.instant)
 		r, ok := got[k]
 		if !ok {
 			out[i].err = pgx.ErrNoRows
@@ -162,6 +158,18 @@ func (s *Scheduler) claimMany(ctx context.Context, calls []claimCall) ([]claimRe
 		out[i].row = r
 	}
 	return out, nil
+}
+
+// runKey names a run in a batch's answer: its schedule and its instant in
+// Unix microseconds (the database's precision; time.Time keys would also
+// compare locations).
+type runKey struct {
+	schedule string
+	instant  int64
+}
+
+func keyOf(schedule string, instant time.Time) runKey {
+	return runKey{schedule, instant.UnixMicro()}
 }
 
 // claimResult is one call's answer: the run as claimed, or pgx.ErrNoRows.
@@ -354,17 +362,13 @@ func (s *Scheduler) finishMany(ctx context.Context, calls []finishCall) ([]bool,
 	if err != nil {
 		return nil, err
 	}
-	type key struct {
-		schedule string
-		instant  int64
-	}
-	ended := make(map[key]bool, len(rows))
+	ended := make(map[runKey]bool, len(rows))
 	for _, r := range rows {
-		ended[key{r.Schedule, tm(r.Instant).UnixMicro()}] = true
+		ended[keyOf(r.Schedule, tm(r.Instant))] = true
 	}
 	out := make([]bool, len(calls))
 	for i, c := range calls {
-		out[i] = ended[key{c.schedule, c.instant.UnixMicro()}]
+		out[i] = ended[keyOf(c.schedule, c.instant)]
 	}
 	return out, nil
 }

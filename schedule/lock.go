@@ -299,27 +299,19 @@ type releaseCall struct {
 	fence int64
 }
 
-// releaseLeases releases the leases of calls in one statement; each
-// output says whether that lease was still held.
-func (s *Scheduler) releaseLeases(ctx context.Context, calls []releaseCall) ([]bool, error) {
+// releaseLeases releases the leases of calls in one statement (a release
+// that finds its lease gone or taken over changes nothing; no caller needs
+// to know which).
+func (s *Scheduler) releaseLeases(ctx context.Context, calls []releaseCall) ([]struct{}, error) {
 	names := make([]string, len(calls))
 	fences := make([]int64, len(calls))
 	for i, c := range calls {
 		names[i], fences[i] = c.name, c.fence
 	}
-	released, err := s.rc.ReleaseLeases(ctx, store.ReleaseLeasesParams{Names: names, Fences: fences})
-	if err != nil {
+	if err := s.rc.ReleaseLeases(ctx, store.ReleaseLeasesParams{Names: names, Fences: fences}); err != nil {
 		return nil, err
 	}
-	done := make(map[string]bool, len(released))
-	for _, n := range released {
-		done[n] = true
-	}
-	out := make([]bool, len(calls))
-	for i, c := range calls {
-		out[i] = done[c.name]
-	}
-	return out, nil
+	return make([]struct{}, len(calls)), nil
 }
 
 // sessionHeld is a schedule's lock while held: the advisory lock on the

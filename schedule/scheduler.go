@@ -128,7 +128,7 @@ type Scheduler struct {
 	reads    batcher[string, readResult]     // the runners' state reads (reads.go)
 	seizes   batcher[leaseCall, int64]       // session locks' lease seizes (lock.go)
 	acquires batcher[leaseCall, int64]       // lease locks' acquisitions (lock.go)
-	releases batcher[releaseCall, bool]      // lease releases, both kinds of lock (lock.go)
+	releases batcher[releaseCall, struct{}]  // lease releases, both kinds of lock (lock.go)
 	records  batcher[recordCall, int64]      // the runners' recorded instants (record.go)
 	claims   batcher[claimCall, claimResult] // the runners' claims (attempt.go)
 	finishes batcher[finishCall, bool]       // the attempts' outcomes (attempt.go)

@@ -182,12 +182,11 @@ func (q *Queries) ReleaseLease(ctx context.Context, arg ReleaseLeaseParams) (int
 	return result.RowsAffected(), nil
 }
 
-const releaseLeases = `-- name: ReleaseLeases :many
+const releaseLeases = `-- name: ReleaseLeases :exec
 UPDATE pgclaim_locks l
 SET lock_until = now()
 FROM (SELECT unnest($1::text[]) AS name, unnest($2::bigint[]) AS fence) AS v
 WHERE l.name = v.name AND l.fence = v.fence AND l.lock_until > now()
-RETURNING l.name
 `
 
 type ReleaseLeasesParams struct {
@@ -196,25 +195,10 @@ type ReleaseLeasesParams struct {
 }
 
 // ReleaseLease (with at_least 0) for many leases at once, each only where
-// it is still held with its fence; returns the names released.
-func (q *Queries) ReleaseLeases(ctx context.Context, arg ReleaseLeasesParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, releaseLeases, arg.Names, arg.Fences)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []string{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		items = append(items, name)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+// it is still held with its fence.
+func (q *Queries) ReleaseLeases(ctx context.Context, arg ReleaseLeasesParams) error {
+	_, err := q.db.Exec(ctx, releaseLeases, arg.Names, arg.Fences)
+	return err
 }
 
 const seizeLeases = `-- name: SeizeLeases :many

@@ -55,14 +55,13 @@ SET holder     = excluded.holder,
     fence      = excluded.fence
 RETURNING name, fence;
 
--- name: ReleaseLeases :many
+-- name: ReleaseLeases :exec
 -- ReleaseLease (with at_least 0) for many leases at once, each only where
--- it is still held with its fence; returns the names released.
+-- it is still held with its fence.
 UPDATE pgclaim_locks l
 SET lock_until = now()
 FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(fences)::bigint[]) AS fence) AS v
-WHERE l.name = v.name AND l.fence = v.fence AND l.lock_until > now()
-RETURNING l.name;
+WHERE l.name = v.name AND l.fence = v.fence AND l.lock_until > now();
 
 -- name: ExtendLease :one
 -- Push lock_until to now() + at_most, only for the holder of this fence and
