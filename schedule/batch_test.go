@@ -113,3 +113,103 @@ func TestLocksOfOneInstantBatched(t *testing.T) {
 		t.Errorf("%d schedules due at one instant: %d statements read their open runs (want at most %d)", schedules, reads, schedules/5)
 	}
 }
+
+// tryCounter counts the schedules' locks tried (keys, not statements).
+type tryCounter struct{ keys atomic.Int64 }
+
+func (c *tryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "pg_try_advisory_lock") {
+		for _, a := range d.Args {
+			if keys, ok := a.([]int32); ok {
+				c.keys.Add(int64(len(keys)))
+			}
+		}
+	}
+	return ctx
+}
+
+func (c *tryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestLooksGoToUntakenRuns: with more schedules due at one instant than the
+// instances have room for, an instance that frees a slot looks at the
+// schedules nobody has started, rather than trying, one after the other,
+// those other instances hold or have already run: the locks tried over an
+// instant stay well under one per schedule per instance.
+func TestLooksGoToUntakenRuns(t *testing.T) {
+	const instances, schedules, room = 4, 60, 5
+	db := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	var tries tryCounter
+	var mu sync.Mutex
+	ran := map[time.Time]int{}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for i := range instances {
+		cfg, err := pgxpool.ParseConfig(db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.Tracer = &tries
+		cfg.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		s, err := New(pool, Config{Holder: fmt.Sprintf("untaken-%d", i), Logger: testLogger(t), MaxConcurrent: room})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range schedules {
+			def := Definition{Name: fmt.Sprintf("untaken-%03d", j), Spec: "*/4 * * * * *", Version: 1}
+			if err := s.Register(ctx, def, func(ctx context.Context, r Run) error {
+				mu.Lock()
+				ran[r.Instant]++
+				mu.Unlock()
+				select {
+				case <-time.After(200 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = s.Run(rctx) }()
+	}
+	// The first instant whose runs all ran, counted from a quiet moment
+	// before it to one after it.
+	var tried int64
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("no instant had all %d schedules run within a minute: %v", schedules, ran)
+		}
+		now := time.Now()
+		instant := now.Truncate(4 * time.Second).Add(4 * time.Second)
+		time.Sleep(instant.Add(-500 * time.Millisecond).Sub(now))
+		k0 := tries.keys.Load()
+		time.Sleep(3500 * time.Millisecond)
+		mu.Lock()
+		n := ran[instant.UTC()]
+		mu.Unlock()
+		if n == schedules {
+			tried = tries.keys.Load() - k0
+			break
+		}
+	}
+	mu.Lock()
+	for at, n := range ran {
+		if n > schedules {
+			t.Errorf("instant %s ran %d times for %d schedules", at, n, schedules)
+		}
+	}
+	mu.Unlock()
+	t.Logf("%d instances with room for %d each, %d schedules due at one instant: %d locks tried", instances, room, schedules, tried)
+	if limit := int64(instances * schedules / 2); tried > limit {
+		t.Errorf("%d schedules due at one instant on %d instances with room for %d each: %d locks tried (want at most %d: a look at a schedule another instance holds or has run is a look wasted)",
+			schedules, instances, room, tried, limit)
+	}
+}

@@ -87,8 +87,11 @@
 //
 // Many schedules due at once: an instance attends at most
 // Config.MaxConcurrent schedules at a time (default 50), leaving the rest to
-// instances with room, and the runners it attends at the same moment share
-// their statements. Each step — taking the locks, reading the schedules and
+// instances with room. While more are due than it has room for, it asks in
+// one statement (at most every 100 ms) which of them another instance holds
+// or has already run, and gives the slots that free up to the others: the
+// runs nobody has started, not a look at each schedule in turn. The runners
+// it attends at the same moment share their statements. Each step — taking the locks, reading the schedules and
 // their open runs, seizing the leases, recording the instants, claiming the
 // runs, recording the outcomes, releasing — goes in one statement for every
 // runner waiting for it (over arrays, each row still checking its own

@@ -374,17 +374,32 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 	results := make(chan result)
 	active := map[string]bool{}
-	wake := map[string]time.Time{} // zero: wake now
+	wake := map[string]time.Time{} // zero: none but polls and kicks
 	kicked := map[string]bool{}
 	again := map[string]bool{} // kicked while being attended: attend once more
 	poll := time.NewTicker(s.cfg.PollInterval)
 	defer poll.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var askedTaken time.Time // the last untaken
 	for {
 		entries := s.snapshot()
 		now := s.dbNow()
 		next := time.Time{}
+		start := func(e *entry) {
+			delete(kicked, e.name)
+			active[e.name] = true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := s.attend(ctx, e)
+				select {
+				case results <- r:
+				case <-ctx.Done():
+				}
+			}()
+		}
+		var due []*entry // due at their wake-up: attended after the kicked and new
 		for _, e := range entries {
 			if active[e.name] {
 				if kicked[e.name] {
@@ -402,26 +417,34 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				continue
 			}
 			w, known := wake[e.name]
-			if !known || kicked[e.name] || (!w.IsZero() && !w.After(now)) {
-				if len(active) >= s.cfg.MaxConcurrent {
-					continue // looked at once an attend returns
+			if !known || kicked[e.name] {
+				if len(active) < s.cfg.MaxConcurrent {
+					start(e)
 				}
-				delete(kicked, e.name)
-				active[e.name] = true
-				wg.Add(1)
-				go func(e *entry) {
-					defer wg.Done()
-					r := s.attend(ctx, e)
-					select {
-					case results <- r:
-					case <-ctx.Done():
-					}
-				}(e)
+				continue // else looked at once an attend returns
+			}
+			if !w.IsZero() && !w.After(now) {
+				due = append(due, e)
 				continue
 			}
 			if !w.IsZero() && (next.IsZero() || w.Before(next)) {
 				next = w
 			}
+		}
+		if room := s.cfg.MaxConcurrent - len(active); room > 0 && len(due) > room && time.Since(askedTaken) >= takenSpacing {
+			askedTaken = time.Now()
+			due = s.untaken(ctx, due, wake)
+			for _, e := range entries {
+				if w := wake[e.name]; !active[e.name] && w.After(now) && (next.IsZero() || w.Before(next)) {
+					next = w
+				}
+			}
+		}
+		for _, e := range due {
+			if len(active) >= s.cfg.MaxConcurrent {
+				break // looked at once an attend returns
+			}
+			start(e)
 		}
 		d := time.Hour
 		if !next.IsZero() {

@@ -320,6 +320,39 @@ SELECT s.name, s.version, s.paused, now()::timestamptz AS db_now,
 FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(lock_keys)::int4[]) AS lock_key) AS k
 JOIN pgclaim_schedules s ON s.name = k.name;
 
+-- name: TakenSchedules :many
+-- Of the named schedules, each due at its instant (the caller's next
+-- wake-up for it), those that need no look from this instance now: another
+-- instance holds the schedule's lock (its runner records what comes due),
+-- or the instant is recorded and finished with no run of the schedule open
+-- (a look would find nothing to do). The rest may still be taken by then;
+-- this only spares the looks that would find them so. The server's lock
+-- table is read once, not once per schedule.
+SELECT k.name::text AS name
+FROM (SELECT unnest(sqlc.arg(names)::text[]) AS name,
+             unnest(sqlc.arg(dues)::timestamptz[]) AS due,
+             unnest(sqlc.arg(lock_keys)::int4[]) AS lock_key) AS k
+WHERE CASE WHEN sqlc.arg(lease_mode)::boolean
+          THEN 'pgclaim.schedule:' || k.name IN (
+              SELECT l.name FROM pgclaim_locks l
+              WHERE l.name = ANY (SELECT 'pgclaim.schedule:' || n FROM unnest(sqlc.arg(names)::text[]) AS n)
+                AND l.lock_until > now())
+          ELSE k.lock_key::oid IN (
+              SELECT l.objid FROM pg_catalog.pg_locks l
+              WHERE l.locktype = 'advisory'
+                AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+                AND l.classid = sqlc.arg(lock_class)::int4::oid
+                AND l.objsubid = 2
+                AND l.granted)
+      END
+   OR (EXISTS (
+           SELECT 1 FROM pgclaim_schedule_runs r
+           WHERE r.schedule = k.name AND r.instant = k.due
+             AND r.state IN ('succeeded', 'failed', 'skipped'))
+       AND NOT EXISTS (
+           SELECT 1 FROM pgclaim_schedule_runs r
+           WHERE r.schedule = k.name AND r.state IN ('pending', 'running', 'retrying')));
+
 -- name: PauseSchedule :one
 -- Pause a schedule (no new run starts on any instance) and notify every
 -- instance. Pausing a paused schedule keeps its first pause time and
