@@ -86,7 +86,7 @@
 // nothing for that schedule: its runner records what comes due.
 //
 // Many schedules due at once: an instance attends at most
-// Config.MaxConcurrent schedules at a time (default 50), leaving the rest to
+// Config.MaxConcurrent schedules at a time (default 100), leaving the rest to
 // instances with room. While more are due than it has room for, it asks in
 // one statement (at most every 100 ms) which of them another instance holds
 // or has already run, and gives the slots that free up to the others: the

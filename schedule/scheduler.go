@@ -89,9 +89,12 @@ type Config struct {
 	// once — running an attempt, or recording what came due — so that its
 	// jobs queue here rather than on the pool. At the limit it leaves due
 	// schedules alone until one of its own finishes; instances with room
-	// take them meanwhile. Default 50. For every schedule due at one moment
-	// to start at once, set it to at least their number divided by the
-	// instances; it bounds goroutines and jobs, not connections.
+	// take them meanwhile, and the slots that free up go to the runs
+	// nobody has started. Default 100: it bounds goroutines and jobs, not
+	// connections (the pool's MaxConns bounds those, and jobs that query
+	// wait for the pool as they would anywhere). For every schedule due at
+	// one moment to start at once, set it to at least their number divided
+	// by the instances; lower it to bound the jobs running together.
 	MaxConcurrent int
 	// Retention is how long the finished runs (succeeded, failed, skipped)
 	// of the schedules registered with this scheduler are kept, by database
@@ -194,7 +197,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 		cfg.Grace = 30 * time.Second
 	}
 	if cfg.MaxConcurrent == 0 {
-		cfg.MaxConcurrent = 50
+		cfg.MaxConcurrent = 100
 	}
 	if err := checkRetention("Config.Retention", cfg.Retention, 0); err != nil {
 		return nil, err

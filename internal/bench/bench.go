@@ -166,9 +166,12 @@ func fullParams() *params {
 		HerdShapes: []herdShape{
 			{Instances: 8, Schedules: 50, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
 			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
-			// The same with room for every schedule due at once in one wave
-			// (8 × 100 ≥ 500; the default 50 leaves 100 for a second).
-			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, MaxConcurrent: 100, Sides: []string{"pgclaim"}},
+			// River with the room pgclaim's default gives (8 × 100 ≥ 500:
+			// every job in one wave on both sides).
+			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, RiverWorkers: 100, Sides: []string{"river"}},
+			// pgclaim with room for 400 of the 500 at once: the last 100
+			// start when the first jobs end.
+			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, MaxConcurrent: 50, Sides: []string{"pgclaim"}},
 			{Instances: 8, Schedules: 200, Period: time.Second, Instants: 20, Sides: []string{"pgclaim", "river"}},
 			{Instances: 8, Schedules: 200, Period: 10 * time.Second, Instants: 3, Sides: []string{"robfig", "pgclaim"}},
 			// 64 × (MaxConns + the dedicated sessions) does not fit in 100

@@ -63,8 +63,11 @@ type herdShape struct {
 	// the server; the schedulers then hold lease rows (LeaseLocks).
 	Bouncer bool
 	// MaxConcurrent is the pgclaim side's schedule.Config.MaxConcurrent
-	// (0: the default), for instances run as goroutines.
+	// (0: the default).
 	MaxConcurrent int
+	// RiverWorkers is MaxWorkers of each River client's queue (0:
+	// herdRiverWorkers).
+	RiverWorkers int
 	// Sides run, in order: "pgclaim" (schedule.Scheduler), "river"
 	// (River's periodic jobs), "robfig" (gate + cronx/robfig).
 	Sides []string
@@ -81,7 +84,18 @@ func (s herdShape) label() string {
 	if s.MaxConcurrent > 0 {
 		l += fmt.Sprintf(", MaxConcurrent %d", s.MaxConcurrent)
 	}
+	if s.RiverWorkers > 0 {
+		l += fmt.Sprintf(", River's MaxWorkers %d", s.RiverWorkers)
+	}
 	return l
+}
+
+// riverWorkers is MaxWorkers of the shape's River clients.
+func (s herdShape) riverWorkers() int {
+	if s.RiverWorkers > 0 {
+		return s.RiverWorkers
+	}
+	return herdRiverWorkers
 }
 
 func (s herdShape) spec() string {
@@ -187,7 +201,7 @@ func runHerd(ctx context.Context, e *env, p *params, r *ScenarioReport) error {
 	defer servers.close()
 	r.setup("N instances, each a goroutine with its own pgxpool (MaxConns %d) (or, in the shapes marked processes, each a process of its own: this executable re-run), all running the same M jobs due at the same instants; each job inserts one row through its pool (started = clock_timestamp()) and sleeps %s", herdPoolConns, herdJobSleep)
 	r.setup("pgclaim: one schedule.Scheduler per instance (default Config) registering the M schedules (`*/10 * * * * *`, or `* * * * * *` every second)")
-	r.setup("River: river.NewPeriodicJob with a PeriodicSchedule due at every multiple of the period, riverpgxv5, one client per instance on the same pool size, MaxWorkers %d, River's migrations (rivermigrate); a child process built from internal/bench/herdriver, a Go module of its own", herdRiverWorkers)
+	r.setup("River: river.NewPeriodicJob with a PeriodicSchedule due at every multiple of the period, riverpgxv5, one client per instance on the same pool size, MaxWorkers %d unless the shape says, River's migrations (rivermigrate); a child process built from internal/bench/herdriver, a Go module of its own", herdRiverWorkers)
 	r.setup("robfig: gate.Gate + cronx/robfig per instance, M robfig/cron jobs on the same spec, each through robfig.NewJob (gate.Once per instant)")
 	r.setup("each side in a fresh database on a server started with max_connections as given (100: the stock limit); the first measured instant is the first at least 2 s after every instance is ready; due = M × measured instants; ran = distinct (job, instant) rows; start lag = started − instant (database time); backends = client backends of the side's database in pg_stat_activity, sampled every 100 ms from before the first instance starts, peak; transactions per instant = xact_commit of the database (pg_stat_database) over the measured instants, idle polls and maintenance included, ± a second of statistics flush")
 	tbl := Table{Title: "Herd: M jobs due at one instant on N instances",
@@ -723,7 +737,7 @@ func herdRiver(ctx context.Context, bin, url string, sh herdShape, hs *herdSide)
 	lines := make(chan line, 16)
 	proc, err := childproc.Start(childproc.Config{Exe: bin,
 		Args: []string{"-url", url, "-instances", fmt.Sprint(sh.Instances), "-schedules", fmt.Sprint(sh.Schedules),
-			"-period", sh.Period.String(), "-pool", fmt.Sprint(herdPoolConns), "-workers", fmt.Sprint(herdRiverWorkers),
+			"-period", sh.Period.String(), "-pool", fmt.Sprint(herdPoolConns), "-workers", fmt.Sprint(sh.riverWorkers()),
 			"-sleep", herdJobSleep.String(), "-prefix", "herd", "-table", "herd_effects"},
 		Stdout: func(b []byte) {
 			var l line

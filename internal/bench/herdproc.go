@@ -27,6 +27,7 @@ const (
 	envHerdPeriod    = "PGCLAIM_BENCH_HERD_PERIOD"
 	envHerdHolder    = "PGCLAIM_BENCH_HERD_HOLDER" // the instance's number
 	envHerdLease     = "PGCLAIM_BENCH_HERD_LEASE"  // "true": LeaseLocks (behind PgBouncer)
+	envHerdMaxConc   = "PGCLAIM_BENCH_HERD_MAX_CONCURRENT"
 )
 
 // herdChildReport is what a herd child reports when it stops.
@@ -50,7 +51,8 @@ func runHerdChild() int {
 		out.emit("error", oneLine(err.Error()))
 		return 2
 	}
-	sh := herdShape{Instances: 1, Schedules: schedules, Period: period, HolderFrom: holder, Bouncer: os.Getenv(envHerdLease) == "true"}
+	maxConc, _ := strconv.Atoi(os.Getenv(envHerdMaxConc)) // absent: 0, the default
+	sh := herdShape{Instances: 1, Schedules: schedules, Period: period, HolderFrom: holder, Bouncer: os.Getenv(envHerdLease) == "true", MaxConcurrent: maxConc}
 	errs, events := &herdErrs{}, &schedEvents{}
 	stop, stmts, startErrs, logs, err := herdSchedulers(ctx, os.Getenv(envURL), sh, errs, events)
 	if err != nil {
@@ -112,7 +114,7 @@ func herdProcesses(ctx context.Context, url string, sh herdShape, errs *herdErrs
 		k.p, err = childproc.Start(childproc.Config{
 			Env: []string{envChild + "=herd", envURL + "=" + url, envHerdSchedules + "=" + strconv.Itoa(sh.Schedules),
 				envHerdPeriod + "=" + sh.Period.String(), envHerdHolder + "=" + strconv.Itoa(sh.HolderFrom+i),
-				envHerdLease + "=" + strconv.FormatBool(sh.Bouncer)},
+				envHerdLease + "=" + strconv.FormatBool(sh.Bouncer), envHerdMaxConc + "=" + strconv.Itoa(sh.MaxConcurrent)},
 			OwnGroup: true,
 			StderrTo: io.Discard,
 			Stdout:   k.line,
