@@ -91,16 +91,17 @@
 // one statement (at most every 100 ms) which of them another instance holds
 // or has already run, and gives the slots that free up to the others: the
 // runs nobody has started, not a look at each schedule in turn. The runners
-// it attends at the same moment share their statements. Each step — taking the locks, reading the schedules and
-// their open runs, seizing the leases, recording the instants, claiming the
-// runs, recording the outcomes, releasing — goes in one statement for every
-// runner waiting for it (over arrays, each row still checking its own
-// schedule's fence), sent as soon as the previous one of its kind has
-// answered; outcomes and releases gather for 5 ms first. So hundreds of
-// schedules due at the top of the hour cost a few statements per step, not
-// a chain of statements per schedule queued for the pool: about 1.8
-// statements per run at 8 instances × 200 schedules due at once, all
-// instances' try-locks and polls included (docs/BENCHMARKS.md, herd).
+// it attends at the same moment share their statements. Each step — taking
+// the locks, reading the schedules and their open runs, seizing the leases,
+// recording the instants, claiming the runs, recording the outcomes,
+// releasing — goes in one statement for every runner waiting for it (over
+// arrays, each row still checking its own schedule's fence), sent as soon as
+// the previous one of its kind has answered; outcomes and releases gather for
+// 5 ms first. So hundreds of schedules due at the top of the hour cost a few
+// statements per step, not a chain of statements per schedule queued for the
+// pool: about 1.8 statements per run at 8 instances × 200 schedules due at
+// once, all instances' try-locks and polls included (docs/BENCHMARKS.md,
+// herd).
 //
 // # Locks
 //
