@@ -99,7 +99,7 @@
 // the previous one of its kind has answered; outcomes and releases gather for
 // 5 ms first. So hundreds of schedules due at the top of the hour cost a few
 // statements per step, not a chain of statements per schedule queued for the
-// pool: about 1.8 statements per run at 8 instances × 200 schedules due at
+// pool: about 1.3 statements per run at 8 instances × 200 schedules due at
 // once, all instances' try-locks and polls included (docs/BENCHMARKS.md,
 // herd).
 //
