@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/grants"
+	"github.com/pgclaim/pgclaim/internal/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -134,11 +136,17 @@ func (c *tryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // instances have room for, an instance that frees a slot looks at the
 // schedules nobody has started, rather than trying, one after the other,
 // those other instances hold or have already run: the locks tried over an
-// instant stay well under one per schedule per instance.
+// instant stay well under one per schedule per instance. The instances
+// connect as a role with only the privileges `pgclaim grants` gives: the
+// question of which schedules are taken needs no more than the poll.
 func TestLooksGoToUntakenRuns(t *testing.T) {
 	const instances, schedules, room = 4, 60, 5
 	db := pgtest.NewDatabase(t)
 	ctx := context.Background()
+	app := roletest.New(t, db)
+	if err := app.Grant(ctx, grants.Statements(app.Name, "public")...); err != nil {
+		t.Fatal(err)
+	}
 	var tries tryCounter
 	var mu sync.Mutex
 	ran := map[time.Time]int{}
@@ -146,7 +154,7 @@ func TestLooksGoToUntakenRuns(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	for i := range instances {
-		cfg, err := pgxpool.ParseConfig(db.URL)
+		cfg, err := pgxpool.ParseConfig(app.URL)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +216,10 @@ func TestLooksGoToUntakenRuns(t *testing.T) {
 	}
 	mu.Unlock()
 	t.Logf("%d instances with room for %d each, %d schedules due at one instant: %d locks tried", instances, room, schedules, tried)
-	if limit := int64(instances * schedules / 2); tried > limit {
+	// Looking at every schedule, each instance tries every lock: 240. With
+	// the question, 68-87 on an idle machine; once 153 with the machine
+	// under several test runs' load, so the bound leaves room for that.
+	if limit := int64(instances * schedules * 3 / 4); tried > limit {
 		t.Errorf("%d schedules due at one instant on %d instances with room for %d each: %d locks tried (want at most %d: a look at a schedule another instance holds or has run is a look wasted)",
 			schedules, instances, room, tried, limit)
 	}
