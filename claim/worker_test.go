@@ -247,7 +247,7 @@ func TestWorkerHeartbeat(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 2)
 	pool := newWorkerPool(t, db, 6)
-	const lease = time.Second // heartbeats every 333ms; a stall of a whole lease would fail the test
+	const lease = 2 * time.Second // heartbeats every 667ms; a stall of a whole lease would fail the test
 	c, _ := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: lease})
 	// The sweeper's own claimer has the workers' Lease: it sweeps expired
 	// leases only.

@@ -48,7 +48,7 @@ func TestAnyIsolation(t *testing.T) {
 			if _, _, err := ins[0].s.Trigger(ctx, def.Name); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(4 * time.Second)
+			time.Sleep(5 * time.Second)
 			stopped := time.Now()
 			for _, in := range ins {
 				in.stop()
@@ -58,9 +58,12 @@ func TestAnyIsolation(t *testing.T) {
 				t.Fatalf("%d runs", len(rows))
 			}
 			for _, r := range rows {
-				if r.Instant.After(stopped.Add(-time.Second)) && (r.State == stateSucceeded ||
+				// The last instants before the stop may be still pending, or
+				// attempts the stop interrupted and handed back (a loaded
+				// machine's runner can be a second or two behind).
+				if r.Instant.After(stopped.Add(-2500*time.Millisecond)) && (r.State == stateSucceeded || r.State == statePending ||
 					r.State == stateRetrying && r.Reason != nil && strings.Contains(*r.Reason, "interrupted")) {
-					continue // an attempt the stop interrupted, handed back (and maybe run again)
+					continue
 				}
 				if r.State != stateSucceeded || r.Attempt != 1 {
 					t.Errorf("%v %s: state %s attempt %d reason %q", r.Instant, r.Kind, r.State, r.Attempt, deref(r.Reason))

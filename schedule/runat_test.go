@@ -350,7 +350,10 @@ func TestRunAtAheadAndWaitRun(t *testing.T) {
 		t.Fatalf("the instant run ahead ran %d times", n)
 	}
 	for _, r := range runsOf(t, db.Pool, def.Name) {
-		if r.Instant.After(now) && !r.Instant.After(ahead) && (r.State != stateSucceeded || r.Missed) {
+		// An instant a later one overtook before it was recorded (a runner
+		// woken late on a loaded machine) is missed and, by CatchUpAll, run;
+		// the one run ahead was recorded before it came due.
+		if r.Instant.After(now) && !r.Instant.After(ahead) && (r.State != stateSucceeded || r.Missed && r.Instant.Equal(ahead)) {
 			t.Errorf("instant %s: %+v", r.Instant, r)
 		}
 	}
