@@ -140,9 +140,10 @@ func (h *harness) eligible(i int) *instance {
 }
 
 // pickBusy returns the instance a kill or pause should hit: the first
-// running instance from index i on that is inside a batch (holding claims),
-// waiting up to three seconds for one; failing that, the first running one.
-func (h *harness) pickBusy(ctx context.Context, i int) *instance {
+// running instance from index i on that is inside a batch (holding claims)
+// or, with inRun, running a schedule's job; waiting up to three seconds for
+// one; failing that, the first running one.
+func (h *harness) pickBusy(ctx context.Context, i int, inRun bool) *instance {
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if h.down() >= len(h.insts)-1 {
@@ -150,7 +151,11 @@ func (h *harness) pickBusy(ctx context.Context, i int) *instance {
 		}
 		for k := 0; k < len(h.insts); k++ {
 			in := h.insts[(i+k)%len(h.insts)]
-			if in.getState() == stateRunning && in.inBatch.Load() {
+			busy := in.inBatch.Load()
+			if inRun {
+				busy = in.inRuns.Load() > 0
+			}
+			if in.getState() == stateRunning && busy {
 				return in
 			}
 		}
@@ -160,7 +165,7 @@ func (h *harness) pickBusy(ctx context.Context, i int) *instance {
 }
 
 func (h *harness) killFault(ctx context.Context, target int, r float64) {
-	in := h.pickBusy(ctx, target)
+	in := h.pickBusy(ctx, target, false)
 	if in == nil {
 		return
 	}
@@ -195,7 +200,13 @@ func (h *harness) killFault(ctx context.Context, target int, r float64) {
 }
 
 func (h *harness) pauseFault(ctx context.Context, target int, r float64) {
-	in := h.pickBusy(ctx, target)
+	// Every other pause waits for a schedule's job rather than a batch, so
+	// runners stopped past their lease are among the faults of every run
+	// with schedules (a job is shorter than a batch and rarely hit by
+	// chance).
+	h.pauses++
+	inRun := h.pauses%2 == 0 && len(h.cfg.scheduleNames()) > 0
+	in := h.pickBusy(ctx, target, inRun)
 	if in == nil {
 		return
 	}

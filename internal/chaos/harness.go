@@ -354,6 +354,7 @@ type harness struct {
 	pat    *patroniRun // Config.Patroni
 	insts  []*instance
 	sched  *schedule.Scheduler // pauses and resumes schedules
+	pauses int                 // pause faults drawn (inject's goroutine only)
 	faults *faultLog
 	probe  Check
 	stalls stallWatch
