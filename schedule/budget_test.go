@@ -34,7 +34,11 @@ func TestConnectionBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Client backends only: an autovacuum worker on the database shows in
+	// pg_stat_activity too, and is the server's, not an instance's.
 	var most atomic.Int64
+	var others atomic.Value // the other backends seen on the database
+	others.Store("")
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sampling sync.WaitGroup
 	sampling.Add(1)
@@ -42,8 +46,16 @@ func TestConnectionBudget(t *testing.T) {
 		defer sampling.Done()
 		for sampleCtx.Err() == nil {
 			var n int64
-			if err := admin.QueryRow(sampleCtx, `SELECT count(*) FROM pg_stat_activity WHERE datname = $1`, db.Name).Scan(&n); err == nil && n > most.Load() {
-				most.Store(n)
+			var other string
+			if err := admin.QueryRow(sampleCtx, `SELECT count(*) FILTER (WHERE backend_type = 'client backend'),
+				coalesce(string_agg(DISTINCT backend_type, ', ') FILTER (WHERE backend_type <> 'client backend'), '')
+				FROM pg_stat_activity WHERE datname = $1`, db.Name).Scan(&n, &other); err == nil {
+				if n > most.Load() {
+					most.Store(n)
+				}
+				if other != "" {
+					others.Store(other)
+				}
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -100,9 +112,9 @@ func TestConnectionBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Logf("%d instances × %d schedules, pools of %d: at most %d backends (budget %d)", instances, schedules, maxConns, most.Load(), budget)
+	t.Logf("%d instances × %d schedules, pools of %d: at most %d client backends (budget %d); other backends seen: %q", instances, schedules, maxConns, most.Load(), budget, others.Load())
 	if most.Load() > int64(budget) {
-		t.Errorf("%d backends on the database, over the budget of %d", most.Load(), budget)
+		t.Errorf("%d client backends on the database, over the budget of %d", most.Load(), budget)
 	}
 	var due, succeeded, effects, doubled int
 	if err := db.Pool.QueryRow(ctx, `
