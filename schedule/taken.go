@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -36,7 +37,13 @@ func (s *Scheduler) untaken(ctx context.Context, due []*entry, wake map[string]t
 		return err
 	})
 	if err != nil {
-		if ctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil:
+		case pgerr.Permanent(err):
+			// A missing privilege: the looks need the same ones, and the
+			// first to fail ends Run with the fix; say it here too.
+			s.log.WarnContext(ctx, "schedule: which due schedules are taken (each is looked at instead)", "error", pgerr.Explain(err))
+		default:
 			s.log.DebugContext(ctx, "schedule: which due schedules are taken (each is looked at instead)", "error", err)
 		}
 		return due
