@@ -401,7 +401,10 @@ func TestElectorFlip60(t *testing.T) {
 				if err != nil {
 					t.Fatalf("flip %d: holder pid: %v", k, err)
 				}
-				if err := srv.Terminate(ctx, pid); err != nil {
+				// The session may end on its own between the read and the
+				// terminate (on a starved machine, not confirmed within its
+				// TTL): the flip happens without it.
+				if err := srv.Terminate(ctx, pid); err != nil && !strings.Contains(err.Error(), "no such backend") {
 					t.Fatalf("flip %d: terminate: %v", k, err)
 				}
 			}
