@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/pgclaim/pgclaim/internal/pgerr"
@@ -37,14 +38,14 @@ func (s *Scheduler) untaken(ctx context.Context, due []*entry, wake map[string]t
 		return err
 	})
 	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-		case pgerr.Permanent(err):
-			// A missing privilege: the looks need the same ones, and the
-			// first to fail ends Run with the fix; say it here too.
-			s.log.WarnContext(ctx, "schedule: which due schedules are taken (each is looked at instead)", "error", pgerr.Explain(err))
-		default:
-			s.log.DebugContext(ctx, "schedule: which due schedules are taken (each is looked at instead)", "error", err)
+		if ctx.Err() == nil {
+			// A missing privilege (the looks need the same ones, and the
+			// first to fail ends Run with the fix) is said at warn.
+			level := slog.LevelDebug
+			if pgerr.Permanent(err) {
+				level = slog.LevelWarn
+			}
+			s.log.Log(ctx, level, "schedule: which due schedules are taken (each is looked at instead)", "error", pgerr.Explain(err))
 		}
 		return due
 	}
