@@ -93,7 +93,9 @@ type Definition struct {
 	Name string
 	// Spec is a cron spec: five fields (minute hour day-of-month month
 	// day-of-week), or six with seconds first, or a descriptor such as
-	// "@daily" or "@every 10s". Required.
+	// "@daily" or "@hourly". Required. "@every" is refused (instants are
+	// wall-clock times): write "*/10 * * * * *" for every 10 seconds. A
+	// spec with no instant in the next 5 years ("0 9 31 2 *") is refused.
 	Spec string
 	// TimeZone is the IANA zone Spec is read in ("Europe/Berlin"). Default
 	// "UTC". Instants are stored in UTC.
@@ -245,6 +247,9 @@ func (d Definition) normalize() (Definition, *cronSpec, error) {
 			return d, nil, f("Spec", fe.msg)
 		}
 		return d, nil, f("Spec", fmt.Sprintf("%q: %s", d.Spec, strings.TrimPrefix(err.Error(), "schedule: ")))
+	}
+	if spec.never {
+		return d, nil, f("Spec", fmt.Sprintf("%q has no instant in the next 5 years: no date has its day of month in its month(s)", d.Spec))
 	}
 	if d.CatchUpCap == 0 {
 		d.CatchUpCap = defaultCatchUpCap

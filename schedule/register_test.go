@@ -190,6 +190,8 @@ func TestRegisterBadInput(t *testing.T) {
 		{func(d *Definition) { d.Spec = "" }, "Definition.Spec"},
 		{func(d *Definition) { d.Spec = "61 * * * *" }, "Definition.Spec"},
 		{func(d *Definition) { d.Spec = "every day" }, "Definition.Spec"},
+		{func(d *Definition) { d.Spec = "0 9 31 2 *" }, "Definition.Spec"},
+		{func(d *Definition) { d.Spec = "0 9 * * MON-FRU" }, "Definition.Spec"},
 		{func(d *Definition) { d.TimeZone = "Mars/Olympus" }, "Definition.TimeZone"},
 		{func(d *Definition) { d.Version = 0 }, "Definition.Version"},
 		{func(d *Definition) { d.Version = -1 }, "Definition.Version"},

@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,9 +42,11 @@ type cronSpec struct {
 // read as robfig/cron v3 reads them; weekdays are 0-6 (Sunday 0). When both
 // day-of-month and day-of-week are restricted, a day matching either runs.
 // Refused (an error wrapping ErrInvalid naming the field "Spec" or "Zone"):
-// an empty spec, a CRON_TZ=/TZ= prefix (the zone is separate), @every,
-// malformed or out-of-range fields, an empty zone, "Local" (the host's zone
-// differs between instances), an unknown zone.
+// an empty spec, a CRON_TZ=/TZ= prefix (the zone is separate), @every (the
+// error names the spec to write), malformed or out-of-range fields and
+// unknown names (the error names the field), an empty zone, "Local" (the
+// host's zone differs between instances), an unknown zone. A spec no date
+// matches parses (never is set); Definition refuses it.
 //
 // Time zones and daylight saving time: instants are computed from
 // wall-clock times in the zone and returned in UTC, and each scheduled
@@ -66,12 +69,16 @@ func parseSpec(spec, zone string) (*cronSpec, error) {
 	case strings.HasPrefix(s, "TZ=") || strings.HasPrefix(s, "CRON_TZ="):
 		return nil, invalid("Spec", fmt.Sprintf("%q: a time zone prefix is not accepted; the zone is given separately", spec))
 	case strings.HasPrefix(s, "@every"):
-		return nil, invalid("Spec", fmt.Sprintf("%q: @every is not accepted; a schedule's instants are wall-clock times (e.g. \"*/5 * * * *\")", spec))
+		return nil, invalid("Spec", fmt.Sprintf("%q: @every is not accepted: a schedule's instants are wall-clock times, the same on every instance; %s",
+			spec, everyInstead(strings.TrimSpace(strings.TrimPrefix(s, "@every")))))
 	}
 	for _, f := range strings.Fields(s) {
 		if strings.HasPrefix(f, ",") || strings.HasSuffix(f, ",") || strings.Contains(f, ",,") {
 			return nil, invalid("Spec", fmt.Sprintf("%q: empty list item in %q", spec, f))
 		}
+	}
+	if msg := checkFields(strings.Fields(s)); msg != "" {
+		return nil, invalid("Spec", fmt.Sprintf("%q: %s", spec, msg))
 	}
 	parsed, err := cronParser.Parse(s)
 	if err != nil {
@@ -92,6 +99,103 @@ func parseSpec(spec, zone string) (*cronSpec, error) {
 	}
 	c.never = !c.anyDate()
 	return c, nil
+}
+
+// everyInstead says which cron spec to write for "@every d": the one
+// naming the same wall-clock times when d divides a minute, an hour or a
+// day, else an example.
+func everyInstead(d string) string {
+	v, err := time.ParseDuration(d)
+	var spec string
+	switch {
+	case err != nil || v <= 0 || v%time.Second != 0:
+	case v < time.Minute && time.Minute%v == 0:
+		spec = fmt.Sprintf("*/%d * * * * *", v/time.Second)
+	case v < time.Hour && v%time.Minute == 0 && time.Hour%v == 0:
+		spec = fmt.Sprintf("0 */%d * * * *", v/time.Minute)
+	case v < 24*time.Hour && v%time.Hour == 0 && 24*time.Hour%v == 0:
+		spec = fmt.Sprintf("0 0 */%d * * *", v/time.Hour)
+	}
+	if spec == "" {
+		return "write the times as a cron spec, e.g. \"*/10 * * * * *\" (every 10 seconds) or \"0 */5 * * * *\" (every 5 minutes)"
+	}
+	return fmt.Sprintf("write %q", spec)
+}
+
+// cronField is one field of a cron spec: its name in errors, its range,
+// and the names it accepts (index = value), if any.
+type cronField struct {
+	name     string
+	min, max int
+	names    []string
+}
+
+var (
+	secondField = cronField{name: "second", max: 59}
+	cronFields  = []cronField{
+		{name: "minute", max: 59},
+		{name: "hour", max: 23},
+		{name: "day of month", min: 1, max: 31},
+		{name: "month", min: 1, max: 12, names: []string{"", "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"}},
+		{name: "day of week", max: 6, names: []string{"SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"}},
+	}
+)
+
+// checkFields returns what is wrong, naming the field, with a value that
+// is not a number, a name the field accepts, nor in the field's range; ""
+// when there is nothing of that kind (the parser checks the rest).
+func checkFields(fields []string) string {
+	all := cronFields
+	switch len(fields) {
+	case 5:
+	case 6:
+		all = append([]cronField{secondField}, cronFields...)
+	default:
+		return ""
+	}
+	for i, f := range fields {
+		for _, item := range strings.Split(f, ",") {
+			rng, step, _ := strings.Cut(item, "/")
+			if step != "" && strings.Trim(step, "0123456789") != "" {
+				return fmt.Sprintf("%s: step %q is not a number", all[i].name, step)
+			}
+			if rng == "*" || rng == "?" {
+				continue
+			}
+			for _, v := range strings.Split(rng, "-") {
+				if msg := all[i].check(v); msg != "" {
+					return msg
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// check returns what is wrong with v as a bound in the field, or "".
+func (c cronField) check(v string) string {
+	if v == "" {
+		return ""
+	}
+	if strings.Trim(v, "0123456789") == "" {
+		if n, err := strconv.Atoi(v); err != nil || n < c.min || n > c.max {
+			return fmt.Sprintf("%s: %s is out of range %d-%d", c.name, v, c.min, c.max)
+		}
+		return ""
+	}
+	if c.names == nil {
+		return fmt.Sprintf("%s: %q is not a number (%d-%d)", c.name, v, c.min, c.max)
+	}
+	for _, n := range c.names {
+		if n != "" && strings.EqualFold(n, v) {
+			return ""
+		}
+	}
+	kind := "month"
+	if c.name == "day of week" {
+		kind = "day"
+	}
+	return fmt.Sprintf("%s: %q is not a %s name (%s, or %d-%d)", c.name, v, kind, strings.TrimSpace(strings.Join(c.names, " ")), c.min, c.max)
 }
 
 // loadZone returns the IANA zone named zone; "" and "Local" are refused.

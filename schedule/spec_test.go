@@ -755,3 +755,43 @@ func TestPrev(t *testing.T) {
 		t.Fatalf("prev of an impossible spec: %s", p)
 	}
 }
+
+// TestSpecErrorsSayWhatToWrite: @every is refused with the cron spec to
+// write instead, a misspelled day or month name names the field and the
+// names allowed, and a spec that never fires is refused at Register
+// naming Definition.Spec.
+func TestSpecErrorsSayWhatToWrite(t *testing.T) {
+	for _, c := range []struct{ spec, want string }{
+		{"@every 10s", `"*/10 * * * * *"`},
+		{"@every 5m", `"0 */5 * * * *"`},
+		{"@every 2h", `"0 0 */2 * * *"`},
+		{"@every 7s", `"*/10 * * * * *"`},
+		{"@every", `"*/10 * * * * *"`},
+		{"0 9 * * MON-FRU", "day of week: \"FRU\" is not a day name (SUN MON TUE WED THU FRI SAT, or 0-6)"},
+		{"0 9 * * mon,tues", "day of week: \"tues\" is not a day name"},
+		{"0 0 9 * * MON-FRU", "day of week: \"FRU\""},
+		{"0 9 1 JANN *", "month: \"JANN\" is not a month name (JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC, or 1-12)"},
+		{"0 9 1 JAN-DEX/2 *", "month: \"DEX\""},
+		{"0 x * * *", "hour: \"x\" is not a number"},
+	} {
+		_, err := parseSpec(c.spec, "UTC")
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "schedule: Spec: ") ||
+			!strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "strconv") {
+			t.Errorf("parseSpec(%q): %v; want a Spec error containing %s", c.spec, err, c.want)
+		}
+	}
+	for _, spec := range []string{"0 9 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *"} {
+		d := Definition{Name: "x", Spec: spec, Version: 1}
+		_, _, err := d.normalize()
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), "schedule: Definition.Spec: ") ||
+			!strings.Contains(err.Error(), "no instant in the next 5 years") {
+			t.Errorf("normalize(%q): %v; want a Definition.Spec error saying it never fires", spec, err)
+		}
+	}
+	for _, spec := range []string{"0 0 29 2 *", "0 0 30 2 MON", "0 9 * * MON-FRI", "0 9 1 jan-dec/2 *", "0 0 9 * * sun"} {
+		d := Definition{Name: "x", Spec: spec, Version: 1}
+		if _, _, err := d.normalize(); err != nil {
+			t.Errorf("normalize(%q): %v", spec, err)
+		}
+	}
+}
