@@ -31,10 +31,12 @@ status is 1 when any check is a blocker.
   server       the server's version, and whether pgclaim supports it (13-18)
   migrations   pgclaim's migrations applied, or pending
   fence        the fencing token in force (timeline or sequence), its
-               guarantee, and whether this role can take one
+               guarantee (not across a crash with fsync or
+               synchronous_commit off, as this DSN's session has them), and
+               whether this role can take one
   sessions     whether session advisory locks and LISTEN work through this
                DSN, or a pooler in transaction mode is in between (then use
-               lease locks)
+               lease locks; claim workers poll only)
   privileges   what this role lacks of the grants 'pgclaim grants' prints
   connections  max_connections against --instances instances of
                --pool-max-conns pool connections and the dedicated sessions
@@ -206,20 +208,40 @@ func checkFence(ctx context.Context, pool *pgxpool.Pool) doctorCheck {
 		_, err := tx.Exec(ctx, "SELECT pgclaim_fence()")
 		return err
 	})
-	switch {
-	case fence == nil:
+	if fence == nil {
 		c.Verdict, c.Detail = verdictBlocker, "pgclaim_fence_mode is empty: no fence was chosen"
 		c.Hint = "run 'pgclaim migrate up' (it runs pgclaim_fence_check())"
 		return c
-	case *fence == pgclaim.FenceTimeline:
+	}
+	lossy, fix, err := fenceDurability(ctx, pool)
+	if err != nil {
+		return failed(c.Check, "reading fsync and synchronous_commit", err)
+	}
+	crash := ""
+	if lossy != "" {
+		crash = fmt.Sprintf("not unique across a crash: %s: tokens granted in the last moments before a crash can be granted again", lossy)
+	}
+	switch {
+	case *fence == pgclaim.FenceTimeline && crash == "":
 		c.Verdict = verdictOK
 		c.Detail = fmt.Sprintf("timeline (timeline %d): tokens unique and increasing across restarts and every primary promotion", *base)
+	case *fence == pgclaim.FenceTimeline:
+		c.Verdict = verdictWarn
+		c.Detail = fmt.Sprintf("timeline (timeline %d): tokens increasing across every primary promotion, but %s", *base, crash)
 	default:
 		c.Verdict = verdictWarn
 		c.Detail = fmt.Sprintf("sequence (base %d; %s): tokens unique and increasing on this server and across failovers on shared storage (Aurora), "+
 			"not across the promotion of an asynchronous streaming replica", *base, *reason)
+		if crash != "" {
+			c.Detail += ", and " + crash
+		}
 		c.Hint = "if a streaming replica of this server may be promoted, GRANT EXECUTE ON FUNCTION pg_current_wal_insert_lsn(), pg_walfile_name(pg_lsn) TO PUBLIC " +
 			"and run 'pgclaim migrate up' for the timeline fence (see docs/MANAGED.md)"
+	}
+	if fix != "" && c.Hint != "" {
+		c.Hint += ";\n  and " + fix
+	} else if fix != "" {
+		c.Hint = fix
 	}
 	if probe != nil {
 		c.Verdict = verdictBlocker
@@ -227,6 +249,52 @@ func checkFence(ctx context.Context, pool *pgxpool.Pool) doctorCheck {
 		c.Hint = ""
 	}
 	return c
+}
+
+// fenceDurability returns, when a crash can lose commits acknowledged on
+// the DSN's session (fsync or synchronous_commit off, wherever set), which
+// settings and where, and what a crash then does and the statements that
+// fix it; "" when none is off.
+func fenceDurability(ctx context.Context, pool *pgxpool.Pool) (lossy, fix string, err error) {
+	var db, role string
+	rows, err := pool.Query(ctx, `SELECT name, setting, source, current_database()::text, current_user::text
+		FROM pg_catalog.pg_settings WHERE name IN ('fsync', 'synchronous_commit') ORDER BY name`)
+	if err != nil {
+		return "", "", err
+	}
+	var off, fixes, crashes []string
+	var name, setting, source string
+	_, err = pgx.ForEachRow(rows, []any{&name, &setting, &source, &db, &role}, func() error {
+		if setting != "off" {
+			return nil
+		}
+		d, r := pgx.Identifier{db}.Sanitize(), pgx.Identifier{role}.Sanitize()
+		where, stmt := "server", fmt.Sprintf("ALTER SYSTEM SET %s = on; SELECT pg_reload_conf(); -- as a superuser, or in postgresql.conf or the service's parameters", name)
+		switch source {
+		case "database":
+			where, stmt = "set for database "+d, fmt.Sprintf("ALTER DATABASE %s RESET %s;", d, name)
+		case "user":
+			where, stmt = "set for role "+r, fmt.Sprintf("ALTER ROLE %s RESET %s;", r, name)
+		case "database user":
+			where, stmt = fmt.Sprintf("set for role %s in database %s", r, d), fmt.Sprintf("ALTER ROLE %s IN DATABASE %s RESET %s;", r, d, name)
+		case "client":
+			where, stmt = "set by the DSN's options or PGOPTIONS", "remove "+name+"=off from the DSN's options and PGOPTIONS"
+		}
+		off, fixes = append(off, fmt.Sprintf("%s=off (%s)", name, where)), append(fixes, stmt)
+		if name == "fsync" {
+			crashes = append(crashes, "of the operating system or the machine (fsync=off)")
+		} else {
+			crashes = append(crashes, "of the server (synchronous_commit=off)")
+		}
+		return nil
+	})
+	if err != nil || len(off) == 0 {
+		return "", "", err
+	}
+	fix = "a crash " + strings.Join(crashes, " or ") + " loses the last commits it acknowledged, and with them the grants of their tokens: " +
+		"the same tokens are then granted again to other claims, and a stale writer holding one passes the fence. To keep them unique, run:\n    " +
+		strings.Join(fixes, "\n    ")
+	return strings.Join(off, ", "), fix, nil
 }
 
 // checkSessions tells a direct session from a pooler's: the backend pid the
@@ -249,12 +317,13 @@ func checkSessions(ctx context.Context, pool *pgxpool.Pool) (doctorCheck, bool) 
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid2); err != nil {
 		return failed(c.Check, "reading the backend pid", err), false
 	}
+	const pollOnly = "claim workers poll only (every WorkerConfig.PollInterval)"
 	const lease = "use lease locks through it: gate.Config.LedgerOnly with gate.Lease, ElectorConfig.Mechanism LeaseRow, " +
 		"schedule.Config.LeaseLocks; or give the instances a direct DSN (session pooling or none)"
 	if announced != pid1 || pid1 != pid2 {
 		c.Verdict = verdictWarn
 		c.Detail = fmt.Sprintf("a connection pooler is in between (backend pid %d announced, %d and %d in two transactions): "+
-			"session advisory locks and LISTEN do not work through this DSN", announced, pid1, pid2)
+			"session advisory locks and LISTEN do not work through this DSN; %s", announced, pid1, pid2, pollOnly)
 		c.Hint = lease
 		return c, true
 	}
@@ -267,7 +336,7 @@ func checkSessions(ctx context.Context, pool *pgxpool.Pool) (doctorCheck, bool) 
 		return failed(c.Check, "freeing a session advisory lock", err), false
 	}
 	if !locked || !unlocked {
-		c.Verdict, c.Detail, c.Hint = verdictWarn, "a session advisory lock taken in one statement was not held in the next", lease
+		c.Verdict, c.Detail, c.Hint = verdictWarn, "a session advisory lock taken in one statement was not held in the next; "+pollOnly, lease
 		return c, true
 	}
 	channel := fmt.Sprintf("pgclaim_doctor_%d", uint32(key))
@@ -280,11 +349,11 @@ func checkSessions(ctx context.Context, pool *pgxpool.Pool) (doctorCheck, bool) 
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if _, err := conn.WaitForNotification(wctx); err != nil {
-		c.Verdict, c.Detail, c.Hint = verdictWarn, "session advisory locks work, but a notification sent on this session did not arrive within 3 s", lease
+		c.Verdict, c.Detail, c.Hint = verdictWarn, "session advisory locks work, but a notification sent on this session did not arrive within 3 s; "+pollOnly, lease
 		return c, false
 	}
 	c.Verdict = verdictOK
-	c.Detail = fmt.Sprintf("a direct session (backend pid %d): session advisory locks and LISTEN work", pid1)
+	c.Detail = fmt.Sprintf("a direct session (backend pid %d): session advisory locks and LISTEN work; claim workers wake on notification (LISTEN/NOTIFY)", pid1)
 	return c, false
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/bouncer"
@@ -43,17 +44,33 @@ func wantVerdicts(t *testing.T, r result, want map[string]string) {
 	}
 }
 
+// fenceWant is the fence verdict and detail doctor gives on db's server
+// with synchronous_commit on: the test clusters may run with fsync=off.
+func fenceWant(t *testing.T, db *pgtest.Database) (verdict, detail string) {
+	t.Helper()
+	var fsync string
+	if err := db.Pool.QueryRow(context.Background(), "SELECT current_setting('fsync')").Scan(&fsync); err != nil {
+		t.Fatal(err)
+	}
+	if fsync == "on" {
+		return "ok", "timeline (timeline 1): tokens unique and increasing across restarts and every primary promotion"
+	}
+	return "warn", "timeline (timeline 1): tokens increasing across every primary promotion, but not unique across a crash: fsync=off"
+}
+
 // TestDoctor: a migrated database reached directly as a superuser: every
-// check ok, exit 0; the same in JSON.
+// check ok (the fence's as the server's fsync says), exit 0; the same in
+// JSON.
 func TestDoctor(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDatabase(t)
+	fence, fenceDetail := fenceWant(t, db)
 	r := cli(t, "", "doctor", "--database-url", db.URL)
 	t.Logf("pgclaim doctor:\n%s", r.stdout)
 	wantCode(t, r, exitOK)
-	wantVerdicts(t, r, map[string]string{"server": "ok", "migrations": "ok", "fence": "ok", "sessions": "ok", "privileges": "ok", "connections": "ok"})
-	wantContains(t, "doctor", r.stdout, "supported (13-18)", "timeline (timeline 1): tokens unique and increasing across restarts and every primary promotion",
-		"session advisory locks and LISTEN work", "2 instances x (4 pool + 2 dedicated) = 12 connections")
+	wantVerdicts(t, r, map[string]string{"server": "ok", "migrations": "ok", "fence": fence, "sessions": "ok", "privileges": "ok", "connections": "ok"})
+	wantContains(t, "doctor", r.stdout, "supported (13-18)", fenceDetail,
+		"session advisory locks and LISTEN work; claim workers wake on notification (LISTEN/NOTIFY)", "2 instances x (4 pool + 2 dedicated) = 12 connections")
 
 	r = cli(t, "", "doctor", "--json", "--instances", "3", "--pool-max-conns", "10", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
@@ -115,8 +132,10 @@ func TestDoctorPooler(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	r := cli(t, "", "doctor", "--database-url", poolURL(pgprobe.ProxyConfig(t, db.Pool, true, nil)))
 	wantCode(t, r, exitOK)
-	wantVerdicts(t, r, map[string]string{"sessions": "warn", "fence": "ok"})
-	wantContains(t, "doctor", r.stdout, "a connection pooler is in between", "session advisory locks and LISTEN do not work through this DSN", "use lease locks")
+	fence, _ := fenceWant(t, db)
+	wantVerdicts(t, r, map[string]string{"sessions": "warn", "fence": fence})
+	wantContains(t, "doctor", r.stdout, "a connection pooler is in between", "session advisory locks and LISTEN do not work through this DSN",
+		"claim workers poll only (every WorkerConfig.PollInterval)", "use lease locks")
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -131,6 +150,36 @@ func TestDoctorPooler(t *testing.T) {
 	defer b.Stop()
 	r = cli(t, "", "doctor", "--database-url", b.URL(db.Name, "doctor"))
 	wantCode(t, r, exitOK)
-	wantVerdicts(t, r, map[string]string{"sessions": "warn", "migrations": "ok", "fence": "ok", "privileges": "ok"})
+	wantVerdicts(t, r, map[string]string{"sessions": "warn", "migrations": "ok", "fence": fence, "privileges": "ok"})
 	wantContains(t, "doctor", r.stdout, "a connection pooler is in between", "through a pooler, the server sees the pooler's connections")
+}
+
+// TestDoctorFenceDurability: synchronous_commit=off set for the database,
+// then for the role in the DSN: the fence is not reported unique across
+// restarts; doctor says what a crash does and the statement that fixes it.
+func TestDoctorFenceDurability(t *testing.T) {
+	t.Parallel()
+	db, _, app := twoRoles(t)
+	exec1(t, db, "ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" SET synchronous_commit = off")
+	r := cli(t, "", "doctor", "--database-url", app.URL)
+	wantCode(t, r, exitOK)
+	wantVerdicts(t, r, map[string]string{"fence": "warn"})
+	wantContains(t, "doctor", r.stdout, "not unique across a crash", "synchronous_commit=off (set for database",
+		"tokens granted in the last moments before a crash can be granted again",
+		"ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" RESET synchronous_commit")
+	if strings.Contains(r.stdout, "across restarts") {
+		t.Errorf("doctor reports the fence unique across restarts with synchronous_commit=off:\n%s", r)
+	}
+
+	exec1(t, db, "ALTER DATABASE "+pgx.Identifier{db.Name}.Sanitize()+" RESET synchronous_commit")
+	exec1(t, db, "ALTER ROLE "+app.Ident()+" SET synchronous_commit = off")
+	r = cli(t, "", "doctor", "--json", "--database-url", app.URL)
+	wantCode(t, r, exitOK)
+	out := decodeJSON[doctorJSON](t, r.stdout)
+	c := out.Checks[2]
+	if c.Check != "fence" || c.Verdict != "warn" {
+		t.Fatalf("fence check: %+v", c)
+	}
+	wantContains(t, "fence", c.Detail+"\n"+c.Hint, "synchronous_commit=off (set for role", "can be granted again",
+		"ALTER ROLE "+app.Ident()+" RESET synchronous_commit")
 }
