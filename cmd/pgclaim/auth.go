@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,8 +14,8 @@ import (
 	"html/template"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,20 +24,32 @@ import (
 
 // Action tokens and sessions of "pgclaim serve".
 //
-// The token is checked for strength at start-up (checkTokenStrength) and
-// compared by its SHA-256 digest in constant time, so neither its content
-// nor its length leaks through timing. Logging in with it at /login sets a
-// session cookie that is not the token: a random session id and an expiry,
-// signed with a key drawn at start-up (HMAC-SHA256), valid until it expires,
-// until /logout, or until serve restarts. Failed logins (and POSTs with a
-// wrong bearer token) are logged with the client's address and limited:
-// after loginFreeFailures failures a client waits, doubling up to
-// maxLoginBackoff, and all clients together get at most
-// globalFailuresPerMinute failures a minute.
+// The token is checked for strength at start-up (checkSecret) and compared
+// by its SHA-256 digest in constant time, so neither its content nor its
+// length leaks through timing. Logging in with it at /login sets a session
+// cookie that is not the token: a random session id and an expiry, signed
+// (HMAC-SHA256) with a key derived (HKDF-SHA256, a fixed label) from the
+// session key, or from the action token when no session key is given. Every
+// replica given the same secret verifies every other's sessions, and a
+// session outlives restarts until it expires or is logged out (on the
+// replica that served /logout); changing the secret ends them all.
+//
+// Failed logins (and POSTs with a wrong bearer token) are logged with the
+// client's address and limited per client: after loginFreeFailures
+// failures a client waits, doubling up to maxLoginBackoff. Past
+// globalFailuresPerMinute failures a minute of all clients together, a
+// client that has failed at all waits for the minute's end; a client that
+// has not failed is never refused, so no client locks out another. The
+// client is the peer's address, or, when the peer is a trusted proxy, the
+// nearest address in the forwarded header that is not one (an IPv6 client
+// is limited by its /64).
 
 const (
 	// sessionCookie carries a logged-in operator's signed session.
 	sessionCookie = "pgclaim_session"
+	// sessionKeyLabel is the HKDF info of the session signing key: the key
+	// is never the secret itself.
+	sessionKeyLabel = "pgclaim serve: session signing key v1"
 	// minTokenBits is the least strength an action token must show.
 	minTokenBits = 64
 	// loginFreeFailures is how many failed logins a client has before it
@@ -44,7 +57,11 @@ const (
 	loginFreeFailures = 5
 	// maxLoginBackoff bounds a client's wait after failed logins.
 	maxLoginBackoff = 5 * time.Minute
-	// globalFailuresPerMinute bounds the failed logins of all clients.
+	// forgetFailures is how long after its last failure a client's
+	// failures are forgotten.
+	forgetFailures = time.Hour
+	// globalFailuresPerMinute is the failed logins of all clients a minute
+	// past which any client that has failed waits for the minute's end.
 	globalFailuresPerMinute = 30
 	// maxLoginBody bounds the login form.
 	maxLoginBody = 4 << 10
@@ -52,17 +69,17 @@ const (
 	maxTrackedClients = 10_000
 )
 
-// checkTokenStrength refuses a token that is short, a repetition, or of
-// too few distinct characters: its strength is estimated as its length
-// times log2 of its number of distinct characters.
-func checkTokenStrength(tok string) error {
+// checkSecret refuses a secret (what names it) that is short, a
+// repetition, or of too few distinct characters: its strength is
+// estimated as its length times log2 of its number of distinct characters.
+func checkSecret(what, tok string) error {
 	const hint = "use at least 16 random characters, for example the output of 'openssl rand -hex 16'"
 	if len(tok) < 16 {
-		return fmt.Errorf("the action token is %d characters long: %s", len(tok), hint)
+		return fmt.Errorf("the %s is %d characters long: %s", what, len(tok), hint)
 	}
 	for p := 1; p <= len(tok)/2; p++ {
 		if len(tok)%p == 0 && strings.Repeat(tok[:p], len(tok)/p) == tok {
-			return fmt.Errorf("the action token repeats %q: %s", tok[:p], hint)
+			return fmt.Errorf("the %s repeats %q: %s", what, tok[:p], hint)
 		}
 	}
 	distinct := map[rune]bool{}
@@ -70,7 +87,7 @@ func checkTokenStrength(tok string) error {
 		distinct[r] = true
 	}
 	if bits := float64(len([]rune(tok))) * math.Log2(float64(len(distinct))); bits < minTokenBits {
-		return fmt.Errorf("the action token is too weak (%d distinct characters in %d): %s", len(distinct), len(tok), hint)
+		return fmt.Errorf("the %s is too weak (%d distinct characters in %d): %s", what, len(distinct), len(tok), hint)
 	}
 	return nil
 }
@@ -84,33 +101,60 @@ func actorOf(r *http.Request) (string, bool) {
 	return s, ok
 }
 
+// authConfig configures tokenAuth.
+type authConfig struct {
+	Token string // the action token
+	// SessionKey signs sessions; empty: the action token does.
+	SessionKey string
+	TTL        time.Duration // of a session
+	// TrustedProxies are the peers whose ClientHeader names the client;
+	// none: the peer is the client.
+	TrustedProxies []netip.Prefix
+	// ClientHeader is X-Forwarded-For (empty too) or Forwarded.
+	ClientHeader string
+}
+
 // tokenAuth authenticates the actions of "pgclaim serve".
 type tokenAuth struct {
 	digest  [sha256.Size]byte // of the action token
 	key     []byte            // signs sessions
 	ttl     time.Duration
+	proxies []netip.Prefix
+	header  string // canonical: X-Forwarded-For or Forwarded
 	log     *slog.Logger
 	now     func() time.Time
 	cop     *http.CrossOriginProtection
 	next    http.Handler
+	untrust sync.Once // warns of a forwarded header from an untrusted peer
 	mu      sync.Mutex
 	revoked map[string]time.Time // session id -> its expiry
-	clients map[string]*failures // by client address
+	clients map[string]*failures // by client (an IPv6 one by its /64)
 	window  time.Time            // start of the global minute
 	global  int                  // failures in it
 }
 
 type failures struct {
 	n     int
+	last  time.Time // of the latest failure
 	until time.Time // refused until then
 }
 
-func newTokenAuth(token string, ttl time.Duration, log *slog.Logger, next http.Handler) *tokenAuth {
-	key := make([]byte, 32)
-	_, _ = rand.Read(key) // never fails
+func newTokenAuth(cfg authConfig, log *slog.Logger, next http.Handler) *tokenAuth {
+	secret := cfg.SessionKey
+	if secret == "" {
+		secret = cfg.Token
+	}
+	key, err := hkdf.Key(sha256.New, []byte(secret), nil, sessionKeyLabel, sha256.Size)
+	if err != nil {
+		panic(err) // only for lengths past 255 hashes
+	}
+	header := http.CanonicalHeaderKey(cfg.ClientHeader)
+	if header == "" {
+		header = "X-Forwarded-For"
+	}
 	return &tokenAuth{
-		digest: sha256.Sum256([]byte(token)), key: key, ttl: ttl, log: log, now: time.Now,
-		cop: http.NewCrossOriginProtection(), next: next,
+		digest: sha256.Sum256([]byte(cfg.Token)), key: key, ttl: cfg.TTL, proxies: cfg.TrustedProxies, header: header,
+		log: log, now: time.Now, cop: http.NewCrossOriginProtection(), next: next,
 		revoked: map[string]time.Time{}, clients: map[string]*failures{},
 	}
 }
@@ -150,7 +194,7 @@ func (a *tokenAuth) session(r *http.Request) (string, time.Time, bool) {
 	expS, id, _ := strings.Cut(payload, ".")
 	sec, err := strconv.ParseInt(expS, 10, 64)
 	exp := time.Unix(sec, 0)
-	if err != nil || !a.now().Before(exp) {
+	if err != nil || !a.now().Before(exp) || len(id) < 8 {
 		return "", time.Time{}, false
 	}
 	a.mu.Lock()
@@ -167,13 +211,115 @@ func cutLast(s, sep string) (string, string, bool) {
 	return s[:i], s[i+len(sep):], true
 }
 
-// client names the request's client for the limits and the log.
-func client(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
+// trusted says whether addr is a trusted proxy.
+func (a *tokenAuth) trusted(addr netip.Addr) bool {
+	for _, p := range a.proxies {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// peer returns the address of the request's peer.
+func peer(r *http.Request) (netip.Addr, bool) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
+		return netip.Addr{}, false
+	}
+	return ap.Addr().Unmap(), true
+}
+
+// client names the request's client for the limits and the log: the peer,
+// or, when the peer is a trusted proxy, the nearest address of the
+// forwarded header that is not a trusted proxy (read right to left, as
+// each proxy appends its peer; a hop it cannot parse ends the walk at the
+// proxy that wrote it).
+func (a *tokenAuth) client(r *http.Request) string {
+	addr, ok := peer(r)
+	if !ok {
 		return r.RemoteAddr
 	}
-	return host
+	if !a.trusted(addr) {
+		if r.Header.Get(a.header) != "" {
+			a.untrust.Do(func() {
+				a.log.WarnContext(r.Context(), "pgclaim serve: requests carry "+a.header+" from a peer that is not a --trusted-proxy: the login limit counts all its clients as one; if it is your proxy, name it with --trusted-proxy", "peer", addr.String())
+			})
+		}
+		return addr.String()
+	}
+	hops := forwardedFor(r.Header.Values(a.header), a.header == "Forwarded")
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop, ok := parseHop(hops[i])
+		if !ok {
+			break
+		}
+		addr = hop
+		if !a.trusted(hop) {
+			break
+		}
+	}
+	return addr.String()
+}
+
+// forwardedFor returns the client addresses of X-Forwarded-For, or of
+// Forwarded's for= parameters, the first proxy's first.
+func forwardedFor(values []string, forwarded bool) []string {
+	var hops []string
+	for _, v := range values {
+		for _, elem := range strings.Split(v, ",") {
+			elem = strings.TrimSpace(elem)
+			if !forwarded {
+				hops = append(hops, elem)
+				continue
+			}
+			hop := "" // an element without for= names no client: unparsable
+			for _, pair := range strings.Split(elem, ";") {
+				if k, val, ok := strings.Cut(strings.TrimSpace(pair), "="); ok && strings.EqualFold(k, "for") {
+					hop = strings.Trim(val, `"`)
+				}
+			}
+			hops = append(hops, hop)
+		}
+	}
+	return hops
+}
+
+// parseHop parses a forwarded address: IP, IP:PORT, [IPv6] or [IPv6]:PORT.
+func parseHop(s string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	addr, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	if err != nil || addr.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	return addr.Unmap(), true
+}
+
+// bucket is the key of a client's failures: an IPv6 client's /64, since
+// one host commonly holds all of it.
+func bucket(c string) string {
+	if addr, err := netip.ParseAddr(c); err == nil && addr.Is6() {
+		return netip.PrefixFrom(addr, 64).Masked().String()
+	}
+	return c
+}
+
+// secure says whether the client reached serve over HTTPS: directly, or
+// through a trusted proxy that says so (X-Forwarded-Proto, or Forwarded's
+// proto=).
+func (a *tokenAuth) secure(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if addr, ok := peer(r); !ok || !a.trusted(addr) {
+		return false
+	}
+	if a.header == "Forwarded" {
+		return strings.Contains(strings.ToLower(r.Header.Get("Forwarded")), "proto=https")
+	}
+	return strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https")
 }
 
 // wait says how long the client must wait before trying again (0: not).
@@ -181,37 +327,40 @@ func (a *tokenAuth) wait(c string) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
+	f := a.clients[bucket(c)]
+	if f == nil || now.Sub(f.last) >= forgetFailures {
+		return 0 // a client that has not failed is never refused
+	}
+	var d time.Duration
+	if now.Before(f.until) {
+		d = f.until.Sub(now)
+	}
 	if now.Sub(a.window) < time.Minute && a.global >= globalFailuresPerMinute {
-		return a.window.Add(time.Minute).Sub(now)
+		d = max(d, a.window.Add(time.Minute).Sub(now))
 	}
-	if f := a.clients[c]; f != nil && now.Before(f.until) {
-		return f.until.Sub(now)
-	}
-	return 0
+	return d
 }
 
 // failed records and logs a failed attempt.
 func (a *tokenAuth) failed(r *http.Request, what string) {
-	c := client(r)
+	c := a.client(r)
 	a.mu.Lock()
 	now := a.now()
 	if now.Sub(a.window) >= time.Minute {
 		a.window, a.global = now, 0
 	}
 	a.global++
-	f := a.clients[c]
+	f := a.clients[bucket(c)]
+	if f != nil && now.Sub(f.last) >= forgetFailures {
+		*f = failures{}
+	}
 	if f == nil {
-		if len(a.clients) >= maxTrackedClients {
-			for k, v := range a.clients {
-				if now.After(v.until) {
-					delete(a.clients, k)
-				}
-			}
-		}
+		a.makeRoom(now)
 		f = &failures{}
-		a.clients[c] = f
+		a.clients[bucket(c)] = f
 	}
 	f.n++
+	f.last = now
 	if f.n >= loginFreeFailures {
 		f.until = now.Add(min(maxLoginBackoff, time.Second<<min(f.n-loginFreeFailures, 16)))
 	}
@@ -224,9 +373,32 @@ func (a *tokenAuth) failed(r *http.Request, what string) {
 	a.log.WarnContext(r.Context(), "pgclaim serve: "+what, args...)
 }
 
+// makeRoom keeps the clients tracked under maxTrackedClients: it forgets
+// those no longer refused, and then the one whose latest failure is the
+// oldest. a.mu is held.
+func (a *tokenAuth) makeRoom(now time.Time) {
+	if len(a.clients) < maxTrackedClients {
+		return
+	}
+	for k, v := range a.clients {
+		if !now.Before(v.until) && (v.n < loginFreeFailures || now.Sub(v.last) >= forgetFailures) {
+			delete(a.clients, k)
+		}
+	}
+	for len(a.clients) >= maxTrackedClients {
+		oldest := ""
+		for k, v := range a.clients {
+			if oldest == "" || v.last.Before(a.clients[oldest].last) {
+				oldest = k
+			}
+		}
+		delete(a.clients, oldest)
+	}
+}
+
 func (a *tokenAuth) succeeded(r *http.Request) {
 	a.mu.Lock()
-	delete(a.clients, client(r))
+	delete(a.clients, bucket(a.client(r)))
 	a.mu.Unlock()
 }
 
@@ -257,7 +429,7 @@ func (a *tokenAuth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id, _, ok := a.session(r); ok {
-		a.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, fmt.Sprintf("action token (session %s, %s)", id[:8], client(r)))))
+		a.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, fmt.Sprintf("action token (session %s, %s)", id[:8], a.client(r)))))
 		return
 	}
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
@@ -265,12 +437,12 @@ func (a *tokenAuth) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-		if d := a.wait(client(r)); d > 0 {
+		if d := a.wait(a.client(r)); d > 0 {
 			tooMany(w, d)
 			return
 		}
 		if a.match(bearer) {
-			a.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, "action token (bearer, "+client(r)+")")))
+			a.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, "action token (bearer, "+a.client(r)+")")))
 			return
 		}
 		a.failed(r, "wrong bearer token")
@@ -291,7 +463,7 @@ func (a *tokenAuth) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "refused: "+err.Error(), http.StatusForbidden)
 		return
 	}
-	if d := a.wait(client(r)); d > 0 {
+	if d := a.wait(a.client(r)); d > 0 {
 		tooMany(w, d)
 		return
 	}
@@ -314,8 +486,8 @@ func (a *tokenAuth) login(w http.ResponseWriter, r *http.Request) {
 	a.succeeded(r)
 	val, id, exp := a.newSession()
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: val, Path: "/", Expires: exp, MaxAge: int(a.ttl.Seconds()),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	a.log.InfoContext(r.Context(), "pgclaim serve: logged in", "client", client(r), "session", id[:8], "expires", exp.UTC().Format(time.RFC3339))
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: a.secure(r)})
+	a.log.InfoContext(r.Context(), "pgclaim serve: logged in", "client", a.client(r), "session", id[:8], "expires", exp.UTC().Format(time.RFC3339))
 	w.Header().Set("Location", "./")
 	w.WriteHeader(http.StatusSeeOther)
 }
@@ -340,9 +512,9 @@ func (a *tokenAuth) logout(w http.ResponseWriter, r *http.Request) {
 		}
 		a.revoked[id] = exp
 		a.mu.Unlock()
-		a.log.InfoContext(r.Context(), "pgclaim serve: logged out", "client", client(r), "session", id[:8])
+		a.log.InfoContext(r.Context(), "pgclaim serve: logged out", "client", a.client(r), "session", id[:8])
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: a.secure(r)})
 	w.Header().Set("Location", "./")
 	w.WriteHeader(http.StatusSeeOther)
 }

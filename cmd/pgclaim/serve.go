@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -19,8 +20,12 @@ func init() {
 	register(command{name: "serve", summary: "serve the status page (read-only unless given an action token)", run: runServe})
 }
 
-// envActionToken is read when --action-token is not given.
-const envActionToken = "PGCLAIM_ACTION_TOKEN"
+// Environment variables read when their flag is not given.
+const (
+	envActionToken    = "PGCLAIM_ACTION_TOKEN"    // --action-token
+	envSessionKey     = "PGCLAIM_SESSION_KEY"     // --session-key
+	envTrustedProxies = "PGCLAIM_TRUSTED_PROXIES" // --trusted-proxy, comma-separated
+)
 
 // maxRequestBody bounds every request's body.
 const maxRequestBody = 64 << 10
@@ -42,9 +47,17 @@ backfill and lease release are enabled for whoever logs in at /login with
 that token, and every action also carries a CSRF token. The token must be at
 least 16 random characters ('openssl rand -hex 16'); a login sets a signed
 session cookie (not the token) that expires after --session or at /logout.
-Failed logins are logged and slowed down. Actions are recorded as done by
-the session. Off loopback, serve HTTPS with --tls-cert and --tls-key (or
-put it behind a TLS proxy): without TLS the token travels in clear text.
+Sessions are signed with a key derived from --session-key (or
+` + envSessionKey + `), else from the action token: replicas given the
+same secret accept each other's sessions, a restart keeps them, and changing
+the secret ends them all (a logout ends a session on the replica that served
+it). Failed logins are logged and slowed down per client; one client's
+failures never refuse another. Behind a reverse proxy, name it with
+--trusted-proxy (or ` + envTrustedProxies + `): the client is then read
+from the header --client-ip-header names, and never from an untrusted peer's
+headers. Actions are recorded as done by the session. Off loopback, serve
+HTTPS with --tls-cert and --tls-key (or put it behind a TLS proxy): without
+TLS the token travels in clear text.
 
 --table takes NAME, or NAME:OPTION=VALUE,... with the options state,
 claimed_at, lease_until, reason (its columns, as 'pgclaim claims' takes
@@ -52,12 +65,16 @@ them), processing (the state of claimed rows) and stale_after (a duration),
 for example --table 'push_requests:reason=fail_reason,lease_until=lease_until'.`
 
 func runServe(ctx context.Context, e *env, args []string) error {
-	f := newFlags(e, "serve", "serve [--addr HOST:PORT] [--table SPEC]... [--action-token TOKEN] [--tls-cert FILE --tls-key FILE] [--database-url URL]", serveAbout)
+	f := newFlags(e, "serve", "serve [--addr HOST:PORT] [--table SPEC]... [--action-token TOKEN [--session-key SECRET]] [--trusted-proxy CIDR]... [--tls-cert FILE --tls-key FILE] [--database-url URL]", serveAbout)
 	addr := f.String("addr", defaultServeAddr, "listen on `HOST:PORT`")
 	var tables, names stringList
 	f.Var(&tables, "table", "show the claimed table `SPEC` (repeatable; see above)")
 	f.Var(&names, "name", "also resolve the advisory locks of the job or election called `NAME` (repeatable)")
 	token := f.String("action-token", "", "enable actions for those who log in with `TOKEN` (default: $"+envActionToken+")")
+	sessionKey := f.String("session-key", "", "sign sessions with a key derived from `SECRET`, the same on every replica (default: $"+envSessionKey+", else the action token)")
+	var proxies stringList
+	f.Var(&proxies, "trusted-proxy", "read the client's address from --client-ip-header of requests from `CIDR` (repeatable or comma-separated; default: $"+envTrustedProxies+"; none: the peer is the client)")
+	clientHeader := f.String("client-ip-header", "X-Forwarded-For", "the `HEADER` in which a trusted proxy names the client: X-Forwarded-For or Forwarded")
 	grace := graceFlag(f)
 	refresh := f.Duration("refresh", 5*time.Second, "the page reloads itself every `DURATION`")
 	sessionTTL := f.Duration("session", 8*time.Hour, "a login lasts `DURATION` (or until logging out)")
@@ -80,9 +97,30 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		*token = e.getenv(envActionToken)
 	}
 	if *token != "" {
-		if err := checkTokenStrength(*token); err != nil {
+		if err := checkSecret("action token", *token); err != nil {
 			return usagef("%v", err)
 		}
+	}
+	if *sessionKey == "" {
+		*sessionKey = e.getenv(envSessionKey)
+	}
+	if *sessionKey != "" {
+		if *token == "" {
+			return usagef("--session-key signs the sessions of an action token: give --action-token too")
+		}
+		if err := checkSecret("session key", *sessionKey); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if len(proxies) == 0 && e.getenv(envTrustedProxies) != "" {
+		proxies = stringList{e.getenv(envTrustedProxies)}
+	}
+	trusted, err := parseProxies(proxies)
+	if err != nil {
+		return err
+	}
+	if h := http.CanonicalHeaderKey(*clientHeader); h != "X-Forwarded-For" && h != "Forwarded" {
+		return usagef("--client-ip-header %q: want X-Forwarded-For or Forwarded", *clientHeader)
 	}
 	if *sessionTTL <= 0 {
 		return usagef("--session must be positive, got %v", *sessionTTL)
@@ -133,7 +171,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	var handler http.Handler = h
 	if *token != "" {
-		handler = newTokenAuth(*token, *sessionTTL, log, h)
+		handler = newTokenAuth(authConfig{Token: *token, SessionKey: *sessionKey, TTL: *sessionTTL, TrustedProxies: trusted, ClientHeader: *clientHeader}, log, h)
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -182,6 +220,32 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return failf("", "shutting down: %v", err)
 	}
 	return nil
+}
+
+// parseProxies parses --trusted-proxy: CIDRs or addresses, comma-separated.
+func parseProxies(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, l := range list {
+		for _, s := range strings.Split(l, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				a, aerr := netip.ParseAddr(s)
+				if aerr != nil {
+					return nil, usagef("--trusted-proxy %q: not a CIDR (10.0.0.0/8) or an address", s)
+				}
+				p = netip.PrefixFrom(a, a.BitLen())
+			}
+			if p.Addr().Is4In6() { // as addresses are compared: unmapped
+				p = netip.PrefixFrom(p.Addr().Unmap(), max(0, p.Bits()-96))
+			}
+			out = append(out, p.Masked())
+		}
+	}
+	return out, nil
 }
 
 // parseTableSpec parses --table's NAME[:OPTION=VALUE,...].

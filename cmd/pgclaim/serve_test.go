@@ -92,22 +92,33 @@ func TestServeUsage(t *testing.T) {
 		{"serve", "--table", "t:color=red"},
 		{"serve", "--table", "t:stale_after=-1h"},
 		{"serve", "extra"},
+		{"serve", "--session-key", "9f86d081884c7d659a2feaa0c55ad015"},
+		{"serve", "--action-token", "correct-horse-battery-staple", "--session-key", "short"},
+		{"serve", "--trusted-proxy", "10.0.0.0/33"},
+		{"serve", "--trusted-proxy", "proxy.example"},
+		{"serve", "--client-ip-header", "X-Real-IP"},
 	} {
 		r := cliEnv(t, strings.NewReader(""), map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}, args...)
 		wantCode(t, r, 2)
 	}
 }
 
-func TestServe(t *testing.T) {
+// reportDB returns a database with a schedule "report" registered.
+func reportDB(t *testing.T) *pgtest.Database {
+	t.Helper()
 	db := pgtest.NewDatabase(t)
-	ctx := context.Background()
 	s, err := schedule.New(db.Pool, schedule.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Register(ctx, schedule.Definition{Name: "report", Spec: "0 6 * * *", Version: 1}, func(context.Context, schedule.Run) error { return nil }); err != nil {
+	if err := s.Register(context.Background(), schedule.Definition{Name: "report", Spec: "0 6 * * *", Version: 1}, func(context.Context, schedule.Run) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
+	return db
+}
+
+func TestServe(t *testing.T) {
+	db := reportDB(t)
 	exec1(t, db, `CREATE TABLE jobs (id int PRIMARY KEY, status text, claimed_at timestamptz, why text)`)
 
 	t.Run("read-only", func(t *testing.T) {
@@ -260,17 +271,27 @@ func postForm(t *testing.T, c *http.Client, u string, form url.Values) int {
 // csrfOf returns the CSRF token of the page as c sees it.
 func csrfOf(t *testing.T, c *http.Client, base string) string {
 	t.Helper()
+	tok, page := pageCSRF(t, c, base)
+	if tok == "" {
+		t.Fatalf("no CSRF token on the page:\n%s", page)
+	}
+	return tok
+}
+
+// pageCSRF returns the CSRF token of the page as c sees it ("" if it shows
+// none: only to a logged-in session) and the page.
+func pageCSRF(t *testing.T, c *http.Client, base string) (string, []byte) {
+	t.Helper()
 	resp, err := c.Get(base + "schedules")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("no CSRF token on the page:\n%s", b)
+	if m := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindSubmatch(b); m != nil {
+		return string(m[1]), b
 	}
-	return string(m[1])
+	return "", b
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key.
