@@ -93,30 +93,38 @@ func checkIdent(field, s string) error {
 
 func quote(s string) string { return pgx.Identifier{s}.Sanitize() }
 
-func (t Table) validate() (*table, error) {
-	v := &table{spec: t}
-	if t.Name == "" {
-		return nil, invalid("Table.Name", "must not be empty")
+// parseName splits a table name given as field, "table" or "schema.table",
+// and returns its parts and its quoted, possibly qualified name.
+func parseName(field, full string) (schema, name, qname string, err error) {
+	if full == "" {
+		return "", "", "", invalid(field, "must not be empty")
 	}
-	parts := strings.Split(t.Name, ".")
+	parts := strings.Split(full, ".")
 	switch len(parts) {
 	case 1:
-		v.name = parts[0]
+		name = parts[0]
 	case 2:
-		v.schema, v.name = parts[0], parts[1]
-		if err := checkIdent("Table.Name (schema)", v.schema); err != nil {
-			return nil, err
+		schema, name = parts[0], parts[1]
+		if err := checkIdent(field+" (schema)", schema); err != nil {
+			return "", "", "", err
 		}
 	default:
-		return nil, invalid("Table.Name", fmt.Sprintf("%q has more than one '.'; want \"table\" or \"schema.table\"", t.Name))
+		return "", "", "", invalid(field, fmt.Sprintf("%q has more than one '.'; want \"table\" or \"schema.table\"", full))
 	}
-	if err := checkIdent("Table.Name", v.name); err != nil {
+	if err := checkIdent(field, name); err != nil {
+		return "", "", "", err
+	}
+	if schema != "" {
+		return schema, name, pgx.Identifier{schema, name}.Sanitize(), nil
+	}
+	return "", name, quote(name), nil
+}
+
+func (t Table) validate() (*table, error) {
+	v := &table{spec: t}
+	var err error
+	if v.schema, v.name, v.qname, err = parseName("Table.Name", t.Name); err != nil {
 		return nil, err
-	}
-	if v.schema != "" {
-		v.qname = pgx.Identifier{v.schema, v.name}.Sanitize()
-	} else {
-		v.qname = quote(v.name)
 	}
 
 	cols := []struct {

@@ -78,8 +78,19 @@ type WorkerConfig[K any] struct {
 	// Concurrency plus two (claims and heartbeats).
 	Concurrency int
 	// PollInterval is how long the worker waits after finding nothing to
-	// claim (default 1s).
+	// claim, unless it is woken earlier (default 1s). On a *pgxpool.Pool
+	// the worker listens for announcements of claimable rows (the trigger
+	// pgclaim_notify_on attaches to the table, or Notify) and claims the
+	// moment one arrives; the poll is the safety net that finds rows whose
+	// announcement was lost, or written without one. It also wakes when a
+	// row it sent back with a Retry.Backoff becomes claimable.
 	PollInterval time.Duration
+	// PollOnly keeps the worker from listening: it finds rows by its poll
+	// alone. Listening costs no connection of its own (one per pool and
+	// process, shared with every Worker and Scheduler on the pool); behind
+	// a connection pooler in transaction mode, where LISTEN cannot work,
+	// the worker polls anyway and says so once. Default false.
+	PollOnly bool
 	// StopTimeout is how long in-flight work may continue after the
 	// worker's context is cancelled before its own context is cancelled
 	// (0: wait for it to finish). Work ended by that cancellation is
@@ -264,6 +275,9 @@ type run[K any] struct {
 	stop  context.CancelFunc
 	held  map[*entry[K]]struct{}
 	freed chan struct{} // a slot was freed (for Drain's polling)
+	// retries wakes the run when rows it sent back with a backoff become
+	// claimable.
+	retries *retryClock
 }
 
 // fail records err, a failure that cannot go away, as the run's result (the
@@ -337,6 +351,24 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 		<-hbDone
 	}()
 
+	// Wake-ups: announcements of claimable rows (sub, nil when polling
+	// only) and the moments rows this run sent back become claimable.
+	woken := make(chan struct{}, 1)
+	r.retries = &retryClock{wake: func() {
+		select {
+		case woken <- struct{}{}:
+		default:
+		}
+	}}
+	defer r.retries.stop()
+	sub, announced := w.subscribe(ctx)
+	var heard <-chan struct{}
+	if sub != nil {
+		defer sub.Close()
+		heard = sub.Wake()
+	}
+	toldMode := sub == nil
+
 	sem := make(chan struct{}, w.cfg.Concurrency)
 	var wg sync.WaitGroup
 	inflight := func() int { return len(sem) }
@@ -347,10 +379,19 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 		if onFreed {
 			freed = r.freed
 		}
+		if sub != nil {
+			sub.Idle(true)
+			defer sub.Idle(false)
+		}
 		select {
 		case <-ctx.Done():
 		case <-t.C:
 		case <-freed:
+		case <-heard:
+		case <-woken:
+		}
+		if !toldMode {
+			toldMode = w.tellMode(ctx, sub, announced)
 		}
 	}
 
@@ -401,6 +442,9 @@ loop:
 			}
 			wait(w.cfg.PollInterval, drain)
 			continue
+		}
+		if sub != nil && len(cls) == w.cfg.BatchSize {
+			sub.Relay() // more may wait: another idle worker of the table claims too
 		}
 		es := make([]*entry[K], len(cls))
 		r.mu.Lock()
@@ -570,6 +614,9 @@ func (r *run[K]) process(e *entry[K]) {
 	field := "WorkerConfig.Failed"
 	if retry {
 		field = "WorkerConfig.Retry.State"
+	}
+	if err == nil && retry && retryIn > 0 {
+		r.retries.add(retryIn)
 	}
 	r.settle(cctx, e, err, field, state, func(s *Stats) {
 		if retry {

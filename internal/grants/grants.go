@@ -50,6 +50,9 @@ var Objects = []Object{
 	{Function, "pgclaim_fence()", "EXECUTE", "a fencing token for every grant"},
 	{Function, "pgclaim_raise(text, text)", "EXECUTE", "undoes a tick's claim from inside its statement"},
 	{Function, "pgclaim_fence_check()", "EXECUTE", "Migrate at start-up: choose the fence the server allows"},
+	{Function, "pgclaim_notify_claimable()", "EXECUTE", "the trigger that announces claimable rows (runs as the writer)"},
+	{Function, "pgclaim_notify_on(regclass, name, text)", "EXECUTE", "attaches that trigger (the table's owner, in its migration)"},
+	{Function, "pgclaim_notify_off(regclass, name, text)", "EXECUTE", "detaches it"},
 }
 
 // Statements returns the GRANT statements that give role what it needs on

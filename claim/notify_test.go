@@ -1,0 +1,370 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/internal/listen"
+	"github.com/pgclaim/pgclaim/internal/roletest"
+)
+
+// never is a poll interval no test outlives: a worker polling at it finds
+// rows only when it is woken.
+const never = time.Hour
+
+// listener opens a connection listening on the jobs table's channel.
+func listener(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
+	t.Helper()
+	ctx := testCtx(t)
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pc.Hijack()
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	var ch string
+	if err := c.QueryRow(ctx, "SELECT 'pgclaim_claim_' || 'jobs'::regclass::oid").Scan(&ch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// heard returns the payloads c receives within d.
+func heard(t *testing.T, c *pgx.Conn, d time.Duration) []string {
+	t.Helper()
+	var out []string
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		n, err := c.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			return out
+		}
+		out = append(out, n.Payload)
+	}
+}
+
+// TestNotifyTrigger: the trigger sends one notification per statement that
+// puts rows in the state, whatever the number of rows; none for a statement
+// that takes rows out or leaves them, none for a rolled-back one.
+func TestNotifyTrigger(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	pool := db.Pool
+	createJobs(t, pool, "bigint", 0)
+	mustExec(t, pool, `SELECT pgclaim_notify_on('jobs'::regclass, 'state', 'PAUSED')`)
+	l := listener(t, pool)
+	quiet := 300 * time.Millisecond
+
+	mustExec(t, pool, `INSERT INTO jobs (id, state) SELECT g, 'PAUSED' FROM generate_series(1, 10000) g`)
+	if got := heard(t, l, quiet); len(got) != 1 || got[0] != "PAUSED" {
+		t.Fatalf("a 10,000-row INSERT: heard %q, want one PAUSED", got)
+	}
+	mustExec(t, pool, `UPDATE jobs SET state = 'PROCESSING' WHERE id <= 100`)
+	mustExec(t, pool, `UPDATE jobs SET attempts = attempts + 1 WHERE state = 'PAUSED'`)
+	mustExec(t, pool, `INSERT INTO jobs (id, state) VALUES (20001, 'DONE')`)
+	if got := heard(t, l, quiet); len(got) != 0 {
+		t.Fatalf("statements that put no row in PAUSED: heard %q", got)
+	}
+	mustExec(t, pool, `UPDATE jobs SET state = 'PAUSED' WHERE id <= 100`)
+	if got := heard(t, l, quiet); len(got) != 1 {
+		t.Fatalf("an UPDATE back to PAUSED: heard %q, want one", got)
+	}
+	ctx := testCtx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, state) VALUES (30001, 'PAUSED')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Notify(ctx, tx, "jobs", "PAUSED"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := heard(t, l, quiet); len(got) != 0 {
+		t.Fatalf("a rolled-back INSERT and Notify: heard %q", got)
+	}
+
+	// Detached: nothing more.
+	var dropped bool
+	if err := pool.QueryRow(ctx, `SELECT pgclaim_notify_off('jobs'::regclass, 'state', 'PAUSED')`).Scan(&dropped); err != nil || !dropped {
+		t.Fatalf("pgclaim_notify_off: %v, %v", dropped, err)
+	}
+	mustExec(t, pool, `INSERT INTO jobs (id, state) VALUES (40001, 'PAUSED')`)
+	if got := heard(t, l, quiet); len(got) != 0 {
+		t.Fatalf("after pgclaim_notify_off: heard %q", got)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pgclaim_notify_off('jobs'::regclass, 'state', 'PAUSED')`).Scan(&dropped); err != nil || dropped {
+		t.Fatalf("pgclaim_notify_off again: %v, %v", dropped, err)
+	}
+}
+
+// TestNotifyOnRefusesBadInput: a view, a missing column, a value the
+// column's type refuses each fail at attach time with an error naming it;
+// the table's owner, not a superuser, attaches it to an enum column.
+func TestNotifyOnRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	owner := roletest.New(t, db, `GRANT CREATE ON SCHEMA public TO ROLE`)
+	ctx := testCtx(t)
+	mustExec(t, owner.Pool, `CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE')`)
+	mustExec(t, owner.Pool, `CREATE TABLE items (id bigint PRIMARY KEY, status job_state NOT NULL)`)
+	mustExec(t, owner.Pool, `CREATE VIEW items_v AS SELECT * FROM items`)
+	for _, c := range []struct{ sql, want string }{
+		{`SELECT pgclaim_notify_on('items_v'::regclass, 'status', 'PAUSED')`, "is not a table"},
+		{`SELECT pgclaim_notify_on('items'::regclass, 'state', 'PAUSED')`, `has no column state`},
+		{`SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSD')`, `'PAUSD' is not a value of column items.status (type job_state)`},
+		{`SELECT pgclaim_notify_on('items'::regclass, 'status', NULL)`, "must not be null"},
+	} {
+		_, err := owner.Pool.Exec(ctx, c.sql)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Message, c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.sql, err, c.want)
+		}
+	}
+	mustExec(t, owner.Pool, `SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSED')`)
+	mustExec(t, owner.Pool, `SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSED')`) // again: replaces
+	if n := count(t, owner.Pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'items'::regclass AND NOT tgisinternal`); n != 2 {
+		t.Fatalf("%d triggers after attaching twice, want 2", n)
+	}
+	if err := Notify(ctx, owner.Pool, "nosuch", "PAUSED"); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Fatalf("Notify on a missing table: %v", err)
+	}
+	if err := Notify(ctx, owner.Pool, "items", ""); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Notify without a state: %v", err)
+	}
+}
+
+// wakeWorker runs a worker on the jobs table that polls at never, and
+// returns the channel each worked row's id is sent on.
+func wakeWorker(t *testing.T, pool *pgxpool.Pool, cfg WorkerConfig[int64]) <-chan int64 {
+	t.Helper()
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: 10 * time.Second, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worked := make(chan int64, 1000)
+	work := cfg.Work
+	cfg.Work = func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
+		if work != nil {
+			if err := work(ctx, tx, cl); err != nil {
+				return err
+			}
+		}
+		worked <- cl.Key
+		return nil
+	}
+	cfg.Done, cfg.Failed, cfg.BatchSize, cfg.PollInterval = "DONE", "FAILED", 10, never
+	w, err := NewWorker(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return worked
+}
+
+// expectWorked waits for the ids to be worked, in any order.
+func expectWorked(t *testing.T, worked <-chan int64, what string, ids ...int64) {
+	t.Helper()
+	want := map[int64]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	timeout := time.After(20 * time.Second)
+	for len(want) > 0 {
+		select {
+		case id := <-worked:
+			delete(want, id)
+		case <-timeout:
+			t.Fatalf("%s: rows %v not worked within 20 s (the worker polls every hour: only a wake-up finds them)", what, want)
+		}
+	}
+}
+
+// TestWorkerWakes: a worker whose poll never comes claims a row the moment
+// the trigger announces it, or claim.Notify at its transaction's commit.
+func TestWorkerWakes(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	pool := db.Pool
+	createJobs(t, pool, "bigint", 0)
+	worked := wakeWorker(t, pool, WorkerConfig[int64]{})
+	time.Sleep(500 * time.Millisecond) // the worker's first claim has found nothing
+
+	// Without the trigger, an INSERT is not heard; Notify in the
+	// writer's transaction is.
+	ctx := testCtx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (id, state) VALUES (1, 'PAUSED')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Notify(ctx, tx, "jobs", "PAUSED"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectWorked(t, worked, "claim.Notify", 1)
+
+	mustExec(t, pool, `SELECT pgclaim_notify_on('jobs'::regclass, 'state', 'PAUSED')`)
+	for i := int64(2); i <= 6; i++ {
+		mustExec(t, pool, `INSERT INTO jobs (id, state) VALUES ($1, 'PAUSED')`, i)
+		expectWorked(t, worked, "the trigger", i)
+	}
+	// A big statement drains in batches: the worker claims again while
+	// it finds full batches.
+	mustExec(t, pool, `INSERT INTO jobs (id, state) SELECT g, 'PAUSED' FROM generate_series(100, 149) g`)
+	var ids []int64
+	for i := int64(100); i < 150; i++ {
+		ids = append(ids, i)
+	}
+	expectWorked(t, worked, "50 rows in one statement", ids...)
+}
+
+// TestWorkerWakesForRetry: a row sent back with a backoff is claimed again
+// when its backoff ends, not at the next poll.
+func TestWorkerWakesForRetry(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	pool := db.Pool
+	createJobs(t, pool, "bigint", 0)
+	mustExec(t, pool, `ALTER TABLE jobs ADD COLUMN retry_at timestamptz`)
+	var failed atomic.Int32
+	tbl := jobsTable
+	tbl.RetryAt = "retry_at"
+	c, err := New[int64](pool, tbl, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worked := make(chan int64, 10)
+	w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: never,
+		Retry: RetryPolicy{State: "PAUSED", MaxAttempts: 3, Backoff: 300 * time.Millisecond},
+		Work: func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
+			if cl.Attempts == 1 {
+				failed.Add(1)
+				return errors.New("first attempt fails")
+			}
+			worked <- cl.Key
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, `INSERT INTO jobs (id, state) VALUES (1, 'PAUSED')`)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	expectWorked(t, worked, "a retry after its backoff", 1)
+	if failed.Load() != 1 {
+		t.Fatalf("%d failed attempts, want 1", failed.Load())
+	}
+}
+
+// TestWorkerListenerTerminated: the listening session's backend is
+// terminated while rows arrive; the worker's process reconnects and claims
+// at once, so every row is worked without a poll.
+func TestWorkerListenerTerminated(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	pool := db.Pool
+	createJobs(t, pool, "bigint", 0)
+	mustExec(t, pool, `SELECT pgclaim_notify_on('jobs'::regclass, 'state', 'PAUSED')`)
+	worked := wakeWorker(t, pool, WorkerConfig[int64]{})
+	ctx := testCtx(t)
+	listenerPid := func() int {
+		var pid int
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, listen.ApplicationName).Scan(&pid)
+			if err == nil {
+				return pid
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatal("no listening session")
+		return 0
+	}
+	var ids []int64
+	for round := int64(0); round < 3; round++ {
+		pid := listenerPid()
+		mustExec(t, pool, `SELECT pg_terminate_backend($1)`, pid)
+		// Rows written while the listener is down: nobody hears them.
+		for i := round*10 + 1; i <= round*10+5; i++ {
+			mustExec(t, pool, `INSERT INTO jobs (id, state) VALUES ($1, 'PAUSED')`, i)
+			ids = append(ids, i)
+		}
+		expectWorked(t, worked, fmt.Sprintf("round %d, after the listener's backend was terminated", round), ids[len(ids)-5:]...)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM jobs WHERE state <> 'DONE'`); n != 0 {
+		t.Fatalf("%d rows not done", n)
+	}
+}
+
+// TestListenerShared: every worker of a pool shares one listening session,
+// whatever the number of workers and tables.
+func TestListenerShared(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	pool := db.Pool
+	createJobs(t, pool, "bigint", 0)
+	mustExec(t, pool, `CREATE TABLE other (LIKE jobs INCLUDING ALL)`)
+	for i := 0; i < 3; i++ {
+		_ = wakeWorker(t, pool, WorkerConfig[int64]{})
+	}
+	other := jobsTable
+	other.Name = "other"
+	c, err := New[int64](pool, other, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: never,
+		Work: func(context.Context, pgx.Tx, Claim[int64]) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// The fourth worker's table is heard: the one session listens on both.
+	mustExec(t, pool, `SELECT pgclaim_notify_on('other'::regclass, 'state', 'PAUSED')`)
+	time.Sleep(300 * time.Millisecond)
+	mustExec(t, pool, `INSERT INTO other (id, state) VALUES (1, 'PAUSED')`)
+	deadline := time.Now().Add(20 * time.Second)
+	for count(t, pool, `SELECT count(*) FROM other WHERE state = 'DONE'`) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the row of the second table was not worked within 20 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sessions := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
+	if n := count(t, pool, sessions, listen.ApplicationName); n != 1 {
+		t.Fatalf("%d listening sessions for four workers on two tables, want 1", n)
+	}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
