@@ -74,14 +74,18 @@ func (c *Claimer[K]) verify(ctx context.Context, extra verifySpec) error {
 // worker's Done, Failed and Retry.State states are allowed by the state column
 // (its enum labels and its CHECK constraints of the forms
 // "col IN (...)", "col = ANY (ARRAY[...])", "col = '...'" and OR or AND
-// combinations of them; a constraint of another form is not checked). Any
-// problem is an error matching ErrInvalid naming the field. When all that
-// holds, it returns a warning matching ErrMissingIndex if no valid partial
-// index restricted to Config.From exists (batch claims need it), and nil
-// otherwise. NewWorker calls it unless WorkerConfig.SkipVerify is set.
+// combinations of them; a constraint of another form is not checked), and
+// that the role has the privileges a claim needs: SELECT and UPDATE on the
+// table's configured columns (or the whole table), and, with Table.Fence,
+// USAGE on pgclaim_fence_seq and EXECUTE on pgclaim_fence(). Any problem is
+// an error matching ErrInvalid naming the field (a missing privilege: with
+// the GRANT that fixes it). When all that holds, it returns a warning
+// matching ErrMissingIndex if no valid partial index restricted to
+// Config.From exists (batch claims need it), and nil otherwise. NewWorker
+// calls it unless WorkerConfig.SkipVerify is set.
 func (w *Worker[K]) Verify(ctx context.Context) error {
 	t := w.c.c.t
-	return w.c.verify(ctx, verifySpec{
+	return withPrivileges(ctx, w.c.db, t, true, w.c.verify(ctx, verifySpec{
 		states: []stateRef{
 			{"WorkerConfig.Done", w.cfg.Done},
 			{"WorkerConfig.Failed", w.cfg.Failed},
@@ -89,7 +93,7 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 		},
 		indexed: []indexNeed{{stateRef: stateRef{"Config.From", w.c.c.from}, by: "batch claims", cols: t.key,
 			note: " (index the Config.Order columns)"}},
-	})
+	}))
 }
 
 // Verify checks the table against its spec like Claimer.Verify, and that
@@ -99,22 +103,95 @@ func (w *Worker[K]) Verify(ctx context.Context) error {
 // it). Any problem is an error matching ErrInvalid naming the field. When
 // all that holds, it returns a warning matching ErrMissingIndex if no valid
 // partial index restricted to Config.To exists (sweeps select through it),
-// and nil otherwise. NewSweeper calls it unless SweeperConfig.SkipVerify is
-// set.
+// and nil otherwise. It checks the privileges on the table as
+// Worker.Verify does (a sweep takes no fencing token). NewSweeper calls it
+// unless SweeperConfig.SkipVerify is set.
 func (s *Sweeper[K]) Verify(ctx context.Context) error {
 	t := s.c.c.t
 	hint := t.claimedAt
 	if t.leaseUntil != "" && s.cfg.StaleAfter == 0 {
 		hint = t.leaseUntil
 	}
-	return s.c.c.t.verify(ctx, s.c.db, verifySpec{
+	return withPrivileges(ctx, s.c.db, t, false, s.c.c.t.verify(ctx, s.c.db, verifySpec{
 		states: []stateRef{
 			{"Config.To", s.c.c.to},
 			{"SweeperConfig.Failed", s.cfg.Failed},
 			{"SweeperConfig.Retry.State", s.cfg.Retry.State},
 		},
 		indexed: []indexNeed{{stateRef: stateRef{"Config.To", s.c.c.to}, by: "sweeps", cols: hint}},
-	})
+	}))
+}
+
+// withPrivileges returns err, the table's verification, unless it found
+// nothing wrong (nil, or only missing indexes): then what the role lacks of
+// the privileges on the table and, with fence, on the fence, if anything,
+// else err.
+func withPrivileges(ctx context.Context, db DBTX, t *table, fence bool, err error) error {
+	if err != nil && !errors.Is(err, ErrMissingIndex) || errors.Is(err, ErrInvalid) {
+		return err
+	}
+	if perr := t.verifyPrivileges(ctx, db, fence); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// verifyPrivileges asks the catalog whether the current role may do what
+// claims, finishes and sweeps do: SELECT the configured columns, UPDATE
+// all but the key and, with fence, take a token (USAGE on the sequence,
+// EXECUTE on the function). It returns one error per missing privilege,
+// naming the GRANT that fixes it.
+func (v *table) verifyPrivileges(ctx context.Context, db DBTX, fence bool) error {
+	s := v.spec
+	var cols []string
+	for _, c := range []string{s.Key, s.State, s.ClaimedAt, s.ClaimedBy, s.Fence, s.LeaseUntil, s.Attempts, s.RetryAt, s.Reason} {
+		if c != "" {
+			cols = append(cols, c)
+		}
+	}
+	seq, fn := v.pgclaim.Object("pgclaim_fence_seq"), v.pgclaim.Object("pgclaim_fence()")
+	var role string
+	var noSelect, noUpdate []string
+	var seqOK, fnOK bool
+	err := db.QueryRow(ctx, `
+SELECT current_user::text,
+       ARRAY(SELECT c FROM unnest($2::text[]) WITH ORDINALITY u(c, i) WHERE NOT has_column_privilege($1::text, c, 'SELECT') ORDER BY i),
+       ARRAY(SELECT c FROM unnest($2::text[]) WITH ORDINALITY u(c, i) WHERE i > 1 AND NOT has_column_privilege($1::text, c, 'UPDATE') ORDER BY i),
+       CASE WHEN $3::bool THEN has_sequence_privilege($4::text, 'USAGE') OR has_sequence_privilege($4::text, 'UPDATE') ELSE true END,
+       CASE WHEN $3::bool THEN has_function_privilege($5::text, 'EXECUTE') ELSE true END`,
+		v.qname, cols, fence && s.Fence != "", seq, fn).Scan(&role, &noSelect, &noUpdate, &seqOK, &fnOK)
+	if err != nil {
+		return fmt.Errorf("claim: Verify: privileges: %w", err)
+	}
+	r := quote(role)
+	var errs []error
+	lacks := func(priv string, missing []string, all int) {
+		if len(missing) == 0 {
+			return
+		}
+		what, grant := "table "+v.qname, priv
+		if len(missing) < all {
+			what = "columns " + strings.Join(missing, ", ") + " of table " + v.qname
+			quoted := make([]string, len(missing))
+			for i, c := range missing {
+				quoted[i] = quote(c)
+			}
+			grant += " (" + strings.Join(quoted, ", ") + ")"
+		}
+		errs = append(errs, invalid("Table.Name", fmt.Sprintf("role %s lacks %s on %s, which claims need; grant it with: GRANT %s ON TABLE %s TO %s",
+			r, priv, what, grant, v.qname, r)))
+	}
+	lacks("SELECT", noSelect, len(cols))
+	lacks("UPDATE", noUpdate, len(cols)-1)
+	if !seqOK {
+		errs = append(errs, invalid("Table.Fence", fmt.Sprintf("role %s lacks USAGE on sequence %s, from which each claim takes its fencing token; grant it with: GRANT USAGE, SELECT ON SEQUENCE %s TO %s",
+			r, seq, seq, r)))
+	}
+	if !fnOK {
+		errs = append(errs, invalid("Table.Fence", fmt.Sprintf("role %s lacks EXECUTE on function %s, which gives each claim its fencing token; grant it with: GRANT EXECUTE ON FUNCTION %s TO %s",
+			r, fn, fn, r)))
+	}
+	return errors.Join(errs...)
 }
 
 // verifyOnNew runs verify for a constructor and returns what it found

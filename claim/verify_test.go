@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim/internal/roletest"
 )
 
 // stateTable creates table jobs like createJobs (no rows) but with the given
@@ -539,5 +541,52 @@ func TestVerifyUnreachable(t *testing.T) {
 	}
 	if got := strings.Count(buf.String(), "could not verify the table and states"); got != 2 {
 		t.Fatalf("logs %q; want two warnings", buf.String())
+	}
+}
+
+// TestVerifyPrivileges: a role with only SELECT on the table passes no
+// longer: NewWorker fails naming UPDATE on the table and USAGE on the fence
+// sequence, with the GRANTs that fix them, found from the catalog. With
+// column grants covering what a claim touches, it passes, and the claim it
+// promised works.
+func TestVerifyPrivileges(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 1)
+	app := roletest.New(t, db, "GRANT SELECT ON jobs TO ROLE")
+	c, err := New[int64](app.Pool, jobsTable, pausedOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewWorker(c, okWorker())
+	wantInvalid(t, "NewWorker as a SELECT-only role", err, "Table.Name", `lacks UPDATE on table "jobs"`,
+		`GRANT UPDATE ON TABLE "jobs" TO `+app.Ident(), "Table.Fence", "lacks USAGE on sequence pgclaim_fence_seq",
+		"GRANT USAGE, SELECT ON SEQUENCE pgclaim_fence_seq TO "+app.Ident())
+	sw, err := NewSweeper(c, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10, SkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sw.Verify(ctx)
+	wantInvalid(t, "Sweeper.Verify as a SELECT-only role", err, `lacks UPDATE on table "jobs"`)
+	if strings.Contains(err.Error(), "sequence") {
+		t.Errorf("Sweeper.Verify = %v; a sweep takes no token", err)
+	}
+
+	if err := app.Grant(ctx, "GRANT UPDATE (state, claimed_at) ON jobs TO ROLE", "GRANT USAGE ON SEQUENCE pgclaim_fence_seq TO ROLE"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewWorker(c, okWorker())
+	wantInvalid(t, "NewWorker with UPDATE on two columns", err, `lacks UPDATE on columns claimed_by, fence, lease_until, attempts of table "jobs"`,
+		`GRANT UPDATE ("claimed_by", "fence", "lease_until", "attempts") ON TABLE "jobs" TO `+app.Ident())
+
+	if err := app.Grant(ctx, "GRANT UPDATE (claimed_by, fence, lease_until, attempts) ON jobs TO ROLE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewWorker(c, okWorker()); err != nil {
+		t.Fatalf("NewWorker with the privileges a claim needs = %v", err)
+	}
+	if _, err := c.Claim(ctx, 1); err != nil {
+		t.Fatalf("Claim with the privileges Verify asked for = %v", err)
 	}
 }
