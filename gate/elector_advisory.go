@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -175,6 +176,8 @@ func (t *term) lossErr(why error) error {
 		return fmt.Errorf("%w: election %q: session lost: %w", ErrLockLost, e.name, why)
 	case errors.Is(why, lockcore.ErrExpired):
 		return fmt.Errorf("%w: election %q: lease not renewed for %v", ErrLockLost, e.name, e.validity())
+	case pgerr.Permanent(why):
+		return fmt.Errorf("%w: election %q: the server refused renewing term %d: %w", ErrLockLost, e.name, t.fence, pgerr.Explain(why))
 	default:
 		return fmt.Errorf("%w: election %q: term %d expired or was closed", ErrLockLost, e.name, t.fence)
 	}

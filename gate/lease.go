@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
@@ -277,6 +278,9 @@ func (h *LeaseHandle) Extend(ctx context.Context) error {
 	if err != nil && !time.Now().Before(h.valid.Until()) {
 		return h.markLost(h.lostErr(lockcore.ErrExpired))
 	}
+	if pgerr.Permanent(err) {
+		return h.markLost(h.lostErr(err))
+	}
 	if err != nil {
 		return err
 	}
@@ -307,12 +311,21 @@ func (h *LeaseHandle) renew(ctx context.Context) (held bool, err error) {
 	return true, nil
 }
 
-// lostErr is the ErrLockLost for a loss lockcore reported.
+// lostErr is the ErrLockLost for a loss lockcore reported: the lease ran
+// out, was found expired or taken over, or its extension was refused for
+// good (then wrapping the server's error, explained).
 func (h *LeaseHandle) lostErr(why error) error {
-	if errors.Is(why, lockcore.ErrExpired) {
+	switch {
+	case errors.Is(why, lockcore.ErrExpired):
 		return fmt.Errorf("%w: lease %q (fence %d) ran out without extension", ErrLockLost, h.l.name, h.fence)
+	case errors.Is(why, lockcore.ErrGone):
+		return fmt.Errorf("%w: lease %q (fence %d) expired or was taken over", ErrLockLost, h.l.name, h.fence)
 	}
-	return fmt.Errorf("%w: lease %q (fence %d) expired or was taken over", ErrLockLost, h.l.name, h.fence)
+	var pe *pgconn.PgError
+	if errors.As(why, &pe) {
+		why = pe // the server's words, without the statement's prefix again
+	}
+	return fmt.Errorf("%w: lease %q (fence %d): the server refused its extension: %w", ErrLockLost, h.l.name, h.fence, pgerr.Explain(why))
 }
 
 // Release gives the lease up, keeping it held until AtLeast after it was

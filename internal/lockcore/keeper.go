@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 )
 
 // ErrExpired is the loss a Keeper reports when its Validity ran out before a
@@ -140,14 +142,19 @@ type RenewConfig struct {
 	// Renew extends the lease once, within ctx's deadline (the validity's
 	// bound); held false means the row is expired or taken over (ErrGone).
 	Renew func(ctx context.Context) (held bool, err error)
-	// OnFail is told of a failed renewal that will be retried.
+	// OnFail is told of a failed renewal that will be retried. A renewal
+	// refused for good is not retried: it is the loss.
 	OnFail func(err error)
 }
 
 // Renew starts a Keeper renewing a lease row every c.Every until it is
 // stopped, ctx ends, or the lease is lost. Renewals run with ctx's values
 // (not its cancellation), each bounded by the validity. Its goroutine
-// starts with the first renewal: a lease released sooner costs none.
+// starts with the first renewal: a lease released sooner costs none. A
+// renewal the server refused for good (pgerr.Permanent: a missing
+// privilege) ends the lease at once: onLost gets that error, and OnFail is
+// not called, since every retry until the validity ran out would fail the
+// same way.
 func Renew(ctx context.Context, c RenewConfig, onLost func(error)) *Keeper {
 	values := context.WithoutCancel(ctx)
 	return keep(ctx, c.Every, func(stop context.Context) error {
@@ -173,6 +180,8 @@ func Renew(ctx context.Context, c RenewConfig, onLost func(error)) *Keeper {
 				c.Validity.Confirm(sent)
 			case err == nil:
 				return ErrGone
+			case pgerr.Permanent(err) && stop.Err() == nil:
+				return err
 			default:
 				next = c.Retry
 				if stop.Err() == nil {
