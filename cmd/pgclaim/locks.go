@@ -17,10 +17,11 @@ Shows what is locked in the database:
     and whether the lease has expired (by the database's clock);
   - advisory locks held or waited for in this database, with the backend pid,
     application name and client address of the session, and the name of the
-    job, lease or election the lock guards when it can be resolved (names are
-    resolved from the tick ledger, the lease table and the election terms; add
-    others with --name); a granted lock's holder and start come from the
-    running tick or open term it guards, when there is one;
+    job, lease, election or schedule the lock guards when it can be resolved
+    (names are resolved from the tick ledger, the lease table, the election
+    terms and the stored schedules; add others with --name); a granted lock's
+    holder and start come from the running tick, open term or running run it
+    guards, when there is one;
   - open election terms (pgclaim_terms): the current leader of each election.
 
 An advisory lock is released by the server when its session ends; to free one
@@ -41,7 +42,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 func runLocks(ctx context.Context, e *env, args []string) error {
 	f := newFlags(e, "locks", "locks [--name NAME]... [--database-url URL] [--json]", locksAbout)
 	var names stringList
-	f.Var(&names, "name", "also resolve the advisory locks of the job or election called `NAME` (repeatable)")
+	f.Var(&names, "name", "also resolve the advisory locks of the job, election or schedule called `NAME` (repeatable)")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err
@@ -54,11 +55,11 @@ func runLocks(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool, "pgclaim_locks", "pgclaim_ticks", "pgclaim_terms"); err != nil {
+	if err := requireSchema(ctx, pool, "pgclaim_locks", "pgclaim_ticks", "pgclaim_terms", "pgclaim_schedules", "pgclaim_schedule_runs"); err != nil {
 		return err
 	}
 
-	out, err := inspect.ReadLocks(ctx, pool, f.schema, names)
+	out, err := inspect.ReadAllLocks(ctx, pool, f.schema, names)
 	if err != nil {
 		var ie *inspect.Error
 		if errors.As(err, &ie) {

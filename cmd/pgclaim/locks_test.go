@@ -15,6 +15,7 @@ import (
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/schedule"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -310,5 +311,39 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLocksSchedules: a stored schedule's advisory lock is listed under
+// the schedule's name, and --name NAME resolves a schedule's lock that no
+// stored definition names.
+func TestLocksSchedules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	registerSchedules(t, db, schedule.Definition{Name: "push-resume", Spec: "0 9 * * *", Version: 1})
+	conn := appConn(t, db, "svc-active")
+	class, key := schedule.LockKey("push-resume")
+	gclass, gkey := schedule.LockKey("gone-report")
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1::int4, $2::int4), pg_advisory_lock($3::int4, $4::int4)`, class, key, gclass, gkey); err != nil {
+		t.Fatal(err)
+	}
+
+	r := cli(t, "", "locks", "--json", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	out := decodeJSON[locksJSON](t, r.stdout)
+	if a := findAdvisory(out.Advisory, "push-resume", true); a == nil || a.Kind != "schedule" || *a.Class != class || *a.Key != key {
+		t.Errorf("push-resume's lock not resolved to the schedule: %+v", out.Advisory)
+	}
+	r = cli(t, "", "locks", "--database-url", db.URL)
+	wantContains(t, "locks", r.stdout, "push-resume (schedule)")
+
+	for _, name := range []string{"gone-report", "pgclaim.schedule:gone-report"} {
+		r = cli(t, "", "locks", "--json", "--name", name, "--database-url", db.URL)
+		wantCode(t, r, exitOK)
+		out = decodeJSON[locksJSON](t, r.stdout)
+		if a := findAdvisory(out.Advisory, "gone-report", true); a == nil || a.Kind != "given" || *a.Key != gkey {
+			t.Errorf("--name %s did not resolve the schedule's lock: %+v", name, out.Advisory)
+		}
 	}
 }

@@ -73,7 +73,9 @@ type knownName struct {
 
 // ReadLocks reads the lease locks, the advisory locks of this database (the
 // names they guard resolved from the tick ledger, the lease table, the
-// election terms and names) and the open election terms. schema is the
+// election terms and names: a job's, an election's or a schedule's, which
+// may be given as its lease row's name "pgclaim.schedule:NAME") and the
+// open election terms. schema is the
 // installation's (pgclaim.WithSchema; "": found through search_path): it
 // picks the advisory keys names resolve to, as gate and schedule derive
 // them. The caller has checked that pgclaim's tables exist, and qualifies
@@ -164,12 +166,12 @@ FROM pgclaim_terms WHERE ended_at IS NULL ORDER BY election`)
 	// Names whose advisory keys may be held: jobs in the ledger (with the
 	// running tick's holder and start), elections, leases, and --name.
 	// Jobs and leases lock jobKey, elections electionKey, schedules
-	// scheduleKey; a --name may be a job's or an election's.
+	// scheduleKey; a --name may be a job's, an election's or a schedule's.
 	known := map[[2]int32][]knownName{}
 	seen := map[string]bool{}
 	add := func(k knownName) {
 		var keys [][2]int32
-		if k.kind == "schedule" {
+		if k.kind == "schedule" || k.kind == "given" {
 			c, key := scheduleKey(schema, k.name)
 			keys = append(keys, [2]int32{c, key})
 		}
@@ -225,7 +227,8 @@ LEFT JOIN LATERAL (
 		add(knownName{name: l.Name, kind: "lease"})
 	}
 	for _, n := range names {
-		add(knownName{name: n, kind: "given"})
+		// A schedule's lease row name, "pgclaim.schedule:NAME", names it too.
+		add(knownName{name: strings.TrimPrefix(n, "pgclaim.schedule:"), kind: "given"})
 	}
 	if schedules {
 		rows, err = db.Query(ctx, `
