@@ -15,9 +15,10 @@ processing state (--processing) the oldest claim's age and how many are stale:
 claimed longer ago than --stale-after, or, with --lease-until, past their
 lease (the rule the sweeper applies). Ages use the database's clock.
 
-With --reason, it also lists the commonest reasons rows failed, per state, as
-the worker and the sweeper record them, with times and fencing tokens left out
-so that rows failed for the same cause count together.
+With --reason COLUMN (the text column saying why a row failed), it also
+lists the commonest reasons rows failed, per state, as the worker and the
+sweeper record them, with times and fencing tokens left out so that rows
+failed for the same cause count together.
 
 Counting reads the whole table; on a very large table it takes a while.`
 

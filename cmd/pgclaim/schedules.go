@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(command{name: "schedules", summary: "stored schedules: list, pause, resume, trigger, backfill, missed", run: runSchedules})
+	register(command{name: "schedules", summary: "stored schedules: list, pause, resume, trigger, backfill, missed, runs", run: runSchedules})
 }
 
 const schedulesAbout = `
@@ -33,6 +33,7 @@ pgclaim_schedule_runs). Every subcommand takes --database-url and --json.
                                         (a dry run unless --yes; --max at most 10000 without --above-limit)
   cancel-backfill NAME [--by WHO]       record NAME's backfilled runs that have not started as skipped
   missed NAME [--since T] [--limit N]   instants of NAME that were due and that no instance recorded
+  runs NAME [--limit N]                 NAME's newest runs: instant, state, attempt, holder, reason
 
 Times (T) are RFC 3339 (2026-03-01T09:00:00Z, 2026-03-01T10:00:00+01:00), a
 date and time without zone, read as UTC (2026-03-01 09:00), a date (UTC
@@ -48,11 +49,12 @@ var schedulesSubs = map[string]func(ctx context.Context, e *env, args []string) 
 	"backfill":        runSchedulesBackfill,
 	"cancel-backfill": runSchedulesCancelBackfill,
 	"missed":          runSchedulesMissed,
+	"runs":            runSchedulesRuns,
 }
 
 func runSchedules(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return usagef("a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill or missed")
+		return usagef("a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill, missed or runs")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -61,7 +63,7 @@ func runSchedules(ctx context.Context, e *env, args []string) error {
 	}
 	sub, ok := schedulesSubs[args[0]]
 	if !ok {
-		return usagef("unknown subcommand %q: want list, pause, resume, trigger, backfill, cancel-backfill or missed", args[0])
+		return usagef("unknown subcommand %q: want list, pause, resume, trigger, backfill, cancel-backfill, missed or runs", args[0])
 	}
 	return sub(ctx, e, args[1:])
 }
@@ -71,6 +73,7 @@ func runSchedules(ctx context.Context, e *env, args []string) error {
 type (
 	scheduleJSON = inspect.Schedule
 	lastRunJSON  = inspect.LastRun
+	runJSON      = inspect.Run
 )
 
 type triggerJSON struct {
@@ -593,4 +596,59 @@ and counts in 'schedules list' as recorded missed. Oldest first.`)
 		fmt.Fprintf(e.stdout, "… and more (raise --limit, or --since %s)\n", out.Instants[len(out.Instants)-1].Format(time.RFC3339Nano))
 	}
 	return nil
+}
+
+func runSchedulesRuns(ctx context.Context, e *env, args []string) error {
+	f := newFlags(e, "schedules runs", "schedules runs NAME [--limit N] [--database-url URL] [--json]", `
+Lists the newest runs of the schedule NAME as its ledger holds them, newest
+first: instant (a triggered run's is the trigger's time), kind (scheduled,
+triggered, backfill), state (pending, running, retrying, succeeded, failed,
+skipped), attempts so far, the latest attempt's holder, when it started and
+finished, and why it failed, is retrying or was skipped. Runs deleted by
+retention are not listed.`)
+	limit := f.Int("limit", 20, "list at most `N` runs")
+	name, pool, s, err := openNamed(ctx, f, args, nil, func() error {
+		if *limit < 1 {
+			return usagef("--limit must be at least 1, got %d", *limit)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	runs, err := s.Runs(ctx, name, *limit)
+	if err != nil {
+		return schedFail("listing runs of "+name, name, err)
+	}
+	out := make([]runJSON, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, inspect.RunOf(r))
+	}
+	if f.json {
+		return writeJSON(e.stdout, out)
+	}
+	if len(out) == 0 {
+		fmt.Fprintf(e.stdout, "no runs of %s recorded\n", name)
+		return nil
+	}
+	tb := newTable(e.stdout, "INSTANT", "KIND", "STATE", "ATTEMPT", "HOLDER", "STARTED", "FINISHED", "FLAGS", "REASON")
+	for _, r := range out {
+		var flags []string
+		for _, fl := range []struct {
+			on   bool
+			name string
+		}{{r.Missed, "missed"}, {r.Late, "late"}, {r.Overdue, "overdue"}} {
+			if fl.on {
+				flags = append(flags, fl.name)
+			}
+		}
+		reason := "-"
+		if r.Reason != nil {
+			reason = truncate(*r.Reason, 80)
+		}
+		tb.row(fmtTime(r.Instant), r.Kind, r.State, r.Attempt, strOrDash(r.Holder), fmtTimePtr(r.StartedAt), fmtTimePtr(r.FinishedAt),
+			orDash(strings.Join(flags, ",")), reason)
+	}
+	return tb.flush()
 }

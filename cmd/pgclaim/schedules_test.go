@@ -314,6 +314,7 @@ func TestSchedulesErrors(t *testing.T) {
 		{"trigger", "nope"},
 		{"backfill", "nope", "--from", "2026-01-01", "--to", "2026-01-05"},
 		{"missed", "nope"},
+		{"runs", "nope"},
 	} {
 		r := cli(t, "", append(append([]string{"schedules"}, args...), "--database-url", db.URL)...)
 		wantCode(t, r, exitError)
@@ -325,8 +326,8 @@ func TestSchedulesErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "pgclaim schedules: a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill or missed\n"},
-		{[]string{"frob"}, "pgclaim schedules: unknown subcommand \"frob\": want list, pause, resume, trigger, backfill, cancel-backfill or missed\n"},
+		{nil, "pgclaim schedules: a subcommand is required: list, pause, resume, trigger, backfill, cancel-backfill, missed or runs\n"},
+		{[]string{"frob"}, "pgclaim schedules: unknown subcommand \"frob\": want list, pause, resume, trigger, backfill, cancel-backfill, missed or runs\n"},
 		{[]string{"pause", "report"}, "pgclaim schedules: --note is required\n"},
 		{[]string{"trigger"}, "pgclaim schedules: the schedule's NAME is required\n"},
 		{[]string{"trigger", "report", "other"}, "pgclaim schedules: unexpected argument \"other\"\n"},
@@ -363,4 +364,52 @@ func TestSchedulesErrors(t *testing.T) {
 	r = cli(t, "", "schedules", "list", "--database-url", empty.URL)
 	wantCode(t, r, exitError)
 	wantContains(t, "unmigrated", r.stderr, "pgclaim schedules: database", "is not migrated: pgclaim's table pgclaim_schedules does not exist")
+}
+
+// TestSchedulesRuns: 'schedules runs NAME' lists the schedule's newest runs
+// (instant, kind, state, attempt, holder, reason), newest first, up to
+// --limit; in JSON too.
+func TestSchedulesRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDatabase(t)
+	registerSchedules(t, db, schedule.Definition{Name: "push-resume", Spec: "0 9 * * *", Version: 1},
+		schedule.Definition{Name: "quiet", Spec: "@daily", Version: 1})
+	exec1(t, db, `
+INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fence, holder, missed, created_at, started_at, finished_at, reason) VALUES
+ ('push-resume', '2026-11-28 09:00Z', 'scheduled', 'succeeded', 1, 5, 'host-a:101', false, now(), '2026-11-28 09:00:00.01Z', '2026-11-28 09:00:02Z', NULL),
+ ('push-resume', '2026-11-29 09:00Z', 'scheduled', 'failed', 3, 9, 'host-b:202', false, now(), '2026-11-29 09:03:00Z', '2026-11-29 09:03:01Z', E'attempt 3 of 3: smtp\nreset'),
+ ('push-resume', '2026-11-29 12:00Z', 'triggered', 'succeeded', 2, 11, 'host-a:101', false, now(), '2026-11-29 12:00:01Z', '2026-11-29 12:00:02Z', NULL)`)
+
+	r := cli(t, "", "schedules", "runs", "push-resume", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("runs:\n%s", r.stdout)
+	}
+	for _, h := range []string{"INSTANT", "KIND", "STATE", "ATTEMPT", "HOLDER", "STARTED", "FINISHED", "REASON"} {
+		wantContains(t, "header", lines[0], h)
+	}
+	wantContains(t, "newest", lines[1], "2026-11-29 12:00:00Z", "triggered", "succeeded", " 2 ", "host-a:101")
+	wantContains(t, "failed", lines[2], "2026-11-29 09:00:00Z", "scheduled", "failed", " 3 ", "host-b:202", "attempt 3 of 3: smtp reset")
+	wantContains(t, "oldest", lines[3], "2026-11-28 09:00:00Z", "succeeded", " 1 ", "host-a:101")
+
+	r = cli(t, "", "schedules", "runs", "push-resume", "--limit", "1", "--json", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	runs := decodeJSON[[]runJSON](t, r.stdout)
+	if len(runs) != 1 || !runs[0].Instant.Equal(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) || runs[0].Kind != "triggered" ||
+		runs[0].State != "succeeded" || runs[0].Attempt != 2 || runs[0].Holder == nil || *runs[0].Holder != "host-a:101" || runs[0].Fence != 11 {
+		t.Errorf("runs --limit 1 --json = %+v", runs)
+	}
+
+	r = cli(t, "", "schedules", "runs", "quiet", "--database-url", db.URL)
+	wantCode(t, r, exitOK)
+	if r.stdout != "no runs of quiet recorded\n" {
+		t.Errorf("no runs: %q", r.stdout)
+	}
+	r = cli(t, "", "schedules", "runs", "nope", "--database-url", db.URL)
+	wantCode(t, r, exitError)
+	wantContains(t, "unknown", r.stderr, `no schedule named "nope"`)
+	r = cli(t, "", "schedules", "runs", "quiet", "--limit", "0", "--database-url", db.URL)
+	wantCode(t, r, exitUsage)
+	wantContains(t, "limit", r.stderr, "--limit must be at least 1, got 0")
 }

@@ -59,6 +59,32 @@ func ScheduleOf(st schedule.Status) Schedule {
 	return out
 }
 
+// Run is one run of a schedule (schedule.RunRecord) as JSON: the shape of
+// "pgclaim schedules runs NAME --json". Times are UTC.
+type Run struct {
+	Instant    time.Time  `json:"instant"`
+	Kind       string     `json:"kind"`  // scheduled, triggered, backfill
+	State      string     `json:"state"` // pending, running, retrying, succeeded, failed, skipped
+	Attempt    int        `json:"attempt"`
+	Fence      int64      `json:"fence"` // the latest attempt's fencing token (0 before the first)
+	Holder     *string    `json:"holder"`
+	Reason     *string    `json:"reason"`
+	Missed     bool       `json:"missed"`
+	Late       bool       `json:"late"`
+	Overdue    bool       `json:"overdue"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+}
+
+// RunOf converts a schedule.RunRecord.
+func RunOf(r schedule.RunRecord) Run {
+	return Run{
+		Instant: r.Instant.UTC(), Kind: r.Kind, State: r.State, Attempt: r.Attempt, Fence: r.Fence,
+		Holder: strPtr(r.Holder), Reason: strPtr(r.Reason), Missed: r.Missed, Late: r.Late, Overdue: r.Overdue,
+		StartedAt: timePtr(r.StartedAt), FinishedAt: timePtr(r.FinishedAt),
+	}
+}
+
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
