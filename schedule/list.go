@@ -25,7 +25,9 @@ type Status struct {
 	// run then, and is decided at Resume by the catch-up policy.
 	NextDue time.Time
 	// Last is the newest run, by instant, that is no longer pending
-	// (running, retrying or finished); nil when there is none yet.
+	// (running, retrying or finished) and whose instant has come (a future
+	// instant run early by RunAt is not the latest); nil when there is none
+	// yet.
 	Last *LastRun
 	// OpenRuns counts the runs not finished yet: pending, running or
 	// retrying (of every kind: scheduled, triggered, backfill).

@@ -131,3 +131,39 @@ INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fenc
 		t.Errorf("Runs(unknown) = %v, want ErrNotFound", err)
 	}
 }
+
+// A future instant run early by RunAt is not the latest outcome: Status.Last
+// is the newest run whose instant has come, and nil while there is none.
+func TestStatusLastNotFuture(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	effectsTable(t, db.Pool)
+	in := newInstance(t, db, "test", Config{}, nil)
+	def := Definition{Name: "report", Spec: "0 6 * * *", Version: 1}
+	if err := in.s.Register(ctx, def, effect(in.pool)); err != nil {
+		t.Fatal(err)
+	}
+	now := dbNow(t, db.Pool)
+	tomorrow := time.Date(now.Year(), now.Month(), now.Day()+2, 6, 0, 0, 0, time.UTC)
+	if _, err := in.s.RunAt(ctx, def.Name, tomorrow); err != nil {
+		t.Fatal(err)
+	}
+	st, err := in.s.Status(ctx, def.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Last != nil {
+		t.Fatalf("Last = %+v with only a future instant run early, want nil", st.Last)
+	}
+	yesterday := tomorrow.AddDate(0, 0, -3)
+	if _, err := in.s.RunAt(ctx, def.Name, yesterday); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = in.s.Status(ctx, def.Name); err != nil {
+		t.Fatal(err)
+	}
+	if st.Last == nil || !st.Last.Instant.Equal(yesterday) {
+		t.Fatalf("Last = %+v, want the run of %v, not the future %v run early", st.Last, yesterday, tomorrow)
+	}
+}

@@ -219,7 +219,7 @@ FROM pgclaim_schedules s
 LEFT JOIN LATERAL (
     SELECT r.instant, r.kind, r.state, r.attempt, r.reason, r.started_at, r.finished_at
     FROM pgclaim_schedule_runs r
-    WHERE r.schedule = s.name AND r.state <> 'pending'
+    WHERE r.schedule = s.name AND r.state <> 'pending' AND r.instant <= now()
     ORDER BY r.instant DESC
     LIMIT 1
 ) l ON true
@@ -243,7 +243,8 @@ type ScheduleStatusesRow struct {
 }
 
 // Per schedule (all, or the one named): its latest outcome — the newest
-// run by instant that is no longer pending — the number of its open runs
+// run by instant that is no longer pending, of an instant that has come (a
+// future instant run early by RunAt is not the latest) — the number of its open runs
 // (pending, running, retrying), of its rows recorded missed, late and
 // overdue. No run
 // yet: last_kind and last_state are ” and last_instant is NULL.
