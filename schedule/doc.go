@@ -68,9 +68,7 @@
 // decision reads now() from the server), or until a notification or a
 // poll says a run waits. No busy polling: besides the instants, an idle
 // instance sends one statement per Config.PollInterval (default 1 s) for
-// all its schedules, on its listening connection (through the pool, as a
-// transaction of its own, with Config.LeaseLocks or while that connection
-// is down).
+// all its schedules, through the pool, as a transaction of its own.
 //
 // To run a schedule, an instance takes the schedule's lock (see Locks).
 // Holding it, it is the schedule's runner: it records the instants that
@@ -126,7 +124,8 @@
 //
 // Connection budget: a running Scheduler holds DedicatedSessions (two)
 // connections besides its pool: the lock session (shared with every Gate
-// on the same pool) and the listening one.
+// on the same pool) and the listening one (shared with every Scheduler and
+// claim.Worker on the same pool).
 // Everything else, jobs included, goes through the pool, so an instance
 // holds at most its pool's MaxConns + DedicatedSessions connections whatever
 // the number of schedules (with LeaseLocks, MaxConns alone).
@@ -261,8 +260,8 @@
 // # Pause, resume, trigger
 //
 // Pause, Resume and Trigger write one row and notify every instance
-// through LISTEN/NOTIFY on channel pgclaim_schedules (a dedicated
-// connection per Scheduler, which also carries the poll); a missed
+// through LISTEN/NOTIFY on channel pgclaim_schedules (the process's one
+// listening connection for the pool); a missed
 // notification is covered by the poll, so every instance hears within
 // Config.PollInterval at worst (a trigger reached a waiting instance in a
 // median 7–13 ms by NOTIFY in the tests, about 1 s by the poll alone). Once a pause

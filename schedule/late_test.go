@@ -79,7 +79,7 @@ func TestLateAndOverdue(t *testing.T) {
 	in.start(t)
 	// A trigger sent before the scheduler listens is found by its poll, a
 	// poll interval (1 s) later: "on time" would then be late.
-	waitFor(t, 10*time.Second, "the scheduler to listen", in.s.listening.Load)
+	waitFor(t, 10*time.Second, "the scheduler to listen", func() bool { sub := in.s.sub.Load(); return sub != nil && sub.Listening() })
 	succeeded := func(name string, at time.Time) func() bool {
 		return func() bool {
 			for _, r := range runsOf(t, db.Pool, name) {

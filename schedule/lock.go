@@ -93,9 +93,6 @@ func LockKey(name string) (class, key int32) { return lockKey("", name) }
 // lockName is a schedule's lease row name in pgclaim_locks.
 func lockName(name string) string { return "pgclaim.schedule:" + name }
 
-// pingEvery bounds the listener's poll of the schedules.
-var pingEvery = 5 * time.Second
-
 // validFor is how long one confirmation of a schedule's lock holds it by
 // this instance's reckoning, counted from when it was sent, for a schedule
 // whose Lease is lease: 9/10 of the lease (as for the run's lease, see

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/budget"
+	"github.com/pgclaim/pgclaim/internal/listen"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/internal/qualify"
@@ -53,7 +54,8 @@ type Job func(ctx context.Context, run Run) error
 // besides its pool's (which bounds everything else it and its jobs do): the
 // session holding the advisory locks of every schedule it runs — one per
 // pool in a process, shared with every Gate on the same pool — and one
-// listening for notifications. With Config.LeaseLocks it holds none. An
+// listening for notifications, also one per pool in a process, shared with
+// every Scheduler and claim.Worker on the same pool. With Config.LeaseLocks it holds none. An
 // instance's budget is therefore the pool's MaxConns + DedicatedSessions,
 // whatever the number of schedules and gates.
 const DedicatedSessions = budget.DedicatedSessions
@@ -141,9 +143,10 @@ type Scheduler struct {
 	offset      atomic.Int64   // database time minus host time, ns
 	stalled     atomic.Bool    // tests: keepers freeze, as in a stopped process
 	zombies     sync.WaitGroup // attempts replaced (overlap replace) still running
-	// listening: the listener is connected and polls on its own
-	// connection; Run's loop polls through the pool only while it is not.
-	listening atomic.Bool
+
+	// sub is Run's subscription to the pool's listening session (nil
+	// while not running, or with LeaseLocks).
+	sub atomic.Pointer[listen.Sub]
 
 	mu      sync.Mutex
 	entries map[string]*entry
@@ -369,8 +372,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	lctx, lcancel := context.WithCancel(ctx)
 	defer lcancel()
 	if !s.cfg.LeaseLocks {
+		sub := listen.Subscribe(s.pool, notifyChannel, listen.Options{Payloads: true, Logger: s.log})
+		s.sub.Store(sub)
+		defer func() { s.sub.Store(nil); sub.Close() }()
 		wg.Add(1)
-		go func() { defer wg.Done(); s.listen(lctx, kicks) }()
+		go func() { defer wg.Done(); s.heed(lctx, sub, kicks) }()
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.retain(lctx) }()
@@ -467,9 +473,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				kicked[name] = true
 			}
 		case <-poll.C:
-			if s.listening.Load() {
-				break // the listener polls
-			}
 			for _, name := range s.poll(ctx, entries, nil) {
 				kicked[name] = true
 			}
@@ -563,80 +566,48 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 	return out
 }
 
-// listen receives the notifications of Pause, Resume, Trigger and
-// hand-backs on a dedicated connection and passes the schedule names to
-// kicks; every Config.PollInterval of quiet it polls on that connection
-// too (one round trip, as through the pool). A lost connection is
-// reopened after a second; Run's loop polls through the pool meanwhile.
-func (s *Scheduler) listen(ctx context.Context, kicks chan<- string) {
-	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, kicks)
-		if ctx.Err() != nil {
-			return
-		}
-		wait := time.Second
-		if pgerr.Refused(err) {
-			wait = s.refusals.backoff(ctx, s, "", err) // reported once per episode
-		} else {
-			s.log.WarnContext(ctx, "schedule: listen for notifications (polling meanwhile)", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
-}
+// notifyChannel carries the names of schedules paused, resumed, triggered
+// or handed back (the statements of sql/queries send them).
+const notifyChannel = "pgclaim_schedules"
 
-func (s *Scheduler) listenOnce(ctx context.Context, kicks chan<- string) error {
-	pc, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	c := pc.Hijack()
-	defer lockcore.CloseConn(c)
-	q := store.New(s.schema.Wrap(c))
-	if _, err := q.SessionSetup(ctx); err != nil { // read committed, keepalives
-		return err
-	}
-	if _, err := c.Exec(ctx, "LISTEN pgclaim_schedules"); err != nil {
-		return err
-	}
-	s.listening.Store(true)
-	defer s.listening.Store(false)
-	send := func(name string) error {
+// heed passes the schedule names notified on the pool's listening session
+// (internal/listen, shared with every Worker and Scheduler on the pool) to
+// kicks; when the session (re)connects, or notifications came faster than
+// they were read, it asks the database once which schedules need a look.
+// Run's loop polls through the pool every Config.PollInterval besides.
+func (s *Scheduler) heed(ctx context.Context, sub *listen.Sub, kicks chan<- string) {
+	send := func(name string) bool {
 		select {
 		case kicks <- name:
-			return nil
+			return true
 		case <-ctx.Done():
-			return ctx.Err()
+			return false
 		}
 	}
-	next := time.Now().Add(s.cfg.PollInterval)
+	everything := func() bool {
+		for _, name := range s.poll(ctx, s.snapshot(), nil) {
+			if !send(name) {
+				return false
+			}
+		}
+		return true
+	}
 	for {
-		wctx, cancel := context.WithDeadline(ctx, next)
-		n, err := c.WaitForNotification(wctx)
-		quiet := wctx.Err() != nil && ctx.Err() == nil
-		cancel()
-		switch {
-		case err == nil:
-			if err := send(n.Payload); err != nil {
-				return err
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return
+		case name := <-sub.Notes():
+			if name == "" {
+				ok = everything()
+			} else {
+				ok = send(name)
 			}
-			continue
-		case !quiet || c.IsClosed():
-			return err
+		case <-sub.Wake():
+			ok = everything()
 		}
-		pctx, pcancel := context.WithTimeout(ctx, pingEvery)
-		names := s.poll(pctx, s.snapshot(), q)
-		pcancel()
-		if c.IsClosed() {
-			return errors.New("schedule: the listener's connection closed during a poll")
+		if !ok {
+			return
 		}
-		for _, name := range names {
-			if err := send(name); err != nil {
-				return err
-			}
-		}
-		next = time.Now().Add(s.cfg.PollInterval)
 	}
 }

@@ -57,11 +57,12 @@ const (
 	Polling
 )
 
-// Sub is one subscription to a channel. Wake receives a value (coalesced:
-// at most one waits) for a notification its filter accepts, and for every
-// (re)connection of the listening session; Notes, when the subscription
-// asked for payloads, receives each payload, and "" for a (re)connection or
-// for payloads dropped because Notes was full: look at everything then.
+// Sub is one subscription to a channel. Without Options.Payloads, Wake
+// receives a value (coalesced: at most one waits) for a notification its
+// filter accepts and for every (re)connection of the listening session.
+// With it, Notes receives each payload, and "" for a (re)connection; Wake
+// then receives a value when payloads were dropped because Notes was full.
+// Either way Wake and "" mean: look at everything once.
 type Sub struct {
 	h       *hub
 	channel string
@@ -86,6 +87,13 @@ func (s *Sub) Idle(idle bool) { s.idle.Store(idle) }
 // Relay passes a notification on to another idle member of s's group: the
 // woken one found more work than it takes at once.
 func (s *Sub) Relay() { s.h.deliver(s.channel, s.filter, s) }
+
+// Listening reports whether notifications on s's channel reach s now.
+func (s *Sub) Listening() bool {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	return s.h.listened[s.channel] && s.Mode() == Listening
+}
 
 // Mode reports how the pool's subscribers learn of work now.
 func (s *Sub) Mode() Mode { return Mode(s.h.mode.Load()) }
@@ -207,17 +215,15 @@ func (h *hub) deliver(channel, payload string, except *Sub) {
 	subs := h.subs[channel]
 	groups := map[string]bool{}
 	for _, s := range subs {
-		if s.notes != nil && except == nil {
-			select {
-			case s.notes <- payload:
-			default:
-				// Full: the subscriber looks at everything once.
+		if s.notes != nil {
+			if except == nil {
 				select {
-				case s.wake <- struct{}{}:
+				case s.notes <- payload:
 				default:
+					signal(s) // full: the subscriber looks at everything once
 				}
-				continue
 			}
+			continue
 		}
 		if s.filter != "" && s.filter != payload {
 			continue
@@ -276,6 +282,7 @@ func (h *hub) wakeChannel(channel string) {
 		if s.notes != nil {
 			select {
 			case s.notes <- "":
+				continue
 			default:
 			}
 		}
