@@ -11,6 +11,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/sql/migrations"
 )
 
@@ -37,7 +40,14 @@ and in sqlc.yaml:  schema: ["migrations", "db/pgclaim"]
 Write to a directory of pgclaim's own: goose applies every file of a
 migrations directory, and pgclaim's version numbers would collide with the
 application's. A directory holding other .sql files is refused. The files
-are never applied from there: pgclaim.Migrate applies its embedded copy.`
+are never applied from there: pgclaim.Migrate applies its embedded copy.
+
+With --notify TABLE.COLUMN=VALUE it writes instead a goose migration for the
+application that attaches the trigger announcing rows of TABLE entering
+COLUMN = VALUE (claim workers then claim them at once, not at their next
+poll); --pgclaim-schema names pgclaim's schema under pgclaim.WithSchema:
+
+  go tool pgclaim schema --notify push_requests.status=PAUSED > migrations/00002_notify.sql`
 
 type schemaJSON struct {
 	Dir   string           `json:"dir,omitempty"`
@@ -52,11 +62,24 @@ type schemaFileJSON struct {
 func runSchema(_ context.Context, e *env, args []string) error {
 	f := newFlags(e, "schema", "schema [--out DIR] [--json]", schemaAbout)
 	out := f.String("out", "", "write the migration files into `DIR` (created if missing) instead of printing the schema")
+	notify := f.String("notify", "", "write the application's migration attaching the trigger that announces rows of `TABLE.COLUMN=VALUE` (TABLE may be schema.table)")
+	pgSchema := f.String("pgclaim-schema", "", "with --notify: the `schema` of pgclaim's objects (pgclaim.WithSchema)")
 	pos, err := f.parse(args)
 	if err != nil {
 		return err
 	}
 	if err := noArgs(pos); err != nil {
+		return err
+	}
+	if *notify != "" {
+		if *out != "" || f.json {
+			return usagef("--notify writes one migration to stdout: it takes neither --out nor --json")
+		}
+		m, err := notifyMigration(*notify, *pgSchema)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprint(e.stdout, m)
 		return err
 	}
 	names, err := fs.Glob(migrations.FS, "*.sql")
@@ -160,3 +183,40 @@ func upSection(s string) (string, error) {
 	}
 	return strings.TrimRight(b.String(), "\n") + "\n", nil
 }
+
+// notifyMigration returns the goose migration that attaches (and, down,
+// detaches) the trigger announcing rows of spec, TABLE.COLUMN=VALUE.
+func notifyMigration(spec, pgSchema string) (string, error) {
+	target, value, ok := strings.Cut(spec, "=")
+	i := strings.LastIndexByte(target, '.')
+	if !ok || i <= 0 || i == len(target)-1 || value == "" {
+		return "", usagef("--notify: %q: want TABLE.COLUMN=VALUE, e.g. push_requests.status=PAUSED", spec)
+	}
+	table, column := target[:i], target[i+1:]
+	if msg := qualify.Check(pgSchema); msg != "" {
+		return "", usagef("--pgclaim-schema: %s", msg)
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return "", usagef("--notify: table %q: want table or schema.table", table)
+	}
+	fn := ""
+	if pgSchema != "" {
+		fn = pgx.Identifier{pgSchema}.Sanitize() + "."
+	}
+	args := fmt.Sprintf("%s::regclass, %s, %s", sqlString(pgx.Identifier(parts).Sanitize()), sqlString(column), sqlString(value))
+	return fmt.Sprintf(`-- Rows of %s entering %s = %s are announced to pgclaim's claim workers,
+-- which claim them at once rather than at their next poll: one NOTIFY per
+-- statement, at commit, whoever writes the rows. Run as the table's owner,
+-- after pgclaim.Migrate (written by 'pgclaim schema --notify %s').
+
+-- +goose Up
+SELECT %spgclaim_notify_on(%s);
+
+-- +goose Down
+SELECT %spgclaim_notify_off(%s);
+`, table, column, sqlString(value), spec, fn, args, fn, args), nil
+}
+
+// sqlString quotes s as an SQL string literal.
+func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/sql/migrations"
 )
 
@@ -92,4 +93,35 @@ func TestSchema(t *testing.T) {
 
 	r = cli(t, "", "schema", "extra")
 	wantCode(t, r, exitUsage)
+}
+
+// TestSchemaNotify: --notify writes a goose migration whose Up attaches the
+// trigger announcing the table's rows and whose Down detaches it; a spec
+// without a column or a value is refused.
+func TestSchemaNotify(t *testing.T) {
+	t.Parallel()
+	r := cli(t, "", "schema", "--notify", "items.status=PAUSED")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, "-- +goose Up\nSELECT pgclaim_notify_on('\"items\"'::regclass, 'status', 'PAUSED');",
+		"-- +goose Down\nSELECT pgclaim_notify_off('\"items\"'::regclass, 'status', 'PAUSED');")
+	up, err := upSection(r.stdout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := pgtest.NewDatabase(t)
+	exec1(t, db, `CREATE TABLE items (id bigint PRIMARY KEY, status text NOT NULL)`)
+	exec1(t, db, up)
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'items'::regclass AND tgname LIKE 'pgclaim_notify_%'`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d triggers after the migration's Up, want 2 (%v)", n, err)
+	}
+
+	r = cli(t, "", "schema", "--notify", "sales.items.status=PAUSED", "--pgclaim-schema", "pgclaim")
+	wantCode(t, r, exitOK)
+	wantContains(t, "stdout", r.stdout, `SELECT "pgclaim".pgclaim_notify_on('"sales"."items"'::regclass, 'status', 'PAUSED');`)
+	for _, bad := range []string{"items", "items.status", "items.status=", ".status=PAUSED"} {
+		r := cli(t, "", "schema", "--notify", bad)
+		wantCode(t, r, exitUsage)
+		wantContains(t, "stderr", r.stderr, "want TABLE.COLUMN=VALUE")
+	}
 }
