@@ -105,8 +105,10 @@
 // its tokens are above every token of the old primary, including those whose
 // WAL it never received. So a token names one claim of one row; fenced
 // statements check the pair (key, token), and a zombie of a lost primary
-// cannot finish a row claimed again on the new one. The token also makes a
-// good idempotency key for effects outside the database. What this needs of
+// cannot finish a row claimed again on the new one. For effects outside the
+// database the idempotency key is the row's key, the same at every attempt
+// (a token is new at each claim); a receiver can use the token to refuse a
+// stale writer. What this needs of
 // the server (synchronous_commit not off, one promotion per timeline) is in
 // docs/claim.md.
 //
@@ -132,6 +134,35 @@
 // unique index and reads only those, whatever the table's statistics say.
 // That matters after a burst of claims: statistics taken while every row
 // was PAUSED say that no row is PROCESSING.
+//
+// # Wake-ups
+//
+// A Worker on a *pgxpool.Pool claims the moment rows are announced, rather
+// than at its next poll. Announce them with a trigger on the table, which
+// every writer then uses (the application's code, another service, psql,
+// a schedule resuming rows at 09:00): attach it once, as the table's owner,
+// in the application's migration,
+//
+//	SELECT pgclaim_notify_on('push_requests'::regclass, 'status', 'PAUSED');
+//
+// (schema-qualify the function under pgclaim.WithSchema; pgclaim_notify_off
+// with the same arguments detaches it). It sends one NOTIFY per statement
+// that puts rows in the state — an INSERT of 10,000 rows is one — at
+// commit, and nothing for a statement that rolls back. Without the
+// trigger, call Notify in the writer's transaction.
+//
+// The workers of a process listen on one connection per pool, shared with
+// every Worker and schedule.Scheduler on it (schedule.DedicatedSessions
+// counts it). An announcement wakes one idle worker of the table in each
+// process, which wakes the next when it claimed a full batch. A row a
+// worker sends back with a RetryPolicy.Backoff wakes it when the backoff
+// ends. The poll stays as the safety net, at WorkerConfig.PollInterval: a
+// lost announcement (the listening connection was down, the row was
+// written without one) costs at most one poll, never a row; after the
+// listening connection comes back, every worker claims once at once.
+// Behind a connection pooler in transaction mode LISTEN cannot work: the
+// workers poll, and say so once in the log (`pgclaim doctor` tells which a
+// DSN gets).
 //
 // # Three ways in
 //
