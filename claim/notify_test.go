@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/internal/bouncer"
 	"github.com/pgclaim/pgclaim/internal/listen"
 	"github.com/pgclaim/pgclaim/internal/roletest"
 )
@@ -368,3 +370,65 @@ func TestListenerShared(t *testing.T) {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestWorkerBehindPgBouncer: behind PgBouncer in transaction mode, where
+// LISTEN cannot work, the worker polls, says so once, and works every row.
+func TestWorkerBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 0)
+	mustExec(t, db.Pool, `SELECT pgclaim_notify_on('jobs'::regclass, 'state', 'PAUSED')`)
+	ctx := testCtx(t)
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	bnc, err := bouncer.Start(bctx, db.Server.URL(), db.Name)
+	bcancel()
+	switch {
+	case errors.Is(err, bouncer.ErrNotFound) && os.Getenv("CI") != "true":
+		t.Skipf("PgBouncer not found: %v", err)
+	case err != nil:
+		t.Fatalf("PgBouncer: %v", err)
+	}
+	defer bnc.Stop()
+	pc, err := pgxpool.ParseConfig(bnc.URL(db.Name, "claim-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	logs := &messages{}
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: 100 * time.Millisecond,
+		Work: func(context.Context, pgx.Tx, Claim[int64]) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(wctx) }()
+	defer func() { cancel(); <-done }()
+	for i := int64(1); i <= 20; i++ {
+		mustExec(t, db.Pool, `INSERT INTO jobs (id, state) VALUES ($1, 'PAUSED')`, i)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`) != 20 {
+		if time.Now().After(deadline) {
+			t.Fatal("rows not worked within 30 s behind PgBouncer")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	const polls = "claim: worker: polls only: notifications cannot reach this process (a connection pooler in transaction mode)"
+	for !logs.has(polls) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not say it polls only; it logged %q", logs.got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
