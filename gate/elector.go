@@ -135,6 +135,13 @@ type ElectorConfig struct {
 	// RetryInterval is how often a standby of the lease variant tries to
 	// take the lease. Default: TTL/4. The advisory variant does not poll.
 	RetryInterval time.Duration
+	// Retention is how long ended terms are kept, by database time: the
+	// leader deletes older ones itself (when it starts leading, at most
+	// every 10 minutes, and every 10 minutes while it leads; one statement
+	// bounded to 5 s). The open term is kept. Default (0):
+	// DefaultRetention, 7 days. KeepTerms keeps every term. At least an
+	// hour.
+	Retention time.Duration
 	// Schema is the schema pgclaim's objects live in (pgclaim.WithSchema);
 	// its statements name it, and its advisory key is the schema's (not
 	// ElectionKey). Default: "", found through search_path.
@@ -160,6 +167,12 @@ func (o ElectorConfig) check() (ElectorConfig, error) {
 	if err := checkSchemaName("ElectorConfig", o.Schema); err != nil {
 		return o, err
 	}
+	if err := checkTermRetention(o.Retention); err != nil {
+		return o, err
+	}
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
 	if o.TTL == 0 {
 		o.TTL = DefaultTTL
 	}
@@ -181,8 +194,9 @@ func (o ElectorConfig) check() (ElectorConfig, error) {
 // ended_at in database time), and the term number is a fencing token from
 // pgclaim_fence() (see Run.Fence). At most one term of an election is open
 // at a time, and terms never overlap: a new leader starts its term only
-// after the previous one was closed, with a higher term number. Prune
-// deletes terms that ended long ago.
+// after the previous one was closed, with a higher term number. The
+// leader deletes terms that ended longer ago than ElectorConfig.Retention;
+// Prune deletes older than any limit.
 //
 // Leadership changes are reported to ElectorConfig.Hooks and the Logger:
 // EventAcquired when this instance starts leading, EventLost when it lost
@@ -198,6 +212,8 @@ type Elector struct {
 
 	sem chan struct{}        // one campaign at a time
 	cur atomic.Pointer[term] // the term held or being ended; nil when none
+	// nextRetain is when old terms may be deleted again (unix ns).
+	nextRetain atomic.Int64
 
 	// next (advisory variant) is the spare connection of the last term,
 	// once that term was closed on it: the next campaign waits for the
@@ -492,6 +508,7 @@ func (e *Elector) campaign(ctx context.Context, deferEnd bool) (*term, error) {
 	e.in.emit(ctx, Event{Kind: EventAcquired, Name: e.name, Holder: e.o.Holder, Fence: t.fence})
 	close(t.acquired)
 	go t.watch()
+	go e.retainTerms(t)
 	return t, nil
 }
 
