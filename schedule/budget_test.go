@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -19,6 +21,9 @@ import (
 // database whose connection limit is exactly their stated budget
 // (instances × (MaxConns + DedicatedSessions)): the backends on it never exceed
 // the budget, and every instant due while they ran succeeded exactly once.
+// Each instance also runs two claim workers on its pool, woken by the
+// table's trigger: they listen on the scheduler's listening session, and
+// every row inserted meanwhile is worked once.
 func TestConnectionBudget(t *testing.T) {
 	const instances, schedules, maxConns = 4, 25, 3
 	budget := instances * (maxConns + DedicatedSessions)
@@ -66,6 +71,7 @@ func TestConnectionBudget(t *testing.T) {
 		sep = "&"
 	}
 	var ins []*instance
+	var workers []*claim.Worker[int64]
 	for i := range instances {
 		pool, err := pgxpool.New(ctx, fmt.Sprintf("%s%spool_max_conns=%d", db.URL, sep, maxConns))
 		if err != nil {
@@ -94,18 +100,34 @@ func TestConnectionBudget(t *testing.T) {
 			}
 		}
 		ins = append(ins, &instance{s: s, pool: pool})
+		for range 2 {
+			workers = append(workers, budgetWorker(t, pool))
+		}
 	}
 	from := dbNow(t, admin).Add(2 * time.Second).Truncate(2 * time.Second)
 	for _, in := range ins {
 		in.start(t)
 	}
-	time.Sleep(8 * time.Second)
+	wctx, stopWorkers := context.WithCancel(ctx)
+	var working sync.WaitGroup
+	for _, w := range workers {
+		working.Add(1)
+		go func() { defer working.Done(); _, _ = w.Run(wctx) }()
+	}
+	for i := range 40 {
+		time.Sleep(200 * time.Millisecond)
+		if _, err := ins[i%instances].pool.Exec(ctx, `INSERT INTO budget_rows (id, state) VALUES ($1, 'PAUSED')`, i); err != nil { // through an instance's pool: within the budget
+			t.Logf("insert: %v", err)
+		}
+	}
 	to := dbNow(t, admin).Add(-2 * time.Second).Truncate(2 * time.Second)
 	// Let the instants due by then finish, then stop.
 	time.Sleep(2 * time.Second)
 	for _, in := range ins {
 		in.stop()
 	}
+	stopWorkers()
+	working.Wait()
 	stopSampling()
 	sampling.Wait()
 	if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %q CONNECTION LIMIT -1`, db.Name)); err != nil {
@@ -146,6 +168,43 @@ func TestConnectionBudget(t *testing.T) {
 	if due == 0 || succeeded != due || effects != due || doubled != 0 {
 		t.Errorf("%d instants due, %d succeeded, %d effects, %d instants with more than one effect; want every one succeeded once", due, succeeded, effects, doubled)
 	}
+	var rows, done, worked, twice int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE r.state = 'DONE'),
+		(SELECT count(DISTINCT id) FROM budget_worked), (SELECT count(*) - count(DISTINCT id) FROM budget_worked)
+		FROM budget_rows r`).Scan(&rows, &done, &worked, &twice); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("claim workers: %d rows inserted, %d done, %d worked, %d worked twice", rows, done, worked, twice)
+	if rows == 0 || done != rows || worked != rows || twice != 0 {
+		t.Errorf("%d rows, %d done, %d worked, %d worked twice; want every row worked once", rows, done, worked, twice)
+	}
+}
+
+// budgetWorker creates the claim workers' table (once) with the trigger
+// attached, and returns a worker on pool that records each row it works.
+func budgetWorker(t *testing.T, pool *pgxpool.Pool) *claim.Worker[int64] {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS budget_rows (id bigint PRIMARY KEY, state text NOT NULL,
+		claimed_at timestamptz, claimed_by text, fence bigint);
+		CREATE TABLE IF NOT EXISTS budget_worked (id bigint NOT NULL);
+		SELECT pgclaim_notify_on('budget_rows'::regclass, 'state', 'PAUSED')`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := claim.New[int64](pool, claim.Table{Name: "budget_rows", Key: "id", State: "state", ClaimedAt: "claimed_at", ClaimedBy: "claimed_by", Fence: "fence"},
+		claim.Config{From: "PAUSED", To: "PROCESSING", Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := claim.NewWorker(c, claim.WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, SkipVerify: true,
+		Work: func(ctx context.Context, tx pgx.Tx, cl claim.Claim[int64]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO budget_worked VALUES ($1)`, cl.Key)
+			return err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 // TestMaxConcurrent: an instance never runs more than Config.MaxConcurrent

@@ -325,8 +325,11 @@ func (h *hub) run(ctx context.Context, done chan struct{}) {
 				h.log.WarnContext(ctx, "pgclaim: listen: the server refuses a connection; polling meanwhile", "error", err)
 			}
 		default:
+			// A session that was listening is reopened at once (its
+			// subscribers look once it is back); then every second more,
+			// up to 10 s, while the server does not answer.
 			h.mode.Store(int32(Connecting))
-			wait = min(time.Duration(failures)*time.Second, 10*time.Second)
+			wait = min(time.Duration(failures-1)*time.Second, 10*time.Second)
 			if failures == 1 {
 				h.log.WarnContext(ctx, "pgclaim: listen: the listening connection ended; polling meanwhile, reconnecting", "error", err)
 			}
