@@ -321,8 +321,13 @@ func TestWorkerListenerTerminated(t *testing.T) {
 		}
 		expectWorked(t, worked, fmt.Sprintf("round %d, after the listener's backend was terminated", round), ids[len(ids)-5:]...)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM jobs WHERE state <> 'DONE'`); n != 0 {
-		t.Fatalf("%d rows not done", n)
+	// Worked, then committed: each row done once its transaction ends.
+	deadline := time.Now().Add(10 * time.Second)
+	for n := count(t, pool, `SELECT count(*) FROM jobs WHERE state <> 'DONE'`); n != 0; n = count(t, pool, `SELECT count(*) FROM jobs WHERE state <> 'DONE'`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows not done", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
