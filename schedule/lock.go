@@ -20,6 +20,7 @@ import (
 
 	"github.com/pgclaim/pgclaim/gate"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -504,9 +505,12 @@ func (s *Scheduler) keep(ctx context.Context, what, name string, sent time.Time,
 			s.log.WarnContext(ctx, "schedule: renewal failed (retrying)", "schedule", name, "lease", what, "error", err)
 		},
 	}, func(err error) {
-		if errors.Is(err, lockcore.ErrExpired) {
+		switch {
+		case errors.Is(err, lockcore.ErrExpired):
 			onLost(fmt.Errorf("%w: the %s was not renewed in time", ErrLost, what))
-		} else {
+		case pgerr.Permanent(err):
+			onLost(fmt.Errorf("%w: the server refuses the %s's renewal: %w", ErrLost, what, pgerr.Explain(err)))
+		default:
 			onLost(fmt.Errorf("%w: the %s had expired or was taken over", ErrLost, what))
 		}
 	})
