@@ -153,8 +153,13 @@
 //
 // The workers of a process listen on one connection per pool, shared with
 // every Worker and schedule.Scheduler on it (schedule.DedicatedSessions
-// counts it). An announcement wakes one idle worker of the table in each
-// process, which wakes the next when it claimed a full batch. A row a
+// counts it). The listening sessions of the processes that work a table
+// know one another (they announce themselves on its channel), and an
+// announcement wakes one idle worker in two of them, chosen by the writer's
+// backend pid alike in every process; a chosen process with no idle worker
+// passes it on, and a worker that claimed a full batch wakes another, here
+// or elsewhere. So one row inserted costs a few claim statements, not one
+// per process (8 processes × 2 workers: 3 per row, 9 before). A row a
 // worker sends back with a RetryPolicy.Backoff wakes it when the backoff
 // ends. The poll stays as the safety net, at WorkerConfig.PollInterval: a
 // lost announcement (the listening connection was down, the row was

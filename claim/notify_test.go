@@ -437,3 +437,95 @@ func TestWorkerBehindPgBouncer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// claimCounter counts the batch claim statements sent on a pool.
+type claimCounter struct{ n atomic.Int64 }
+
+func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "WITH pgclaim_c AS (") && strings.Contains(d.SQL, "SKIP LOCKED") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+func (*claimCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestNotifyNoStampede: eight processes (each a pool of its own, as each
+// process has) with two workers each, the trigger attached, rows inserted
+// one at a time: each row is worked once, and costs at most four claim
+// statements, not one per process. The workers never poll: a row nobody
+// was told of would never be worked.
+func TestNotifyNoStampede(t *testing.T) {
+	t.Parallel()
+	const processes, perProcess, rows = 8, 2, 30
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 0)
+	mustExec(t, db.Pool, `SELECT pgclaim_notify_on('jobs'::regclass, 'state', 'PAUSED')`)
+	ctx := testCtx(t)
+	var counters []*claimCounter
+	worked := make(chan int64, rows*2)
+	for range processes {
+		pc, err := pgxpool.ParseConfig(db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc := &claimCounter{}
+		counters = append(counters, cc)
+		pc.ConnConfig.Tracer = cc
+		pc.MaxConns = 4
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range perProcess {
+			w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: never, SkipVerify: true,
+				Work: func(_ context.Context, _ pgx.Tx, cl Claim[int64]) error { worked <- cl.Key; return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _, _ = w.Run(wctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+		}
+	}
+	claims := func() (n int64) {
+		for _, c := range counters {
+			n += c.n.Load()
+		}
+		return n
+	}
+	// The processes' sessions have heard of one another, and each
+	// worker has made its first claim.
+	deadline := time.Now().Add(20 * time.Second)
+	for count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, listen.ApplicationName) < processes {
+		if time.Now().After(deadline) {
+			t.Fatal("the processes' listening sessions did not all start within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	before := claims()
+	for i := int64(1); i <= rows; i++ {
+		mustExec(t, db.Pool, `INSERT INTO jobs (id, state) VALUES ($1, 'PAUSED')`, i)
+		expectWorked(t, worked, fmt.Sprintf("row %d", i), i)
+		time.Sleep(20 * time.Millisecond) // the other claims of the row have ended
+	}
+	spent := claims() - before
+	t.Logf("%d rows one at a time, %d processes × %d workers: %d claim statements, %.2f per row", rows, processes, perProcess, spent, float64(spent)/rows)
+	if spent > 4*rows {
+		t.Errorf("%d claim statements for %d rows: more than 4 per row", spent, rows)
+	}
+	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`); n != rows {
+		t.Errorf("%d of %d rows done", n, rows)
+	}
+	select {
+	case id := <-worked:
+		t.Errorf("row %d worked twice", id)
+	default:
+	}
+}

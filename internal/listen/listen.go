@@ -84,9 +84,10 @@ func (s *Sub) Notes() <-chan string { return s.notes }
 // notification for a group (Options.One) goes to an idle member first.
 func (s *Sub) Idle(idle bool) { s.idle.Store(idle) }
 
-// Relay passes a notification on to another idle member of s's group: the
-// woken one found more work than it takes at once.
-func (s *Sub) Relay() { s.h.deliver(s.channel, s.filter, s) }
+// Relay passes a notification on to another idle member of s's group, or,
+// when none here is idle, to the other processes: the woken one found more
+// work than it takes at once.
+func (s *Sub) Relay() { s.h.relay(s) }
 
 // Listening reports whether notifications on s's channel reach s now.
 func (s *Sub) Listening() bool {
@@ -133,6 +134,8 @@ type hub struct {
 	next      map[string]int    // round-robin position of each group
 	listened  map[string]bool   // channels LISTENed on the current connection
 	interrupt context.CancelFunc
+	peers     peers      // the other processes' listening sessions (peers.go)
+	outbox    []outgoing // notifications to send from the listening session
 	stop      context.CancelFunc
 	done      chan struct{}
 }
@@ -153,7 +156,7 @@ func Subscribe(pool *pgxpool.Pool, channel string, o Options) *Sub {
 		if log == nil {
 			log = slog.Default()
 		}
-		h = &hub{pool: pool, log: log, subs: map[string][]*Sub{}, next: map[string]int{}, listened: map[string]bool{}}
+		h = &hub{pool: pool, log: log, subs: map[string][]*Sub{}, next: map[string]int{}, listened: map[string]bool{}, peers: newPeers()}
 		hubs.m[pool] = h
 	}
 	s := &Sub{h: h, channel: channel, filter: o.Filter, one: o.One, wake: make(chan struct{}, 1)}
@@ -189,6 +192,9 @@ func (h *hub) unsubscribe(s *Sub) {
 	} else {
 		h.subs[s.channel] = subs
 	}
+	if s.one && len(h.group(s.channel, s.filter)) == 0 {
+		h.send(s.channel, leave+s.filter) // the other processes stop counting on this one
+	}
 	last := len(h.subs) == 0
 	var stop context.CancelFunc
 	var done chan struct{}
@@ -206,57 +212,116 @@ func (h *hub) unsubscribe(s *Sub) {
 	}
 }
 
-// deliver wakes the subscribers of channel that payload concerns: each
-// subscriber of a payload, and of each group one idle member other than
-// except (any member when none is idle).
-func (h *hub) deliver(channel, payload string, except *Sub) {
+// deliver hands a notification from sender (a backend pid) on channel to
+// the subscribers it concerns: each subscriber of payloads; each other
+// subscriber whose filter accepts it; and, of each group, one idle member —
+// when this process is among those the group's notifications from sender
+// go to (peers.go), or among few enough.
+func (h *hub) deliver(channel, payload string, sender uint32) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.peers.heard(channel, payload, sender, time.Now()) {
+		return // a peer's announcement, not work
+	}
 	subs := h.subs[channel]
 	groups := map[string]bool{}
 	for _, s := range subs {
-		if s.notes != nil {
-			if except == nil {
-				select {
-				case s.notes <- payload:
-				default:
-					signal(s) // full: the subscriber looks at everything once
-				}
+		switch {
+		case s.notes != nil:
+			select {
+			case s.notes <- payload:
+			default:
+				signal(s) // full: the subscriber looks at everything once
 			}
-			continue
+		case s.filter != "" && s.filter != payload:
+		case s.one:
+			groups[s.filter] = true
+		default:
+			signal(s)
 		}
-		if s.filter != "" && s.filter != payload {
-			continue
-		}
-		if !s.one {
-			if s != except {
-				signal(s)
-			}
-			continue
-		}
-		groups[s.filter] = true
 	}
 	for filter := range groups {
-		var members []*Sub
-		for _, s := range subs {
-			if s.one && s.filter == filter && s != except {
-				members = append(members, s)
-			}
+		if !h.peers.chosen(channel, filter, sender, time.Now()) {
+			continue // another process takes it
 		}
-		if len(members) == 0 {
+		if m := h.idleMember(channel, filter, nil); m != nil {
+			signal(m)
 			continue
 		}
-		key := channel + "\x00" + filter
-		start := h.next[key]
-		pick := members[start%len(members)]
-		for i := range members {
-			if m := members[(start+i)%len(members)]; m.idle.Load() {
-				pick = m
-				break
-			}
+		// Everyone here is busy: a process with room takes it, unless
+		// the notification was already passed on by one.
+		if !h.peers.isPeer(channel, filter, sender) && h.peers.others(channel, filter, time.Now()) > 0 {
+			h.send(channel, payload)
+			continue
 		}
-		h.next[key] = start + 1
-		signal(pick)
+		if m := h.anyMember(channel, filter); m != nil {
+			signal(m) // it looks when it is done
+		}
+	}
+}
+
+// relay passes s's notification on (see Sub.Relay).
+func (h *hub) relay(s *Sub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m := h.idleMember(s.channel, s.filter, s); m != nil {
+		signal(m)
+		return
+	}
+	if h.peers.others(s.channel, s.filter, time.Now()) > 0 {
+		h.send(s.channel, s.filter)
+	}
+}
+
+// idleMember returns an idle member of the group of channel and filter
+// other than except, taking turns; nil when none is idle. h.mu is held.
+func (h *hub) idleMember(channel, filter string, except *Sub) *Sub {
+	members := h.group(channel, filter)
+	key := channel + "\x00" + filter
+	start := h.next[key]
+	h.next[key] = start + 1
+	for i := range members {
+		if m := members[(start+i)%len(members)]; m != except && m.idle.Load() {
+			return m
+		}
+	}
+	return nil
+}
+
+// anyMember returns a member of the group, taking turns; nil when the group
+// is empty. h.mu is held.
+func (h *hub) anyMember(channel, filter string) *Sub {
+	members := h.group(channel, filter)
+	if len(members) == 0 {
+		return nil
+	}
+	key := channel + "\x00" + filter
+	start := h.next[key]
+	h.next[key] = start + 1
+	return members[start%len(members)]
+}
+
+// group returns the members of the group of channel and filter. h.mu is
+// held.
+func (h *hub) group(channel, filter string) []*Sub {
+	var members []*Sub
+	for _, s := range h.subs[channel] {
+		if s.one && s.filter == filter {
+			members = append(members, s)
+		}
+	}
+	return members
+}
+
+// outgoing is a notification for the listening session to send.
+type outgoing struct{ channel, payload string }
+
+// send queues a notification for the listening session to send. h.mu is
+// held.
+func (h *hub) send(channel, payload string) {
+	h.outbox = append(h.outbox, outgoing{channel, payload})
+	if h.interrupt != nil {
+		h.interrupt()
 	}
 }
 
@@ -363,57 +428,32 @@ func (h *hub) session(ctx context.Context) (up bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	h.mu.Lock()
+	h.peers.self = uint32(row.Pid)
+	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
 		clear(h.listened)
 		h.interrupt = nil
+		h.peers.self = 0
 		h.mu.Unlock()
 	}()
 	first := true
 	quietSince := time.Now()
+	announceAt := time.Now() // once listening: the others learn of this process
 	for {
-		// LISTEN the channels subscribed since the last look (before the
-		// first wake-up: what is announced from then on arrives).
-		h.mu.Lock()
-		var add []string
-		for ch := range h.subs {
-			if !h.listened[ch] {
-				add = append(add, ch)
-			}
-		}
-		h.mu.Unlock()
-		for _, ch := range add {
-			lctx, cancel := context.WithTimeout(ctx, pingBound)
-			_, err := c.Exec(lctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
-			cancel()
-			if err != nil {
-				return !first, fmt.Errorf("LISTEN %s: %w", ch, err)
-			}
-			h.mu.Lock()
-			h.listened[ch] = true
-			h.mu.Unlock()
+		if err := h.chores(ctx, c, &announceAt, first); err != nil {
+			return !first, err
 		}
 		if first {
 			first = false
 			h.mode.Store(int32(Listening))
 			h.everyone()
-		} else {
-			// Rows announced between a new subscriber's first look and
-			// its LISTEN were not heard: it looks once more.
-			for _, ch := range add {
-				h.wakeChannel(ch)
-			}
 		}
 
-		wctx, wcancel := context.WithDeadline(ctx, quietSince.Add(pingEvery))
+		wctx, wcancel := context.WithDeadline(ctx, minTime(quietSince.Add(pingEvery), announceAt))
 		h.mu.Lock()
-		pending := false
-		for ch := range h.subs {
-			if !h.listened[ch] {
-				pending = true
-			}
-		}
-		if pending {
+		if h.pending() {
 			wcancel()
 		} else {
 			h.interrupt = wcancel
@@ -427,16 +467,17 @@ func (h *hub) session(ctx context.Context) (up bool, err error) {
 		h.mu.Unlock()
 		switch {
 		case err == nil:
-			h.deliver(n.Channel, n.Payload, nil)
+			h.deliver(n.Channel, n.Payload, n.PID)
 			quietSince = time.Now()
 			continue
 		case ctx.Err() != nil:
+			h.farewell(c)
 			return true, ctx.Err()
 		case !expired || c.IsClosed():
 			return true, err
 		}
 		if time.Since(quietSince) < pingEvery {
-			continue // interrupted for a new channel
+			continue // interrupted for chores, or time to announce
 		}
 		pctx, pcancel := context.WithTimeout(ctx, pingBound)
 		err = c.Ping(pctx)
@@ -446,4 +487,120 @@ func (h *hub) session(ctx context.Context) (up bool, err error) {
 		}
 		quietSince = time.Now()
 	}
+}
+
+// pending reports whether the session has chores: channels to LISTEN or
+// UNLISTEN, notifications to send, peers to answer. h.mu is held.
+func (h *hub) pending() bool {
+	if len(h.outbox) > 0 || h.peers.reply {
+		return true
+	}
+	for ch := range h.subs {
+		if !h.listened[ch] {
+			return true
+		}
+	}
+	for ch := range h.listened {
+		if len(h.subs[ch]) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// chores brings the session's LISTENs in line with the subscriptions, sends
+// the queued notifications, and announces this process to its peers when
+// *announceAt has come (or a peer is to be answered). A subscriber whose
+// channel was just LISTENed looks once more: rows announced between its
+// first look and the LISTEN were not heard.
+func (h *hub) chores(ctx context.Context, c *pgx.Conn, announceAt *time.Time, first bool) error {
+	h.mu.Lock()
+	var add, drop []string
+	for ch := range h.subs {
+		if !h.listened[ch] {
+			add = append(add, ch)
+		}
+	}
+	for ch := range h.listened {
+		if len(h.subs[ch]) == 0 {
+			drop = append(drop, ch)
+		}
+	}
+	out := h.outbox
+	h.outbox = nil
+	h.mu.Unlock()
+	for _, ch := range add {
+		if err := h.exec(ctx, c, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("LISTEN %s: %w", ch, err)
+		}
+		h.mu.Lock()
+		h.listened[ch] = true
+		h.mu.Unlock()
+		if !first {
+			h.wakeChannel(ch)
+		}
+	}
+	for _, ch := range drop {
+		if err := h.exec(ctx, c, "UNLISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("UNLISTEN %s: %w", ch, err)
+		}
+		h.mu.Lock()
+		delete(h.listened, ch)
+		h.mu.Unlock()
+	}
+	h.mu.Lock()
+	if now := time.Now(); !now.Before(*announceAt) || h.peers.reply || len(add) > 0 {
+		for ch, filters := range groups(h.subs) {
+			for _, f := range filters {
+				out = append(out, outgoing{ch, memberNote + f})
+			}
+		}
+		h.peers.reply = false
+		*announceAt = now.Add(announceEvery)
+	}
+	h.mu.Unlock()
+	return h.notify(ctx, c, out)
+}
+
+// notify sends out from the session, in one statement.
+func (h *hub) notify(ctx context.Context, c *pgx.Conn, out []outgoing) error {
+	if len(out) == 0 {
+		return nil
+	}
+	chans, payloads := make([]string, len(out)), make([]string, len(out))
+	for i, o := range out {
+		chans[i], payloads[i] = o.channel, o.payload
+	}
+	return h.exec(ctx, c, "SELECT pg_notify(t.c, t.p) FROM unnest($1::text[], $2::text[]) AS t(c, p)", chans, payloads)
+}
+
+// farewell tells the peers, as the session ends, that this process's
+// groups end with it.
+func (h *hub) farewell(c *pgx.Conn) {
+	h.mu.Lock()
+	var out []outgoing
+	for ch, filters := range groups(h.subs) {
+		for _, f := range filters {
+			out = append(out, outgoing{ch, leave + f})
+		}
+	}
+	out = append(out, h.outbox...)
+	h.outbox = nil
+	h.mu.Unlock()
+	_ = h.notify(context.Background(), c, out)
+}
+
+// exec runs one statement on the session within pingBound.
+func (h *hub) exec(ctx context.Context, c *pgx.Conn, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, pingBound)
+	defer cancel()
+	_, err := c.Exec(ctx, sql, args...)
+	return err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
