@@ -43,7 +43,7 @@ DELETE FROM push_requests;
 // builds the files the README shows into a module of their own (requiring
 // this checkout of pgclaim), runs the README's commands in it, and starts
 // two instances of the program against a fresh, empty database. They apply
-// the migrations once between them, the start-up sweep fails the row a
+// the migrations once between them, the job's recovery sweep fails the row a
 // dead instance left, and once both serve, the README's
 // `go tool pgclaim schedules trigger push-resume` asks for a run: one
 // instance runs it, every paused push is sent once with its claim's fence,

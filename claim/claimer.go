@@ -126,6 +126,7 @@ type core struct {
 	sqlClaim, sqlBatch                    query
 	sqlFinishBatch, sqlExtend, sqlRelease query
 	sqlHeartbeat, sqlHeld                 query
+	sqlOpen                               query // rows within Config.Where in To
 	// sqlFinish[reason][retry] is Finish, that with reason also sets
 	// Table.Reason and with retry Table.RetryAt: empty when the table lacks
 	// the column.

@@ -203,6 +203,15 @@ func (c *core) build(cfg Config) {
 		"RETURNING pgclaim_t.", t.key, ", ", c.returning())
 	c.sqlBatch = q.done()
 
+	// Whether rows within Config.Where are held in To (a Worker's Drain
+	// with Recover waits for them).
+	q = builder{}
+	for i := range c.whereParams {
+		q.arg(in(i))
+	}
+	q.add("SELECT EXISTS (SELECT 1 FROM ", t.qname, " WHERE ", t.state, " = ", quoteLiteral(c.to), where, ")")
+	c.sqlOpen = q.done()
+
 	if t.fence == "" {
 		return
 	}

@@ -85,6 +85,20 @@ type WorkerConfig[K any] struct {
 	// announcement was lost, or written without one. It also wakes when a
 	// row it sent back with a Retry.Backoff becomes claimable.
 	PollInterval time.Duration
+	// Recover, when set, is the sweeper that gives back the rows of holders
+	// that died (a Sweeper built on the same claimer, typically with a
+	// Retry whose State is Config.From): the worker sweeps with it when it
+	// starts and then every RecoverEvery, and claims at once what it
+	// returned to From. Drain then also waits, sweeping, for the rows other
+	// holders have in Config.To (within Config.Where), so that it returns
+	// once every row is finished or failed — not while a dead instance's
+	// rows wait for their lease to run out. With a claimer Lease, a row a
+	// killed holder left is worked again within Lease + RecoverEvery.
+	// Default nil: no sweeping (run a Sweeper of your own).
+	Recover *Sweeper[K]
+	// RecoverEvery is how often the worker sweeps with Recover (default:
+	// the claimer's Lease, or one minute without one).
+	RecoverEvery time.Duration
 	// PollOnly keeps the worker from listening: it finds rows by its poll
 	// alone. Listening costs no connection of its own (one per pool and
 	// process, shared with every Worker and Scheduler on the pool); behind
@@ -183,6 +197,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 		return nil, invalid("WorkerConfig.PollInterval", "must not be negative")
 	case cfg.StopTimeout < 0:
 		return nil, invalid("WorkerConfig.StopTimeout", "must not be negative")
+	case cfg.RecoverEvery < 0:
+		return nil, invalid("WorkerConfig.RecoverEvery", "must not be negative")
+	case cfg.RecoverEvery > 0 && cfg.Recover == nil:
+		return nil, invalid("WorkerConfig.Recover", "must be set when WorkerConfig.RecoverEvery is")
+	case cfg.Recover != nil && cfg.Recover.c.c != c.c:
+		return nil, invalid("WorkerConfig.Recover", "must be a Sweeper built on the worker's claimer")
 	case len(cfg.Args) != c.c.whereParams:
 		return nil, invalid("WorkerConfig.Args", fmt.Sprintf("Config.Where uses %d parameters, got %d", c.c.whereParams, len(cfg.Args)))
 	}
@@ -191,6 +211,12 @@ func NewWorker[K any](c *Claimer[K], cfg WorkerConfig[K]) (*Worker[K], error) {
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = time.Second
+	}
+	if cfg.Recover != nil && cfg.RecoverEvery == 0 {
+		cfg.RecoverEvery = time.Minute
+		if c.c.lease > 0 && c.c.t.leaseUntil != "" {
+			cfg.RecoverEvery = c.c.lease
+		}
 	}
 	w := &Worker[K]{c: c, begin: b.Begin, cfg: cfg}
 	if tb, ok := c.db.(txBeginner); ok {
@@ -368,6 +394,10 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 		heard = sub.Wake()
 	}
 	toldMode := sub == nil
+	if w.cfg.Recover != nil {
+		stopRecovery := r.recover(ctx, woken)
+		defer stopRecovery()
+	}
 
 	sem := make(chan struct{}, w.cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -437,7 +467,7 @@ loop:
 		}
 		if len(cls) == 0 {
 			<-sem
-			if drain && !busy {
+			if drain && !busy && !r.othersHold(ctx) {
 				break
 			}
 			wait(w.cfg.PollInterval, drain)
