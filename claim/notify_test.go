@@ -301,7 +301,7 @@ func TestWorkerListenerTerminated(t *testing.T) {
 		var pid int
 		deadline := time.Now().Add(20 * time.Second)
 		for time.Now().Before(deadline) {
-			err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, listen.ApplicationName).Scan(&pid)
+			err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE $1 || ' %'`, listen.ApplicationName).Scan(&pid)
 			if err == nil {
 				return pid
 			}
@@ -368,7 +368,7 @@ func TestListenerShared(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	sessions := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
+	sessions := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE $1 || ' %'`
 	if n := count(t, pool, sessions, listen.ApplicationName); n != 1 {
 		t.Fatalf("%d listening sessions for four workers on two tables, want 1", n)
 	}
@@ -502,7 +502,7 @@ func TestNotifyNoStampede(t *testing.T) {
 	// The processes' sessions have heard of one another, and each
 	// worker has made its first claim.
 	deadline := time.Now().Add(20 * time.Second)
-	for count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, listen.ApplicationName) < processes {
+	for count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE $1 || ' %'`, listen.ApplicationName) < processes {
 		if time.Now().After(deadline) {
 			t.Fatal("the processes' listening sessions did not all start within 20 s")
 		}

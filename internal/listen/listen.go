@@ -29,9 +29,13 @@ import (
 	"github.com/pgclaim/pgclaim/store"
 )
 
-// ApplicationName is the listening session's application_name, as
-// pg_stat_activity shows it.
+// ApplicationName begins the listening session's application_name, as
+// pg_stat_activity shows it: "pgclaim listener hostname:pid" (unless the
+// pool's configuration names its sessions).
 const ApplicationName = "pgclaim listener"
+
+// appName is this process's listening sessions' application_name.
+var appName = ApplicationName + " " + lockcore.ProcessName()
 
 // pingEvery is how long the connection may be quiet before a ping checks it;
 // pingBound bounds the ping.
@@ -422,7 +426,7 @@ func (h *hub) session(ctx context.Context) (up bool, err error) {
 		err = errPooler
 	}
 	if err == nil {
-		_, err = c.Exec(sctx, "SELECT set_config('application_name', $1, false)", ApplicationName)
+		_, err = c.Exec(sctx, lockcore.SetApplicationName, appName)
 	}
 	cancel()
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +46,25 @@ const (
 // meanwhile is reported lost to its holder (its run cancelled) while the
 // session keeps the lock until the holder releases it.
 const SessionBound = 15 * time.Second
+
+// SessionName is the application_name of the sessions advisory locks are
+// held on: "pgclaim locks hostname:pid".
+var SessionName = "pgclaim locks " + ProcessName()
+
+// SetApplicationName sets a dedicated session's application_name to $1
+// unless the pool's configuration gave it one (the application's own name
+// for its instance says more than ours).
+const SetApplicationName = "SELECT set_config('application_name', $1, false) WHERE current_setting('application_name') = ''"
+
+// ProcessName is "hostname:pid", what names this process's dedicated
+// sessions (and what holders default to).
+func ProcessName() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "unknown"
+	}
+	return h + ":" + strconv.Itoa(os.Getpid())
+}
 
 // Session is a connection taken out of the pool (pgxpool.Conn.Hijack) and
 // dedicated to holding advisory locks: all the locks of the Sessions it
@@ -271,6 +292,12 @@ func (c *Sessions) open(ctx context.Context) (*Session, error) {
 	if announced := s.Conn.PgConn().PID(); announced != s.pid {
 		CloseConn(s.Conn)
 		return nil, fmt.Errorf("%w (pg_backend_pid %d, announced %d)", ErrPooler, s.pid, announced)
+	}
+	// pg_stat_activity then tells an operator whose locks the session holds
+	// (a name the pool's configuration gives is kept).
+	if _, err := s.Conn.Exec(ctx, SetApplicationName, SessionName); err != nil {
+		CloseConn(s.Conn)
+		return nil, fmt.Errorf("gate: prepare lock connection: %w", err)
 	}
 	return s, nil
 }
