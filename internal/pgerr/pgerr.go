@@ -137,6 +137,15 @@ func Privilege(pe *pgconn.PgError) *PrivilegeError {
 	return p
 }
 
+// ReadOnly reports whether err is a statement refused because the server
+// is read-only (SQLSTATE 25006): a hot standby, or a writer's address that
+// points at a reader after a failover. It passes when the connection
+// reaches the writer: drop the connections and reconnect.
+func ReadOnly(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "25006"
+}
+
 // Refused reports whether err is the server refusing a connection for want
 // of room or readiness: too many connections (SQLSTATE 53300, including a
 // role's or a database's connection limit), the server starting up or
