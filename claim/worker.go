@@ -304,6 +304,8 @@ type run[K any] struct {
 	// retries wakes the run when rows it sent back with a backoff become
 	// claimable.
 	retries *retryClock
+	// onReader: the last claim reached a read-only server (readonly.go).
+	onReader bool
 }
 
 // fail records err, a failure that cannot go away, as the run's result (the
@@ -461,10 +463,15 @@ loop:
 					w.c.c.from, w.c.c.to, ErrInvalid, err))
 				break
 			}
-			w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err)))
+			if pgerr.ReadOnly(err) {
+				r.readOnly(ctx, err)
+			} else {
+				w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err)))
+			}
 			wait(w.cfg.PollInterval, false)
 			continue
 		}
+		r.writable(ctx)
 		if len(cls) == 0 {
 			<-sem
 			if drain && !busy && !r.othersHold(ctx) {

@@ -1,0 +1,174 @@
+package claim
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgclaim/pgclaim"
+	"github.com/pgclaim/pgclaim/pgtest"
+)
+
+// switchProxy forwards each new connection to the address target holds
+// when it arrives, as a DNS name does that a failover points elsewhere:
+// connections made before keep their server.
+type switchProxy struct {
+	ln     net.Listener
+	target atomic.Value // string: host:port
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startSwitchProxy(t *testing.T, target string) *switchProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &switchProxy{ln: ln}
+	p.target.Store(target)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", p.target.Load().(string))
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			for _, pair := range [][2]net.Conn{{c, s}, {s, c}} {
+				p.wg.Add(1)
+				go func() {
+					defer p.wg.Done()
+					_, _ = io.Copy(pair[0], pair[1])
+					_ = pair[0].Close()
+					_ = pair[1].Close()
+				}()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// hostPort returns the host:port of a connection string.
+func hostPort(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
+
+// TestWorkerReadOnlyServer: the worker's address points at a hot standby
+// (as a writer's DNS name does for a while after a failover), then at the
+// primary. On the standby every claim is refused (SQLSTATE 25006): the
+// worker says so once, not at every retry, and drops its pool's
+// connections; once the address points at the primary, new connections
+// reach it and every row is worked, once.
+func TestWorkerReadOnlyServer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pair := pgtest.NewPair(t, pgtest.PairConfig{})
+	admin, err := pgx.Connect(ctx, pair.PrimaryURL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE app"); err != nil {
+		t.Fatal(err)
+	}
+	_ = admin.Close(ctx)
+	primary, err := pgxpool.New(ctx, pair.PrimaryURL("app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	if err := pgclaim.Migrate(ctx, primary); err != nil {
+		t.Fatal(err)
+	}
+	createJobs(t, primary, "bigint", 20)
+	if err := pair.WaitReplayed(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy := startSwitchProxy(t, hostPort(t, pair.StandbyURL("app")))
+	pc, err := pgxpool.ParseConfig(pair.StandbyURL("app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.ConnConfig.Host, pc.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	logs := &messages{}
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Holder: "w", Lease: 10 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 5, PollInterval: 100 * time.Millisecond,
+		Work: func(ctx context.Context, tx pgx.Tx, cl Claim[int64]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (job_id, holder, fence) VALUES ($1, 'w', $2)`, cl.Key, cl.Fence)
+			return err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+
+	const onReader = "claim: worker: this connection reaches a read-only server (a standby, or the writer's address pointing at a reader after a failover): dropping the pool's connections and claiming again every PollInterval until the writer answers"
+	time.Sleep(2 * time.Second) // about 20 claims, each refused
+	logs.mu.Lock()
+	said, other := 0, 0
+	for _, m := range logs.got {
+		if m == onReader {
+			said++
+		} else if m != "claim: worker: polls only: notifications cannot reach this process (a connection pooler in transaction mode)" {
+			other++
+		}
+	}
+	logs.mu.Unlock()
+	if said != 1 {
+		t.Errorf("the read-only server reported %d times in 2 s of refused claims, want once; logged %q", said, logs.got)
+	}
+
+	proxy.target.Store(hostPort(t, pair.PrimaryURL("app")))
+	deadline := time.Now().Add(30 * time.Second)
+	for count(t, primary, `SELECT count(*) FROM jobs WHERE state = 'DONE'`) != 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("rows not worked within 30 s of the address pointing at the primary: %d done", count(t, primary, `SELECT count(*) FROM jobs WHERE state = 'DONE'`))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	exactlyOnceEffects(t, primary, 20)
+}
