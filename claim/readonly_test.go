@@ -2,12 +2,7 @@ package claim
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net"
-	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,74 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim"
+	"github.com/pgclaim/pgclaim/internal/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
-
-// switchProxy forwards each new connection to the address target holds
-// when it arrives, as a DNS name does that a failover points elsewhere:
-// connections made before keep their server.
-type switchProxy struct {
-	ln     net.Listener
-	target atomic.Value // string: host:port
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
-}
-
-func startSwitchProxy(t *testing.T, target string) *switchProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &switchProxy{ln: ln}
-	p.target.Store(target)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", p.target.Load().(string))
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			for _, pair := range [][2]net.Conn{{c, s}, {s, c}} {
-				p.wg.Add(1)
-				go func() {
-					defer p.wg.Done()
-					_, _ = io.Copy(pair[0], pair[1])
-					_ = pair[0].Close()
-					_ = pair[1].Close()
-				}()
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// hostPort returns the host:port of a connection string.
-func hostPort(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u.Host
-}
 
 // TestWorkerReadOnlyServer: the worker's address points at a hot standby
 // (as a writer's DNS name does for a while after a failover), then at the
@@ -116,12 +46,7 @@ func TestWorkerReadOnlyServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	proxy := startSwitchProxy(t, hostPort(t, pair.StandbyURL("app")))
-	pc, err := pgxpool.ParseConfig(pair.StandbyURL("app"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.ConnConfig.Host, pc.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	pc, address := pgprobe.SwitchConfig(t, pair.StandbyURL("app"))
 	pc.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -162,7 +87,7 @@ func TestWorkerReadOnlyServer(t *testing.T) {
 		t.Errorf("the read-only server reported %d times in 2 s of refused claims, want once; logged %q", said, logs.got)
 	}
 
-	proxy.target.Store(hostPort(t, pair.PrimaryURL("app")))
+	address.Point(t, pair.PrimaryURL("app"))
 	deadline := time.Now().Add(30 * time.Second)
 	for count(t, primary, `SELECT count(*) FROM jobs WHERE state = 'DONE'`) != 20 {
 		if time.Now().After(deadline) {
