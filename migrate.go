@@ -87,14 +87,22 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	defer closeDB()
 	pending, err := p.HasPending(ctx)
 	if err != nil {
-		return fmt.Errorf("pgclaim: migrate: %w", err)
+		return fmt.Errorf("pgclaim: migrate: %w", explainCreate(ctx, pool, o.name, err))
 	}
 	if pending {
 		if _, err := p.Up(ctx); err != nil {
-			return fmt.Errorf("pgclaim: migrate: %w", err)
+			return fmt.Errorf("pgclaim: migrate: %w", explainCreate(ctx, pool, o.name, err))
 		}
 	}
 	return checkFence(ctx, pool, o.schema)
+}
+
+// explainCreate explains err, a failure to find or apply the migrations,
+// from the catalog (pgerr.ExplainAt): which privilege the role lacks on
+// pgclaim's objects in schema, or CREATE on the schema itself that
+// creating them takes, and which are missing; alike in every lc_messages.
+func explainCreate(ctx context.Context, pool *pgxpool.Pool, schema string, err error) error {
+	return pgerr.ExplainAt(ctx, pool, schema, err, pgerr.Need{Kind: pgerr.Schema, Schema: schema, Privileges: "CREATE", ToCreate: true})
 }
 
 // Option is a setting of Migrate and MigrationStatus.
@@ -194,7 +202,7 @@ func checkFence(ctx context.Context, pool *pgxpool.Pool, schema *qualify.Schema)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pgclaim: migrate: choose the fencing token (pgclaim_fence_check()): %w", pgerr.Explain(err))
+		return fmt.Errorf("pgclaim: migrate: choose the fencing token (pgclaim_fence_check()): %w", pgerr.ExplainAt(ctx, pool, schema.Name(), err))
 	}
 	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/internal/qualify"
 )
 
@@ -190,7 +189,7 @@ func serializationFailure(err error) bool {
 func (c *Claimer[K]) stmt(ctx context.Context, f func(DBTX) error) error {
 	err := f(c.db)
 	if !serializationFailure(err) {
-		return pgerr.Explain(err) // a missing privilege names the grant
+		return c.explain(ctx, err) // a missing privilege names the grant
 	}
 	b, ok := c.db.(txBeginner)
 	if !ok {

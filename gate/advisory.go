@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
-	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -113,7 +112,7 @@ func (g *Gate) Exclusive(ctx context.Context, name string, fn Func) error {
 	fence, ok, err := g.lock(ctx, s, name, class, key)
 	if err != nil {
 		free()
-		return pgerr.Explain(err)
+		return explain(ctx, g.pool, g.schema, err)
 	}
 	if !ok {
 		free()

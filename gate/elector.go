@@ -451,7 +451,7 @@ func (e *Elector) stand(ctx context.Context, delay time.Duration, try func() (*t
 		case errors.Is(err, ErrPooler) || errors.Is(err, ErrClosed):
 			return nil, err
 		case pgerr.Permanent(err): // a missing privilege: no retry cures it
-			return nil, pgerr.Explain(err)
+			return nil, explain(ctx, e.pool, e.schema, err)
 		case !errors.Is(err, pgx.ErrNoRows):
 			e.o.Logger.WarnContext(ctx, "gate: campaign failed; retrying", "name", e.name, "holder", e.o.Holder, "error", err.Error())
 		}

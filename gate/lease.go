@@ -198,7 +198,7 @@ func (l *Lease) Do(ctx context.Context, fn Func) error {
 	}
 	h, err := l.TryAcquire(ctx)
 	if err != nil {
-		return pgerr.Explain(err)
+		return explain(ctx, l.pool, l.schema, err)
 	}
 	run := Run{Name: l.name, Holder: l.o.Holder, Fence: h.fence}
 	return l.in.runHeld(ctx, run, leaseHold{h}, fn, true)

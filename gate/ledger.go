@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
-	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -244,7 +243,7 @@ func (g *Gate) Once(ctx context.Context, name string, fireAt time.Time, fn Func)
 	}
 	g.maybeRetain()
 	tol := g.tolerance.Microseconds()
-	return pgerr.Explain(g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn))
+	return explain(ctx, g.pool, g.schema, g.once(ctx, name, fireAt.Truncate(time.Microsecond), &tol, fn))
 }
 
 // CatchUp runs the tick that was missed while no instance was up: it takes

@@ -139,7 +139,7 @@ func (s *Scheduler) setStored(e *entry, st *stored) {
 // missing privilege, which no retry cures, ends Run with it instead.
 func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result {
 	if pgerr.Permanent(err) {
-		r.err = fmt.Errorf("schedule: %q: %w", r.name, pgerr.Explain(err))
+		r.err = fmt.Errorf("schedule: %q: %w", r.name, s.explain(ctx, err))
 		return r
 	}
 	if pgerr.Refused(err) {

@@ -279,11 +279,11 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 		return err
 	})
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	st, err := loadSchedule(ctx, s.q, d.Name)
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	// Retention is this instance's setting, not stored with the definition.
 	stored := st.def

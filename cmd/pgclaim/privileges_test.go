@@ -308,8 +308,8 @@ func TestMissingPrivilege(t *testing.T) {
 		t.Errorf("Scheduler.Run retried a missing privilege for 20 s: %v", err)
 	}
 	want("Scheduler.Run", err, "permission denied for table pgclaim_schedules",
-		"the role lacks SELECT, INSERT, UPDATE, DELETE on table pgclaim_schedules",
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgclaim_schedules TO <role>")
+		"the role "+app.Name+" lacks SELECT, INSERT, UPDATE, DELETE on table public.pgclaim_schedules",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE public.pgclaim_schedules TO "+app.Name)
 
 	// gate.Once.
 	revoke("pgclaim_ticks")
@@ -319,7 +319,7 @@ func TestMissingPrivilege(t *testing.T) {
 	}
 	defer g.Close()
 	err = g.Once(ctx, "job", time.Now().Truncate(time.Second), func(context.Context, gate.Run) error { return nil })
-	want("Gate.Once", err, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgclaim_ticks TO <role>")
+	want("Gate.Once", err, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE public.pgclaim_ticks TO "+app.Name)
 
 	// An election returns rather than campaign forever.
 	revoke("pgclaim_terms")
@@ -330,7 +330,7 @@ func TestMissingPrivilege(t *testing.T) {
 	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 	_, err = e.Campaign(cctx)
 	ccancel()
-	want("Elector.Campaign", err, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgclaim_terms TO <role>")
+	want("Elector.Campaign", err, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE public.pgclaim_terms TO "+app.Name)
 
 	// The fencing-token sequence, through a claim; and the Worker.
 	exec1(t, db, "REVOKE ALL ON SEQUENCE pgclaim_fence_seq FROM "+app.Ident())
@@ -339,7 +339,7 @@ func TestMissingPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Claim(ctx, 1)
-	want("Claim", err, "the role lacks USAGE on sequence pgclaim_fence_seq", "GRANT USAGE, SELECT ON SEQUENCE pgclaim_fence_seq TO <role>")
+	want("Claim", err, "USAGE, SELECT on sequence public.pgclaim_fence_seq", "GRANT USAGE, SELECT ON SEQUENCE public.pgclaim_fence_seq TO "+app.Name)
 	w, err := claim.NewWorker(c, claim.WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", SkipVerify: true, BatchSize: 5,
 		Work: func(context.Context, pgx.Tx, claim.Claim[int64]) error { return nil }})
 	if err != nil {
@@ -348,7 +348,7 @@ func TestMissingPrivilege(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	_, err = w.Run(wctx)
 	wcancel()
-	want("Worker.Run", err, "GRANT USAGE, SELECT ON SEQUENCE pgclaim_fence_seq TO <role>")
+	want("Worker.Run", err, "GRANT USAGE, SELECT ON SEQUENCE public.pgclaim_fence_seq TO "+app.Name)
 	if err != nil && strings.Contains(err.Error(), "the table refuses") {
 		t.Errorf("Worker.Run blames the table: %v", err)
 	}

@@ -1,11 +1,13 @@
 package pgerr
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -36,5 +38,32 @@ func TestExplain(t *testing.T) {
 	other := &pgconn.PgError{Code: "40001", Message: "could not serialize"}
 	if Explain(other) != error(other) || Permanent(other) || Permanent(errors.New("x")) || Explain(nil) != nil {
 		t.Error("Explain changed an error that is not a missing privilege")
+	}
+}
+
+// failing is a Querier whose every query fails.
+type failing struct{}
+
+func (failing) QueryRow(context.Context, string, ...any) pgx.Row { return failedRow{} }
+
+type failedRow struct{}
+
+func (failedRow) Scan(...any) error { return errors.New("conn closed") }
+
+// TestExplainAtFallback: when the catalog query fails, ExplainAt explains
+// from the message as Explain does; other errors pass unchanged.
+func TestExplainAtFallback(t *testing.T) {
+	base := &pgconn.PgError{Severity: "ERROR", Code: InsufficientPrivilege, Message: "permission denied for table pgclaim_ticks"}
+	err := ExplainAt(context.Background(), failing{}, "", fmt.Errorf("gate: %w", base))
+	if !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgclaim_ticks TO <role>") {
+		t.Errorf("ExplainAt with a failing query = %q, want the message's explanation", err)
+	}
+	var p *PrivilegeError
+	if !errors.As(err, &p) || p.Err != base {
+		t.Errorf("ExplainAt = %q, does not wrap a *PrivilegeError", err)
+	}
+	other := &pgconn.PgError{Code: "40001"}
+	if ExplainAt(context.Background(), failing{}, "", other) != error(other) || ExplainAt(context.Background(), failing{}, "", nil) != nil {
+		t.Error("ExplainAt changed an error it does not explain")
 	}
 }
