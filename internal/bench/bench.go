@@ -3,8 +3,9 @@
 // against the field's SELECT-then-CAS loop and a single bulk UPDATE, gate
 // cycles against a ShedLock-style lock table and a bare advisory lock, the
 // stale sweeper against one giant UPDATE, leader failover against a polling
-// standby, claim latency as the table grows, and the scheduler's idle cost,
-// cost per instant and wake-up lag against gate.Once.
+// standby, claim latency as the table grows, the scheduler's idle cost,
+// cost per instant and wake-up lag against gate.Once, and how soon an idle
+// claim worker starts a new row against River's client.
 //
 // It is the engine of the `pgclaim bench` command. Absolute figures depend on
 // the machine and drift between runs; the ratios measured within one run are
@@ -26,7 +27,7 @@ import (
 )
 
 // Scenarios lists the scenario names in the order they run.
-var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "instances", "schedules", "herd"}
+var Scenarios = []string{"claims", "baselines", "gates", "sweeper", "failover", "scale", "instances", "schedules", "herd", "latency"}
 
 // Config configures a benchmark run.
 type Config struct {
@@ -112,7 +113,29 @@ type params struct {
 
 	// herd: each shape in turn, each side in turn (see herdShape).
 	HerdShapes []herdShape
+
+	// latency: LatencySamples rows, one every LatencyInterval, per worker
+	// measured; its idle cost over LatencyIdle, LatencySettle after it
+	// listens; River's client too when LatencyRiver. The stampede:
+	// LatencyStampede instances × workers, LatencyStampedeSamples rows.
+	// The trigger's cost to the claims: LatencyClaimWorkers workers on
+	// LatencyClaimRows rows per batch size, LatencyClaimRepeats runs each
+	// way.
+	LatencySamples         int
+	LatencyInterval        time.Duration
+	LatencyIdle            time.Duration
+	LatencySettle          time.Duration
+	LatencyRiver           bool
+	LatencyStampede        stampede
+	LatencyStampedeSamples int
+	LatencyClaimWorkers    int
+	LatencyClaimRows       int
+	LatencyClaimBatches    []int
+	LatencyClaimRepeats    int
 }
+
+// stampede is a shape of the latency scenario's stampede.
+type stampede struct{ Instances, Workers int }
 
 type point struct{ Workers, Batch int }
 
@@ -184,6 +207,18 @@ func fullParams() *params {
 			// lease locks, the server's connections PgBouncer's pool.
 			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, Processes: true, Bouncer: true, Sides: []string{"pgclaim"}},
 		},
+
+		LatencySamples:         100,
+		LatencyInterval:        100 * time.Millisecond,
+		LatencyIdle:            10 * time.Second,
+		LatencySettle:          11 * time.Second,
+		LatencyRiver:           true,
+		LatencyStampede:        stampede{Instances: 8, Workers: 2},
+		LatencyStampedeSamples: 100,
+		LatencyClaimWorkers:    8,
+		LatencyClaimRows:       200_000,
+		LatencyClaimBatches:    []int{10, 100},
+		LatencyClaimRepeats:    2,
 	}
 }
 
@@ -235,6 +270,19 @@ func quickParams() *params {
 
 		// River's side needs a build of its own module: left out here.
 		HerdShapes: []herdShape{{Instances: 4, Schedules: 50, Period: 10 * time.Second, Instants: 2, Sides: []string{"pgclaim"}}},
+
+		// River left out as in herd; the idle windows short (a poll every
+		// second: two of them).
+		LatencySamples:         20,
+		LatencyInterval:        100 * time.Millisecond,
+		LatencyIdle:            2 * time.Second,
+		LatencySettle:          time.Second,
+		LatencyStampede:        stampede{Instances: 8, Workers: 2},
+		LatencyStampedeSamples: 20,
+		LatencyClaimWorkers:    8,
+		LatencyClaimRows:       20_000,
+		LatencyClaimBatches:    []int{100},
+		LatencyClaimRepeats:    1,
 	}
 }
 
@@ -379,6 +427,7 @@ var scenarioFuncs = map[string]struct {
 	"instances": {"Instances: claim throughput and gate costs with many instance processes against one server", runInstances},
 	"schedules": {"Schedules: the scheduler's idle cost, cost per instant and wake-up lag, against gate.Once", runSchedules},
 	"herd":      {"Herd: many jobs due at one instant on many instances, on a stock server, against River's periodic jobs", runHerd},
+	"latency":   {"Latency: how soon an idle worker starts a new row, and what it costs idle, against River's client", runLatency},
 }
 
 // Run runs the selected scenarios and returns the report. It returns an

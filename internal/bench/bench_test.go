@@ -73,6 +73,17 @@ func tinyParams() *params {
 			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 6, Sides: []string{"pgclaim", "robfig"}},
 			{Instances: 2, Schedules: 5, Period: time.Second, Instants: 6, Processes: true, Bouncer: true, Sides: []string{"pgclaim"}},
 		},
+
+		LatencySamples:         5,
+		LatencyInterval:        100 * time.Millisecond,
+		LatencyIdle:            time.Second,
+		LatencySettle:          200 * time.Millisecond,
+		LatencyStampede:        stampede{Instances: 2, Workers: 2},
+		LatencyStampedeSamples: 5,
+		LatencyClaimWorkers:    4,
+		LatencyClaimRows:       2000,
+		LatencyClaimBatches:    []int{100},
+		LatencyClaimRepeats:    1,
 	}
 }
 
@@ -344,6 +355,23 @@ func scenario(t *testing.T, rep *Report, name string) *ScenarioReport {
 	return nil
 }
 
+// runOne runs one scenario with p on srv, logs its text and returns its
+// report and the text.
+func runOne(t *testing.T, ctx context.Context, srv *pgtest.Server, name string, p *params) (*ScenarioReport, *bytes.Buffer) {
+	t.Helper()
+	var progress bytes.Buffer
+	rep, err := Run(ctx, Config{Quick: true, Scenarios: []string{name}, Progress: &progress, params: p, server: srv})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	var out bytes.Buffer
+	if err := rep.WriteText(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	return rep.Scenarios[0], &out
+}
+
 // TestBenchHerd runs the herd scenario at a tiny size on a server of its
 // own with max_connections = 100: every due (job, instant) ran once on both
 // pgclaim sides (and with the instances as processes of their own),
@@ -357,17 +385,7 @@ func TestBenchHerd(t *testing.T) {
 	if os.Getenv(envHerdRiver) != "" {
 		p.HerdShapes[0].Sides = append(p.HerdShapes[0].Sides, "river")
 	}
-	var progress bytes.Buffer
-	rep, err := Run(ctx, Config{Quick: true, Scenarios: []string{"herd"}, Progress: &progress, params: p, server: srv})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, progress.String())
-	}
-	var out bytes.Buffer
-	if err := rep.WriteText(&out); err != nil {
-		t.Fatal(err)
-	}
-	t.Log(out.String())
-	sc := rep.Scenarios[0]
+	sc, out := runOne(t, ctx, srv, "herd", p)
 	if len(sc.Results) != len(p.HerdShapes[0].Sides)+len(p.HerdShapes[1].Sides) {
 		t.Fatalf("%d results, want one per side\n%s", len(sc.Results), out.String())
 	}
@@ -386,6 +404,37 @@ func TestBenchHerd(t *testing.T) {
 		}
 		if r.P99us <= 0 || r.Extra["transactions_per_instant"] <= 0 {
 			t.Errorf("%s: lag p99 %v µs, %v transactions per instant: not measured", r.Name, r.P99us, r.Extra["transactions_per_instant"])
+		}
+	}
+}
+
+// TestBenchLatency runs the latency scenario at a tiny size: every pgclaim
+// row (trigger, claim.Notify, PollOnly), the stampede and the throughput
+// check measured something and lost nothing; River's rows run too when
+// PGCLAIM_BENCH_HERDRIVER names a built herdriver.
+func TestBenchLatency(t *testing.T) {
+	srv := pgtest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := tinyParams()
+	p.LatencyRiver = os.Getenv(envHerdRiver) != ""
+	sc, out := runOne(t, ctx, srv, "latency", p)
+	want := 3 + 1 + 2 // pgclaim's rows, the stampede, the throughput pair
+	if p.LatencyRiver {
+		want += 2
+	}
+	if len(sc.Results) != want {
+		t.Fatalf("%d results, want %d\n%s", len(sc.Results), want, out.String())
+	}
+	for _, r := range sc.Results {
+		if r.Unit == "rows/s" {
+			if r.PerSecond <= 0 {
+				t.Errorf("%s: no throughput", r.Name)
+			}
+			continue
+		}
+		if r.Ops != int64(p.LatencySamples) || r.P50us <= 0 || r.P99us < r.P50us {
+			t.Errorf("%s: %d samples, p50 %v µs, p99 %v µs; want %d measured", r.Name, r.Ops, r.P50us, r.P99us, p.LatencySamples)
 		}
 	}
 }

@@ -723,24 +723,28 @@ func herdRobfig(ctx context.Context, url string, sh herdShape, errs *herdErrs) (
 	return stop, stmts, startErrs, logs, nil
 }
 
-// herdRiver starts the River child on url and returns once its clients
-// run; stop ends it and reads its report into hs.
-func herdRiver(ctx context.Context, bin, url string, sh herdShape, hs *herdSide) (stop func() error, err error) {
-	type line struct {
-		Event      string `json:"event"`
-		Error      string `json:"error"`
-		Worked     int64  `json:"worked"`
-		Errors     int64  `json:"errors"`
-		FirstError string `json:"first_error"`
-		Version    string `json:"version"`
-	}
-	lines := make(chan line, 16)
-	proc, err := childproc.Start(childproc.Config{Exe: bin,
-		Args: []string{"-url", url, "-instances", fmt.Sprint(sh.Instances), "-schedules", fmt.Sprint(sh.Schedules),
-			"-period", sh.Period.String(), "-pool", fmt.Sprint(herdPoolConns), "-workers", fmt.Sprint(sh.riverWorkers()),
-			"-sleep", herdJobSleep.String(), "-prefix", "herd", "-table", "herd_effects"},
+// riverLine is one JSON line of River's side (internal/bench/herdriver):
+// the fields of every mode's events.
+type riverLine struct {
+	Event      string  `json:"event"`
+	Error      string  `json:"error"`
+	Worked     int64   `json:"worked"`
+	Errors     int64   `json:"errors"`
+	FirstError string  `json:"first_error"`
+	Version    string  `json:"version"`
+	LagsNs     []int64 `json:"lags_ns"`
+	Inserted   int64   `json:"inserted"`
+	Duplicates int64   `json:"duplicates"`
+}
+
+// startRiverSide starts River's side, bin with args, and returns it with
+// a function that waits for its next line of an event kind (an "error"
+// line ends the wait with its error).
+func startRiverSide(bin string, args []string) (*childproc.Process, func(kind string, timeout time.Duration) (riverLine, error), error) {
+	lines := make(chan riverLine, 16)
+	proc, err := childproc.Start(childproc.Config{Exe: bin, Args: args,
 		Stdout: func(b []byte) {
-			var l line
+			var l riverLine
 			if json.Unmarshal(b, &l) == nil {
 				lines <- l
 			}
@@ -748,16 +752,16 @@ func herdRiver(ctx context.Context, bin, url string, sh herdShape, hs *herdSide)
 		StderrTo: os.Stderr,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// match reports whether l is the event awaited, or the child's error.
-	match := func(l line, kind string) (bool, error) {
+	match := func(l riverLine, kind string) (bool, error) {
 		if l.Event == "error" {
 			return true, fmt.Errorf("river's side: %s", l.Error)
 		}
 		return l.Event == kind, nil
 	}
-	await := func(kind string, timeout time.Duration) (line, error) {
+	await := func(kind string, timeout time.Duration) (riverLine, error) {
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		for {
@@ -774,11 +778,23 @@ func herdRiver(ctx context.Context, bin, url string, sh herdShape, hs *herdSide)
 						return l, err
 					}
 				}
-				return line{}, fmt.Errorf("river's side exited before %q: %v", kind, proc.Err())
+				return riverLine{}, fmt.Errorf("river's side exited before %q: %v", kind, proc.Err())
 			case <-t.C:
-				return line{}, fmt.Errorf("river's side: no %q within %s", kind, timeout)
+				return riverLine{}, fmt.Errorf("river's side: no %q within %s", kind, timeout)
 			}
 		}
+	}
+	return proc, await, nil
+}
+
+// herdRiver starts the River child on url and returns once its clients
+// run; stop ends it and reads its report into hs.
+func herdRiver(ctx context.Context, bin, url string, sh herdShape, hs *herdSide) (stop func() error, err error) {
+	proc, await, err := startRiverSide(bin, []string{"-url", url, "-instances", fmt.Sprint(sh.Instances), "-schedules", fmt.Sprint(sh.Schedules),
+		"-period", sh.Period.String(), "-pool", fmt.Sprint(herdPoolConns), "-workers", fmt.Sprint(sh.riverWorkers()),
+		"-sleep", herdJobSleep.String(), "-prefix", "herd", "-table", "herd_effects"})
+	if err != nil {
+		return nil, err
 	}
 	kill := func() {
 		_ = proc.Kill()

@@ -7,6 +7,9 @@
 //
 // It is a module of its own so that pgclaim's module never requires River.
 //
+// With -mode latency it is River's side of the latency scenario instead
+// (latency.go).
+//
 // Protocol: one JSON object per line on stdout: {"event":"ready"} once every
 // client has started, then {"event":"done",...} after stdin closes (or says
 // "stop") and the clients have stopped. Errors: {"event":"error","error":…}
@@ -99,6 +102,16 @@ type done struct {
 	Version    string `json:"version"`
 }
 
+// runMigrations brings River's own tables up to date.
+func runMigrations(ctx context.Context, pool *pgxpool.Pool) error {
+	mig, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return err
+	}
+	_, err = mig.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	return err
+}
+
 func main() {
 	url := flag.String("url", "", "database URL")
 	instances := flag.Int("instances", 8, "River clients, each with its own pool")
@@ -109,6 +122,10 @@ func main() {
 	sleep := flag.Duration("sleep", 200*time.Millisecond, "how long a job sleeps after its insert")
 	prefix := flag.String("prefix", "river", "schedule names are PREFIX-0 … PREFIX-(M-1)")
 	table := flag.String("table", "herd_effects", "the table each job inserts its row into")
+	mode := flag.String("mode", "herd", "herd (periodic jobs) or latency (one idle client, a job inserted every -interval: see latency.go)")
+	samplesN := flag.Int("samples", 100, "latency: jobs inserted")
+	interval := flag.Duration("interval", 100*time.Millisecond, "latency: time between two inserts")
+	cooldown := flag.Duration("cooldown", 0, "latency: the clients' FetchCooldown (0: River's default)")
 	flag.Parse()
 	out := json.NewEncoder(os.Stdout)
 	fail := func(err error) {
@@ -120,19 +137,16 @@ func main() {
 	}
 	ctx := context.Background()
 
+	if *mode == "latency" {
+		runLatency(ctx, *url, *samplesN, *interval, *cooldown, *poolSize, out, fail)
+		return
+	}
+	if *mode != "herd" {
+		fail(fmt.Errorf("-mode %q: want herd or latency", *mode))
+	}
+
 	// River's own tables, once.
-	mp, err := pgxpool.New(ctx, *url)
-	if err != nil {
-		fail(err)
-	}
-	mig, err := rivermigrate.New(riverpgxv5.New(mp), nil)
-	if err != nil {
-		fail(err)
-	}
-	if _, err := mig.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		fail(fmt.Errorf("river migrations: %w", err))
-	}
-	mp.Close()
+	migrate(ctx, *url, fail)
 
 	var worked atomic.Int64
 	errs := &errCount{}
