@@ -717,14 +717,16 @@ func (c *logCount) first() string {
 	return ""
 }
 
-// medianF is the median of v (the lower middle of an even count).
+// medianF is the median of v (the mean of the two middles of an even
+// count).
 func medianF(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
-	return s[(len(s)-1)/2]
+	n := len(s)
+	return (s[(n-1)/2] + s[n/2]) / 2
 }
 
 // fmtDur prints a lag: µs below a millisecond, ms below a second.
