@@ -412,7 +412,7 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 			freed = r.freed
 		}
 		if sub != nil {
-			sub.Idle(true)
+			sub.Idle(inflight() < cap(sem)) // busy: an announcement goes to a worker with room first
 			defer sub.Idle(false)
 		}
 		select {
@@ -520,6 +520,12 @@ loop:
 				}()
 				r.process(e)
 			}()
+		}
+		if len(cls) < w.cfg.BatchSize && !drain && sub != nil && sub.Listening() {
+			// This claim took every row claimable: the next ones are
+			// announced, so claim again when told (or at the poll), not
+			// at once to find nothing.
+			wait(w.cfg.PollInterval, false)
 		}
 	}
 	wg.Wait()
