@@ -226,10 +226,6 @@ LEFT JOIN LATERAL (
 	for _, l := range out.Leases {
 		add(knownName{name: l.Name, kind: "lease"})
 	}
-	for _, n := range names {
-		// A schedule's lease row name, "pgclaim.schedule:NAME", names it too.
-		add(knownName{name: strings.TrimPrefix(n, "pgclaim.schedule:"), kind: "given"})
-	}
 	if schedules {
 		rows, err = db.Query(ctx, `
 SELECT s.name, r.holder, r.started_at
@@ -255,6 +251,12 @@ LEFT JOIN LATERAL (
 		if err := rows.Err(); err != nil {
 			return Locks{}, fail("reading pgclaim_schedules", err)
 		}
+	}
+	// After the stored names: a --name that is one of them keeps its kind
+	// and holder.
+	for _, n := range names {
+		// A schedule's lease row name, "pgclaim.schedule:NAME", names it too.
+		add(knownName{name: strings.TrimPrefix(n, "pgclaim.schedule:"), kind: "given"})
 	}
 
 	// Advisory locks in this database, held or awaited. waitstart exists
