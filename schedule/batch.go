@@ -5,18 +5,32 @@ package schedule
 // those goes in one statement for all the runners waiting, rather than one
 // statement each queued for the pool. A call waits only for the statement
 // in flight, if any, and then goes with every call that came meanwhile.
+//
+// A statement the server refuses for what one call brought (a row a
+// trigger or constraint rejects) fails the calls sent with it too; the
+// batch is then halved and each half sent again, until the calls at fault
+// stand alone: only they get the error, the others their answers, at the
+// cost of a few statements per call at fault. A failure that is the
+// statement's or the server's (a lost connection, a deadline, a missing
+// privilege or table, a busy server) fails the batch as it is: sending it
+// again in parts would only multiply it.
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // batchWait bounds a batch's statements when no caller has a deadline.
 const batchWait = 30 * time.Second
 
 // batcher sends the calls that wait together through send, which answers
-// each input with one output, in order, or fails them all.
+// each input with one output, in order, or fails them all. Send must give
+// each input the answer it would get in a batch of its own (a batch is
+// split when it fails for one input's sake, see byInput).
 type batcher[In, Out any] struct {
 	send func(ctx context.Context, ins []In) ([]Out, error)
 	// gather, when set, is how long a batch waits for more calls before
@@ -111,12 +125,42 @@ func (b *batcher[In, Out]) sendBatch(calls []*batchCall[In, Out]) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	b.answer(ctx, live, ins)
+}
+
+// answer sends ins, the inputs of calls, and answers the calls. A failure
+// for one input's sake (byInput) is sent again in halves, so that it
+// reaches only the calls whose input fails alone.
+func (b *batcher[In, Out]) answer(ctx context.Context, calls []*batchCall[In, Out], ins []In) {
 	outs, err := b.send(ctx, ins)
-	for i, c := range live {
+	if err != nil && len(calls) > 1 && byInput(err) && ctx.Err() == nil {
+		m := len(calls) / 2
+		b.answer(ctx, calls[:m], ins[:m])
+		b.answer(ctx, calls[m:], ins[m:])
+		return
+	}
+	for i, c := range calls {
 		if err != nil {
 			c.res <- batchResult[Out]{err: err}
 			continue
 		}
 		c.res <- batchResult[Out]{out: outs[i]}
 	}
+}
+
+// byInput reports whether err is the server refusing a statement for the
+// data it was given, which may be one input's alone: a data exception
+// (SQLSTATE class 22), an integrity constraint (23), a trigger's or
+// function's error (27, 2F, 38, 39, P0: RAISE EXCEPTION), a view's check
+// option (44).
+func byInput(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || len(pe.Code) != 5 {
+		return false
+	}
+	switch pe.Code[:2] {
+	case "22", "23", "27", "2F", "38", "39", "44", "P0":
+		return true
+	}
+	return false
 }
