@@ -86,14 +86,15 @@ func TestLocksOfOneInstantBatched(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no instant had all %d schedules run within a minute: %v", schedules, ran)
 		}
-		// Between instants (the odd second after an even one, past its
-		// middle), everything of the last instant has ended.
+		// Between instants (the odd second after an even one), everything
+		// of the last instant has ended: counted from there to the middle
+		// of the next odd second.
 		now := time.Now()
-		wait := now.Truncate(2 * time.Second).Add(2*time.Second + 100*time.Millisecond).Sub(now)
-		time.Sleep(wait)
+		instant := now.Add(time.Second).Truncate(2 * time.Second).Add(2 * time.Second)
+		time.Sleep(instant.Add(-time.Second).Sub(now))
 		t0, r0, d0 := count.takes.Load(), count.releases.Load(), count.reads.Load()
-		instant := time.Now().Truncate(2 * time.Second).UTC()
 		time.Sleep(1500 * time.Millisecond)
+		instant = instant.UTC()
 		mu.Lock()
 		n := ran[instant]
 		mu.Unlock()
