@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 	"github.com/pgclaim/pgclaim/store"
 )
 
@@ -396,6 +397,9 @@ func schemaHint(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42P01" && strings.Contains(pe.Message, "pgclaim_") {
 		return fmt.Errorf("%w: pgclaim's tables are not in this database (or not on its search_path): run 'pgclaim migrate up' or call pgclaim.Migrate first", err)
+	}
+	if pgerr.ReadOnly(err) {
+		return fmt.Errorf("%w: %s", err, pgerr.ReadOnlyServer)
 	}
 	return err
 }

@@ -142,6 +142,11 @@ func (s *Scheduler) retryLater(ctx context.Context, r result, err error) result 
 		r.err = fmt.Errorf("schedule: %q: %w", r.name, s.explain(ctx, err))
 		return r
 	}
+	if s.reader(ctx, r.name, err) {
+		r.readOnly = true
+		r.wake = s.dbNow().Add(s.cfg.PollInterval)
+		return r
+	}
 	if pgerr.Refused(err) {
 		r.refused = true
 		r.wake = s.dbNow().Add(s.refusals.backoff(ctx, s, r.name, err))

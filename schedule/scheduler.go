@@ -130,6 +130,7 @@ type Scheduler struct {
 	schema *qualify.Schema // Config.Schema
 
 	refusals refusals                        // connections refused by the database: back-off and reports
+	readOnly onReader                        // statements refused by a read-only server (readonly.go)
 	reads    batcher[string, readResult]     // the runners' state reads (reads.go)
 	seizes   batcher[leaseCall, int64]       // session locks' lease seizes (lock.go)
 	acquires batcher[leaseCall, int64]       // lease locks' acquisitions (lock.go)
@@ -279,6 +280,7 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 		return err
 	})
 	if err != nil {
+		s.reader(ctx, d.Name, err)
 		return s.explain(ctx, err)
 	}
 	st, err := loadSchedule(ctx, s.q, d.Name)
@@ -334,6 +336,7 @@ type result struct {
 	handBack bool      // an attempt was handed back at shutdown
 	err      error     // a failure no retry cures: Run ends with it
 	refused  bool      // the database refused a connection (see refusals)
+	readOnly bool      // a read-only server refused a statement (readonly.go)
 }
 
 // Run runs the registered schedules until ctx ends: it sleeps until the
@@ -483,6 +486,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			if !r.refused {
 				s.refusals.over(ctx, s)
 			}
+			if !r.readOnly && r.err == nil {
+				s.writer(ctx)
+			}
 			delete(active, r.name)
 			wake[r.name] = r.wake
 			if again[r.name] {
@@ -548,6 +554,7 @@ func (s *Scheduler) poll(ctx context.Context, entries []*entry, conn *store.Quer
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
+		case s.reader(ctx, "", err):
 		case pgerr.Refused(err):
 			s.refusals.backoff(ctx, s, "", err) // reported once per episode
 		default:

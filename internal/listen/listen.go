@@ -387,6 +387,12 @@ func (h *hub) run(ctx context.Context, done chan struct{}) {
 				h.log.WarnContext(ctx, "pgclaim: listen: notifications cannot reach this process; claim workers and schedulers poll", "error", err)
 			}
 			wait = time.Minute
+		case pgerr.ReadOnly(err):
+			h.mode.Store(int32(Connecting))
+			wait = min(time.Duration(failures)*time.Second, 10*time.Second)
+			if failures == 1 {
+				h.log.WarnContext(ctx, "pgclaim: listen: "+pgerr.ReadOnlyServer+"; polling meanwhile, reconnecting", "error", err)
+			}
 		case pgerr.Refused(err):
 			h.mode.Store(int32(Connecting))
 			wait = min(time.Duration(failures)*time.Second, 30*time.Second)

@@ -56,6 +56,11 @@ var SessionName = "pgclaim locks " + ProcessName()
 // for its instance says more than ours).
 const SetApplicationName = "SELECT set_config('application_name', $1, false) WHERE current_setting('application_name') = ''"
 
+// ErrStandby is the refusal of a lock session opened on a server in
+// recovery: it has SQLSTATE 25006 (pgerr.ReadOnly), as a write there would.
+var ErrStandby = &pgconn.PgError{Severity: "ERROR", Code: "25006",
+	Message: "the lock session reaches a server in recovery (a standby): advisory locks are held on the primary only"}
+
 // ProcessName is "hostname:pid", what names this process's dedicated
 // sessions (and what holders default to).
 func ProcessName() string {
@@ -294,10 +299,16 @@ func (c *Sessions) open(ctx context.Context) (*Session, error) {
 		return nil, fmt.Errorf("%w (pg_backend_pid %d, announced %d)", ErrPooler, s.pid, announced)
 	}
 	// pg_stat_activity then tells an operator whose locks the session holds
-	// (a name the pool's configuration gives is kept).
-	if _, err := s.Conn.Exec(ctx, SetApplicationName, SessionName); err != nil {
+	// (a name the pool's configuration gives is kept). A standby's advisory
+	// locks exclude nobody on the primary: no lock is held there.
+	var standby bool
+	if err := s.Conn.QueryRow(ctx, "SELECT pg_is_in_recovery(), ("+SetApplicationName+") IS NULL", SessionName).Scan(&standby, new(bool)); err != nil {
 		CloseConn(s.Conn)
 		return nil, fmt.Errorf("gate: prepare lock connection: %w", err)
+	}
+	if standby {
+		CloseConn(s.Conn)
+		return nil, fmt.Errorf("gate: prepare lock connection: %w", ErrStandby)
 	}
 	return s, nil
 }

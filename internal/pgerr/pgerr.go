@@ -137,6 +137,9 @@ func Privilege(pe *pgconn.PgError) *PrivilegeError {
 	return p
 }
 
+// ReadOnlyServer says what a statement refused with SQLSTATE 25006 means.
+const ReadOnlyServer = "this connection reaches a read-only server (a standby, or the writer's address pointing at a reader after a failover): write through the primary"
+
 // ReadOnly reports whether err is a statement refused because the server
 // is read-only (SQLSTATE 25006): a hot standby, or a writer's address that
 // points at a reader after a failover. It passes when the connection
