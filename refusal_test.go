@@ -61,7 +61,9 @@ func speak(t *testing.T, db *pgtest.Database, lang string) {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || !strings.Contains(strings.ToLower(pe.Message), "division durch null") {
 		msg := "the server's German translations are missing (SELECT 1/0 said %v): the test would run in English"
-		if os.Getenv("CI") == "true" {
+		// The system's server ships them (CI runs the suite on it); the
+		// other majors' server-only builds (.ci/majors) do not.
+		if os.Getenv("CI") == "true" && os.Getenv("PGCLAIM_TEST_PG_BIN") == "" {
 			t.Fatalf(msg, err)
 		}
 		t.Skipf(msg, err)
