@@ -16,8 +16,8 @@
 --
 -- The trigger function reads the statement's rows from its transition
 -- tables (pgclaim_new, pgclaim_old), so it runs once per statement whatever
--- the number of rows, and compares the column's value as jsonb prints it
--- with the value as the column's type prints it.
+-- the number of rows, and compares the column as text with the value as
+-- the column's type prints it.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgclaim_notify_claimable() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
@@ -27,20 +27,19 @@ DECLARE
     val     text := TG_ARGV[1];
     entered boolean;
 BEGIN
-    -- Static statements (planned once per session, not at every call):
-    -- the column is read by name from each row as jsonb, whose text of a
-    -- text, enum or domain value is the value.
     IF TG_OP = 'INSERT' THEN
-        SELECT EXISTS (SELECT 1 FROM pgclaim_new n WHERE to_jsonb(n) ->> col = val) INTO entered;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgclaim_new WHERE %I::text = $1)', col)
+            INTO entered USING val;
     ELSE
         -- Most updates (claims, finishes) leave no row in the state: one
         -- scan of the new rows decides. Otherwise the statement announces
         -- when it left more rows in the state than it found.
-        SELECT EXISTS (SELECT 1 FROM pgclaim_new n WHERE to_jsonb(n) ->> col = val) INTO entered;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgclaim_new WHERE %I::text = $1)', col)
+            INTO entered USING val;
         IF entered THEN
-            SELECT (SELECT count(*) FROM pgclaim_new n WHERE to_jsonb(n) ->> col = val)
-                 > (SELECT count(*) FROM pgclaim_old o WHERE to_jsonb(o) ->> col = val)
-            INTO entered;
+            EXECUTE format('SELECT (SELECT count(*) FROM pgclaim_new WHERE %1$I::text = $1)'
+                        || ' > (SELECT count(*) FROM pgclaim_old WHERE %1$I::text = $1)', col)
+                INTO entered USING val;
         END IF;
     END IF;
     IF entered THEN
