@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -40,24 +39,35 @@ func need(t *testing.T, err error, what string) {
 }
 
 // previousRelease returns the newest commit that changed a migration and
-// whose migrations differ from the working tree's: the release a running
-// deployment has when the current migrations arrive. Only the .sql files
-// count (a comment in migrations.go is no migration).
+// whose set of migration files differs from HEAD's: the release a running
+// deployment has when the current migrations arrive (a commit that only
+// edited a migration not yet released is the current release still).
 func previousRelease(root string) (string, error) {
 	out, err := exec.Command("git", "-C", root, "log", "--format=%H", "--", "sql/migrations/*.sql").Output()
 	if err != nil {
 		return "", fmt.Errorf("git log -- sql/migrations: %w", err)
 	}
-	for _, c := range strings.Fields(string(out)) {
-		err := exec.Command("git", "-C", root, "diff", "--quiet", c, "--", "sql/migrations/*.sql").Run()
-		if err == nil {
-			continue // the current migrations
+	files := func(rev string) (string, error) {
+		out, err := exec.Command("git", "-C", root, "ls-tree", "--name-only", rev, "sql/migrations/").Output()
+		if err != nil {
+			return "", fmt.Errorf("git ls-tree %s sql/migrations: %w", rev, err)
 		}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() == 1 {
+		return string(out), nil
+	}
+	current, err := files("HEAD")
+	if err != nil {
+		return "", err
+	}
+	// The newest commit with other migration files: one that only edited
+	// a migration not released yet is the current release still.
+	for _, c := range strings.Fields(string(out)) {
+		theirs, err := files(c)
+		if err != nil {
+			return "", err
+		}
+		if theirs != current {
 			return c, nil
 		}
-		return "", fmt.Errorf("git diff %s -- sql/migrations: %w", c, err)
 	}
 	return "", fmt.Errorf("no earlier commit changed sql/migrations (a shallow clone? fetch the history)")
 }
