@@ -151,6 +151,10 @@ func TestRefusalNamesUserTable(t *testing.T) {
 // that the tables are missing, in every lc_messages.
 func TestMigrateRefusedCreate(t *testing.T) {
 	inEveryLanguage(t, empty, func(t *testing.T, db *pgtest.Database) {
+		// Before PostgreSQL 15 every role may create in public.
+		if _, err := db.Pool.Exec(context.Background(), `REVOKE CREATE ON SCHEMA public FROM PUBLIC`); err != nil {
+			t.Fatal(err)
+		}
 		app := roletest.New(t, db)
 		err := pgclaim.Migrate(context.Background(), app.Pool)
 		refused(t, "Migrate", err,
