@@ -12,9 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/internal/pgprobe"
-	"github.com/pgclaim/pgclaim/pgtest"
+	"github.com/pgclaim/pgclaim/internal/standbytest"
 )
 
 // lockedBuffer is a log the scheduler and the test share.
@@ -44,23 +43,7 @@ func TestReadOnlyServer(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pair := pgtest.NewPair(t, pgtest.PairConfig{})
-	admin, err := pgx.Connect(ctx, pair.PrimaryURL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE app"); err != nil {
-		t.Fatal(err)
-	}
-	_ = admin.Close(ctx)
-	primary, err := pgxpool.New(ctx, pair.PrimaryURL("app"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer primary.Close()
-	if err := pgclaim.Migrate(ctx, primary); err != nil {
-		t.Fatal(err)
-	}
+	pair, primary := standbytest.New(t, ctx)
 	effectsTable(t, primary)
 	if err := pair.WaitReplayed(ctx); err != nil {
 		t.Fatal(err)

@@ -197,7 +197,7 @@ func (h *hub) unsubscribe(s *Sub) {
 		h.subs[s.channel] = subs
 	}
 	if s.one && len(h.group(s.channel, s.filter)) == 0 {
-		h.send(s.channel, leave+s.filter) // the other processes stop counting on this one
+		h.send(s.channel, leaveNote+s.filter) // the other processes stop counting on this one
 	}
 	last := len(h.subs) == 0
 	var stop context.CancelFunc
@@ -591,7 +591,7 @@ func (h *hub) farewell(c *pgx.Conn) {
 	var out []outgoing
 	for ch, filters := range groups(h.subs) {
 		for _, f := range filters {
-			out = append(out, outgoing{ch, leave + f})
+			out = append(out, outgoing{ch, leaveNote + f})
 		}
 	}
 	out = append(out, h.outbox...)

@@ -31,10 +31,6 @@ const (
 	chosenPerNote = 2
 )
 
-// leave is the announcement that a process's group on a channel ended (the
-// filter follows it).
-const leave = leaveNote
-
 // peers is what a hub knows of the other processes' sessions. Its methods
 // run with the hub's mutex held.
 type peers struct {
