@@ -28,9 +28,9 @@ type demoConfig struct {
 	DatabaseURL string // an existing database; empty: provision one with pgtest
 	Pushes      int    // paused pushes to seed
 	Stuck       int    // requests left PROCESSING by yesterday's crash
-	KillAfter   int    // SIGKILL the Active once it has started this many sends (0: 2/5 of Pushes)
-	NoKill      bool   // let the Active finish (no failover)
-	NoRestart   bool   // do not bring the killed Active back
+	KillAfter   int    // SIGKILL the 09:00 run's instance once this many sends have started, on either instance (0: 2/5 of Pushes)
+	NoKill      bool   // let the 09:00 run finish (no failover)
+	NoRestart   bool   // do not bring the killed instance back
 	Instance    instanceConfig
 	Timeout     time.Duration // for the whole run after provisioning
 	// Serve is an address to serve pgclaim's status page on (read-only)
@@ -66,17 +66,24 @@ func (c *demoConfig) check() error {
 
 // demoResult is what a run established, for the summary and for tests.
 type demoResult struct {
-	OK          bool
-	Failures    []string // invariants that did not hold
-	FireAt      time.Time
-	Procs       []*proc
-	Killed      *proc // the instance killed mid-run, if any
-	KilledMid   int   // rows it left PROCESSING when killed
+	OK        bool
+	Failures  []string // invariants that did not hold
+	FireAt    time.Time
+	Procs     []*proc
+	Killed    *proc // the instance killed mid-run, if any
+	KilledMid int   // rows it left PROCESSING (its worker's claims) when killed
+	// Pickup is how soon the first push started after the resume's COMMIT
+	// was sent, and PickupBy the same for each instance's worker (by
+	// label): measured on the instances' clocks, which the demo's
+	// instances share with their host. Zero when not seen.
+	Pickup      time.Duration
+	PickupBy    map[string]time.Duration
 	Total       int64 // rows in push_requests
 	States      map[string]int64
 	Sends       int64
 	Pushes      int64 // distinct pushes sent
 	Duplicates  int64
+	Early       int64 // pushes sent before the 09:00 instant
 	Odd         db.CountInconsistentRow
 	Runs        []db.ScheduleRunsRow // the schedule's ledger rows
 	Run         *db.ScheduleRunsRow  // the 09:00 instant's row, if there is one
@@ -96,6 +103,9 @@ type orchestrator struct {
 	events chan procEvent
 	procs  []*proc
 	fireAt time.Time
+	// resumedAt is when the COMMIT of the first resume that moved rows was
+	// sent, by its instance's clock; zero until then.
+	resumedAt time.Time
 
 	onEvent func(*proc, event) // tests: sees every event after it was handled
 }
@@ -121,10 +131,11 @@ func runDemo(ctx context.Context, cfg demoConfig) (*demoResult, error) {
 		cfg.Stderr = os.Stderr
 	}
 	if cfg.KillAfter == 0 {
-		// About 2/5 of the way, in the middle of a batch, so that the
-		// rest of the batch is left claimed.
+		// About 2/5 of the way, the two workers having sent about as
+		// many each: both in the middle of a batch, the rest of which the
+		// killed one leaves claimed.
 		b := cfg.Instance.Batch
-		cfg.KillAfter = max(1, min(cfg.Pushes-1, (cfg.Pushes*2/5)/b*b+b/2))
+		cfg.KillAfter = max(1, min(cfg.Pushes-1, 2*((cfg.Pushes/5)/b*b+b/2)))
 	}
 	o := &orchestrator{cfg: cfg, start: time.Now(), out: cfg.Out, events: make(chan procEvent, 256)}
 
@@ -289,6 +300,7 @@ func (o *orchestrator) instanceArgs(label string) []string {
 		"--max-attempts", strconv.Itoa(c.MaxAttempts),
 		"--sweep-every", c.SweepEvery.String(),
 		"--poll", c.Poll.String(),
+		"--worker-poll", c.WorkerPoll.String(),
 		"--catch-up", c.CatchUp.String(),
 	}
 	if c.Verbose {
@@ -359,10 +371,12 @@ func (o *orchestrator) handle(pe procEvent) error {
 	switch e.Ev {
 	case evReady:
 		p.ready = true
-		o.say(p.label, "scheduler running (pid %d)", e.PID)
+		o.say(p.label, "claim worker and scheduler running (pid %d)", e.PID)
+	case evWorker:
+		o.say(p.label, "worker: %s (its poll: every %s)", e.Msg, o.cfg.Instance.WorkerPoll)
 	case evSwept:
 		p.seen.SweptFailed += e.To["FAILED"]
-		p.seen.SweptRetry += e.To["PAUSED"]
+		p.seen.SweptRetry += e.To["READY"]
 		p.swept += e.N
 		for holder, n := range e.By {
 			for _, q := range o.procs {
@@ -389,7 +403,7 @@ func (o *orchestrator) handle(pe procEvent) error {
 		p.seen.Attempts++
 		o.say(p.label, "%s: attempt %d is mine (fence %d) → resuming the pushes paused before it", o.instantText(e.FireAt), e.Attempt, e.Fence)
 	case evWaiting:
-		o.say(p.label, "attempt %d: %s still PROCESSING under a dead attempt's lease → waiting for it to run out, then sweeping them back", e.Attempt, plural(e.N, "row"))
+		o.say(p.label, "attempt %d: %s", e.Attempt, o.waitingText(e))
 	case evFinished:
 		p.finished = e.State
 		if e.State == "succeeded" {
@@ -404,15 +418,27 @@ func (o *orchestrator) handle(pe procEvent) error {
 		o.say(p.label, "%s: %s", o.instantText(e.FireAt), short(e.Msg))
 	case evSending:
 		p.sending++
+		if p.firstSend.IsZero() {
+			p.firstSend = e.At
+			o.pickups()
+		}
 	case evResumed:
-		if s := e.Stats; s != nil {
-			p.seen.Claimed += s.Claimed
-			p.seen.Sent += s.Sent
-			text := fmt.Sprintf("%s: resumed %d, sent %d", e.How, s.Claimed, s.Sent)
-			if s.Released > 0 || s.Lost > 0 {
-				text += fmt.Sprintf(", released %d, lost %d", s.Released, s.Lost)
+		p.seen.Resumed += e.N
+		if e.N == 0 {
+			o.say(p.label, "%s: nothing left PAUSED (an earlier attempt's resume committed)", e.How)
+			break
+		}
+		o.say(p.label, "%s: resumed %s in one statement (PAUSED → READY); the table's trigger announces them with its commit (the COMMIT: %s)",
+			e.How, plural(e.N, "push"), msText(e.Took))
+		if o.resumedAt.IsZero() {
+			o.resumedAt = e.At
+			// The workers the announcement reached: those of the
+			// instances running now. One started later finds its rows
+			// by its first claim, not by the announcement.
+			for _, q := range o.procs {
+				q.atResume = q.ready && !q.killed && !q.exited
 			}
-			o.say(p.label, "%s", text)
+			o.pickups()
 		}
 	case evError:
 		o.say(p.label, "ERROR %s", short(e.Msg))
@@ -423,6 +449,50 @@ func (o *orchestrator) handle(pe procEvent) error {
 		o.onEvent(p, e)
 	}
 	return nil
+}
+
+// pickups prints, for each instance running at the resume whose first push
+// is known and not yet shown, how soon after the resume's COMMIT it started. An instance's
+// events arrive in order, but two instances' interleave: either the resume
+// or a first push may come first.
+func (o *orchestrator) pickups() {
+	if o.resumedAt.IsZero() {
+		return
+	}
+	for _, p := range o.procs {
+		if !p.atResume || p.firstSend.IsZero() || p.pickupShown {
+			continue
+		}
+		p.pickupShown = true
+		o.say(p.label, "worker: first push started %s after the resume's COMMIT was sent", msText(p.firstSend.Sub(o.resumedAt)))
+	}
+}
+
+// waitingText describes what an attempt waits for: the instant's rows
+// still READY, and those PROCESSING per holder, a killed one's marked.
+func (o *orchestrator) waitingText(e event) string {
+	parts := []string{fmt.Sprintf("%d READY", e.N)}
+	dead := false
+	for _, holder := range slices.Sorted(maps.Keys(e.By)) {
+		part := fmt.Sprintf("%d PROCESSING under %s", e.By[holder], holder)
+		for _, q := range o.procs {
+			if q.holder == holder && q.killed {
+				part += " (killed)"
+				dead = true
+			}
+		}
+		parts = append(parts, part)
+	}
+	text := "waiting for the instant's pushes to be sent: " + strings.Join(parts, ", ")
+	if dead {
+		text += " → a killed instance's claims are swept back to READY once their lease runs out"
+	}
+	return text
+}
+
+// msText prints d in milliseconds.
+func msText(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
 // instantText names an instant of the schedule: the demo's 09:00, or the
@@ -441,8 +511,8 @@ func sweptText(e event) string {
 	var to []string
 	for _, s := range slices.Sorted(maps.Keys(e.To)) {
 		what := s
-		if s == "PAUSED" {
-			what = "PAUSED (another attempt)"
+		if s == "READY" {
+			what = "READY (announced: claimed again)"
 		}
 		to = append(to, fmt.Sprintf("%d → %s", e.To[s], what))
 	}
@@ -512,7 +582,9 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 	}
 
 	// Both schedulers wake at 09:00; the one that takes the schedule's lock
-	// records the instant and runs attempt 1. Kill it mid-run.
+	// records the instant and runs attempt 1: it resumes the pushes, both
+	// instances' workers send them, and it waits for them to be sent. Kill
+	// it mid-run.
 	var runner *proc
 	if err := o.wait(ctx, "the 09:00 run to start", func() bool {
 		for _, p := range o.procs {
@@ -526,7 +598,7 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 		return nil, err
 	}
 	if !cfg.NoKill {
-		if err := o.wait(ctx, "the kill point", func() bool { return runner.sending >= cfg.KillAfter || runner.finished != "" }, nil); err != nil {
+		if err := o.wait(ctx, "the kill point", func() bool { return o.sending() >= cfg.KillAfter || runner.finished != "" }, nil); err != nil {
 			return nil, err
 		}
 		if runner.finished != "" {
@@ -536,10 +608,17 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 				return nil, err
 			}
 			res.Killed = runner
-			n, _ := o.countState(ctx, "PROCESSING")
+			n, err := o.q.CountProcessingBy(ctx, &runner.holder)
+			if err != nil {
+				return nil, err
+			}
 			res.KilledMid = int(n)
-			o.say("demo", "SIGKILL %s (pid %d) mid-run: attempt 1 (fence %d) had started %d sends and leaves %s PROCESSING under its claims",
-				runner.label, runner.pid, runner.fence, runner.sending, plural(int(n), "row"))
+			var started []string
+			for _, p := range o.procs {
+				started = append(started, fmt.Sprintf("%d by %s", p.sending, p.label))
+			}
+			o.say("demo", "SIGKILL %s (pid %d) mid-run of attempt 1 (fence %d): %d sends had started (%s); its worker leaves %s PROCESSING under its claims",
+				runner.label, runner.pid, runner.fence, o.sending(), strings.Join(started, ", "), plural(int(n), "row"))
 		}
 	}
 
@@ -554,11 +633,11 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 			return false, nil
 		}
 		st, err := o.states(ctx)
-		return st["PAUSED"] == 0 && st["PROCESSING"] == 0, err
+		return st["PAUSED"] == 0 && st["READY"] == 0 && st["PROCESSING"] == 0, err
 	}); err != nil {
 		return nil, err
 	}
-	o.say("demo", "the 09:00 run ended, and every push settled (none PAUSED, none PROCESSING)")
+	o.say("demo", "the 09:00 run ended, and every push settled (none PAUSED, READY or PROCESSING)")
 
 	// The killed server comes back, as in the field: its start-up clean-up
 	// runs, it registers the schedule (nothing to catch up: the ledger has
@@ -578,11 +657,40 @@ func (o *orchestrator) run(ctx context.Context) (*demoResult, error) {
 		return nil, err
 	}
 	res.Procs = o.procs
+	o.pickup(res)
 	if err := o.check(ctx, res); err != nil {
 		return nil, err
 	}
 	o.summary(res)
 	return res, nil
+}
+
+// sending is how many sends have started, on every instance.
+func (o *orchestrator) sending() int {
+	n := 0
+	for _, p := range o.procs {
+		n += p.sending
+	}
+	return n
+}
+
+// pickup records in res how soon after the resume's COMMIT the worker of
+// each instance running then started its first push, and the earliest.
+func (o *orchestrator) pickup(res *demoResult) {
+	res.PickupBy = map[string]time.Duration{}
+	if o.resumedAt.IsZero() {
+		return
+	}
+	for _, p := range o.procs {
+		if !p.atResume || p.firstSend.IsZero() {
+			continue
+		}
+		d := p.firstSend.Sub(o.resumedAt)
+		res.PickupBy[p.label] = d
+		if len(res.PickupBy) == 1 || d < res.Pickup {
+			res.Pickup = d
+		}
+	}
 }
 
 // never is the condition of waits that end by polling.
@@ -616,11 +724,6 @@ func (o *orchestrator) states(ctx context.Context) (map[string]int64, error) {
 		st[r.Status] = r.N
 	}
 	return st, nil
-}
-
-func (o *orchestrator) countState(ctx context.Context, state string) (int64, error) {
-	st, err := o.states(ctx)
-	return st[state], err
 }
 
 // shutdown stops (or, after a grace period, kills) every instance still

@@ -32,7 +32,10 @@ const (
 	zone = "Asia/Seoul"
 )
 
-// pushTable describes push_requests to pgclaim's claim package.
+// pushTable describes push_requests to pgclaim's claim package. Its rows
+// move PAUSED → READY by the 09:00 job's resume (one statement), then
+// READY → PROCESSING → SENT (or FAILED) by the claim workers of every
+// instance.
 var pushTable = claim.Table{
 	Name:       "push_requests",
 	Key:        "id",
@@ -45,12 +48,6 @@ var pushTable = claim.Table{
 	Reason:     "fail_reason",
 }
 
-// dueRows narrows a resume to rows paused at or before the run's instant
-// ($1): the 09:00 run resumes what was paused before 09:00, and every
-// attempt of it resumes the same rows, never pushes paused after it (they
-// wait for the next 09:00).
-const dueRows = "paused_at <= $1"
-
 // definition is the resume job's schedule as every instance declares it.
 // The policies:
 //   - CatchUpLatest within catchUp: a service that was down at 09:00 runs
@@ -60,8 +57,9 @@ const dueRows = "paused_at <= $1"
 //   - OverlapSkip: a 09:00 that comes due while yesterday's run is still
 //     running is recorded skipped; the running one resumes the same rows.
 //   - Retry: 3 attempts (an attempt whose instance died counts), 5 s back-off
-//     after a failed one. Each attempt works through claims, so it finishes
-//     what the one before it left and never sends a push twice.
+//     after a failed one. Each attempt resumes what is still PAUSED (nothing,
+//     once an earlier attempt's resume committed) and waits for the same
+//     rows; the pushes themselves are sent through claims, once each.
 //
 // demoAt, when set, moves the daily 09:00 to demoAt's time of day (Seoul),
 // to seconds: the demo's clock. A real service uses the spec as it is.
@@ -106,8 +104,9 @@ type instanceConfig struct {
 	Lease       time.Duration // claim lease; heartbeats extend it while a push is sent
 	StaleAfter  time.Duration // the field's rule: PROCESSING this long → FAILED
 	MaxAttempts int           // claims a push gets before a stale claim fails it
-	SweepEvery  time.Duration // how often a run waiting for a dead attempt's claims sweeps again
+	SweepEvery  time.Duration // how often a run waiting for its pushes sweeps for a dead instance's claims
 	Poll        time.Duration // the scheduler's poll: how soon a dead runner's instant is taken over
+	WorkerPoll  time.Duration // the workers' poll: the safety net for a READY row whose announcement was lost
 	DailyAt     time.Time     // the demo's 09:00; zero: not known yet (the demo sends it)
 	CatchUp     time.Duration // the schedule's catch-up window
 	Verbose     bool          // pgclaim's logs on standard error
@@ -121,8 +120,9 @@ func (c *instanceConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Lease, "lease", 2*time.Second, "claim lease, extended while a push is sent")
 	fs.DurationVar(&c.StaleAfter, "stale-after", 24*time.Hour, "PROCESSING rows claimed longer ago than this are failed")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", 3, "claims a push gets before a stale claim fails it")
-	fs.DurationVar(&c.SweepEvery, "sweep-every", 250*time.Millisecond, "how often a run waiting for a dead attempt's claims sweeps again")
+	fs.DurationVar(&c.SweepEvery, "sweep-every", 250*time.Millisecond, "how often the 09:00 run, waiting for its pushes to be sent, sweeps for a dead instance's claims")
 	fs.DurationVar(&c.Poll, "poll", time.Second, "the scheduler's poll interval")
+	fs.DurationVar(&c.WorkerPoll, "worker-poll", 10*time.Second, "the claim worker's poll interval (its safety net: it claims when rows are announced)")
 	fs.Func("daily-at", "the demo's 09:00: the job runs daily at this instant's time of day (RFC 3339)", func(s string) error {
 		t, err := time.Parse(time.RFC3339Nano, s)
 		c.DailyAt = t
@@ -152,6 +152,8 @@ func (c *instanceConfig) check() error {
 		return errors.New("--sweep-every: must be positive")
 	case c.Poll <= 0:
 		return errors.New("--poll: must be positive")
+	case c.WorkerPoll <= 0:
+		return errors.New("--worker-poll: must be positive")
 	case c.CatchUp < 0:
 		return errors.New("--catch-up: must not be negative")
 	}
@@ -171,7 +173,7 @@ type instance struct {
 
 	sched   *schedule.Scheduler
 	claimer *claim.Claimer[int64]
-	worker  claim.WorkerConfig[int64] // Args set per attempt
+	worker  *claim.Worker[int64]
 	sweeper *claim.Sweeper[int64]
 
 	mu sync.Mutex
@@ -262,10 +264,11 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 		return nil, err
 	}
 	in := &instance{cfg: cfg, holder: holder, pool: pool, q: db.New(pool), rep: rep}
-	in.log = slog.New(slog.DiscardHandler)
+	var h slog.Handler = slog.DiscardHandler
 	if cfg.Verbose {
-		in.log = slog.New(slog.NewTextHandler(stderr, nil)).With("instance", holder)
+		h = slog.NewTextHandler(stderr, nil)
 	}
+	in.log = slog.New(modeHandler{Handler: h, rep: rep}).With("instance", holder)
 	// Migrate before building on the tables: NewWorker and NewSweeper
 	// check the table and the states against the database.
 	if in.applied, err = migrate(ctx, pool); err != nil {
@@ -279,47 +282,80 @@ func newInstance(ctx context.Context, cfg instanceConfig, holder string, rep *re
 	return in, nil
 }
 
+// modeHandler hands every record to its Handler, and reports to the demo
+// the claim worker's record saying how it learns of claimable rows: from the
+// table's trigger, from claim.Notify only, or by its poll alone.
+type modeHandler struct {
+	slog.Handler
+	rep *reporter
+}
+
+func (h modeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelInfo || h.Handler.Enabled(ctx, l)
+}
+
+func (h modeHandler) Handle(ctx context.Context, r slog.Record) error {
+	if msg, ok := strings.CutPrefix(r.Message, "claim: worker: "); ok &&
+		(strings.HasPrefix(msg, "claims when") || strings.HasPrefix(msg, "polls only")) {
+		h.rep.emit(event{Ev: evWorker, Msg: msg})
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h modeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return modeHandler{Handler: h.Handler.WithAttrs(as), rep: h.rep}
+}
+
+func (h modeHandler) WithGroup(name string) slog.Handler {
+	return modeHandler{Handler: h.Handler.WithGroup(name), rep: h.rep}
+}
+
 // build wires pgclaim's pieces for this instance.
 func (in *instance) build() error {
 	cfg := in.cfg
 	var err error
+	// Claims take READY rows, the pushes a resume released: never PAUSED
+	// ones, so a worker running all day sends nothing before 09:00.
 	in.claimer, err = claim.New[int64](in.pool, pushTable, claim.Config{
-		From:   "PAUSED",
+		From:   "READY",
 		To:     "PROCESSING",
 		Holder: in.holder,
 		Lease:  cfg.Lease,
 		Order:  "id",
-		Where:  dueRows,
 		Logger: in.log,
 	})
 	if err != nil {
 		return err
 	}
-	in.worker = claim.WorkerConfig[int64]{
-		Work:        in.send,
-		Done:        "SENT",
-		Failed:      "FAILED",
-		Retry:       claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
-		BatchSize:   cfg.Batch,
-		Concurrency: 1,
-		Args:        []any{time.Now()},
-	}
-	// Checked against the database once, here; each attempt builds its own
-	// worker for its instant without checking again.
-	if _, err := claim.NewWorker(in.claimer, in.worker); err != nil {
+	// The worker runs for the instance's life, on every instance alike. On
+	// the pool it listens for the announcements of the table's trigger
+	// (migration 00002 attaches it to READY) and claims the moment a
+	// statement moves rows there; PollInterval is only its safety net.
+	in.worker, err = claim.NewWorker(in.claimer, claim.WorkerConfig[int64]{
+		Work:         in.send,
+		Done:         "SENT",
+		Failed:       "FAILED",
+		Retry:        claim.RetryPolicy{State: "READY", MaxAttempts: cfg.MaxAttempts},
+		BatchSize:    cfg.Batch,
+		Concurrency:  1,
+		PollInterval: cfg.WorkerPoll,
+	})
+	if err != nil {
 		return err
 	}
-	in.worker.SkipVerify = true
 	// One sweeper for both rules. A claim whose lease ran out (its holder
-	// died) goes back to PAUSED for another attempt, or to FAILED once its
-	// attempts are used; the field's start-up rule, anything claimed more
-	// than StaleAfter ago (lease or none, as an older release left them),
-	// goes to FAILED (FailAfter).
+	// died) goes back to READY, announced and claimed again at once, or to
+	// FAILED once its attempts are used; the field's start-up rule, anything
+	// claimed more than StaleAfter ago (lease or none, as an older release
+	// left them), goes to FAILED (FailAfter).
 	in.sweeper, err = claim.NewSweeper(in.claimer, claim.SweeperConfig[int64]{
 		StaleAfter: cfg.StaleAfter,
 		FailAfter:  cfg.StaleAfter,
 		Failed:     "FAILED",
-		Retry:      claim.RetryPolicy{State: "PAUSED", MaxAttempts: cfg.MaxAttempts},
+		Retry:      claim.RetryPolicy{State: "READY", MaxAttempts: cfg.MaxAttempts},
 		BatchSize:  500,
 	})
 	if err != nil {
@@ -372,7 +408,7 @@ func (in *instance) observe(_ context.Context, e schedule.Event) {
 // finishes the claim in (PROCESSING → SENT, fenced by the claim's token). If
 // the claim was swept meanwhile, the finish fails and the send rolls back.
 func (in *instance) send(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) error {
-	in.rep.emit(event{Ev: evSending, ID: c.Key, Fence: c.Fence})
+	in.rep.emit(event{Ev: evSending, ID: c.Key, Fence: c.Fence, At: time.Now()})
 	if in.cfg.SendDelay > 0 {
 		t := time.NewTimer(in.cfg.SendDelay)
 		select {
@@ -386,51 +422,58 @@ func (in *instance) send(ctx context.Context, tx pgx.Tx, c claim.Claim[int64]) e
 }
 
 // resume is the schedule's job: one attempt at resuming the pushes paused
-// before run.Instant. It works through claims, so it completes whatever an
-// earlier attempt of the instant left: rows that attempt never claimed are
-// still PAUSED; rows it held when it died are PROCESSING until their lease
-// runs out, then swept back to PAUSED and resumed here; rows it sent are
-// SENT, and never sent again. It returns once no due row is PAUSED or
-// PROCESSING.
+// before run.Instant. It moves them PAUSED → READY in one statement, whose
+// commit the table's trigger announces to every instance's worker; the
+// workers send them. The attempt then waits until none of those rows is
+// READY or PROCESSING, sweeping meanwhile, so that the instant is recorded
+// succeeded once its pushes are sent (or failed for good): a claim whose
+// holder died is PROCESSING until its lease runs out, then swept back to
+// READY and sent by a live worker. A later attempt (its runner died)
+// resumes what is still PAUSED, nothing once an earlier resume committed,
+// and waits the same way; rows already SENT are never sent again.
 func (in *instance) resume(ctx context.Context, run schedule.Run) error {
-	wc := in.worker
-	wc.Args = []any{run.Instant}
-	w, err := claim.NewWorker(in.claimer, wc)
+	how := fmt.Sprintf("attempt %d", run.Attempt)
+	// The resume in a transaction of its own, so that the demo knows when
+	// its COMMIT went out: the trigger's announcement is delivered with the
+	// commit, and the pickup is measured from here.
+	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	how := fmt.Sprintf("attempt %d", run.Attempt)
+	n, err := in.q.WithTx(tx).ResumePaused(ctx, run.Instant)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	commit := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	in.count(func(c *counters) { c.Resumed += int(n) })
+	in.rep.emit(event{Ev: evResumed, How: how, Attempt: run.Attempt, N: int(n), At: commit, Took: time.Since(commit)})
 	waiting := false
 	for {
 		if _, err := in.sweep(ctx, how); err != nil {
-			return err
-		}
-		st, err := w.Drain(ctx)
-		in.count(func(n *counters) {
-			n.Claimed += st.Claimed
-			n.Sent += st.Succeeded
-			n.Released += st.Released
-			n.Lost += st.Lost
-		})
-		if st.Claimed > 0 || err != nil {
-			in.rep.emit(event{Ev: evResumed, How: how, Attempt: run.Attempt, Stats: &counters{
-				Claimed: st.Claimed, Sent: st.Succeeded, Released: st.Released, Lost: st.Lost,
-			}})
-		}
-		if err != nil {
 			return err
 		}
 		open, err := in.q.CountOpen(ctx, run.Instant)
 		if err != nil {
 			return err
 		}
-		if open.Paused+open.Processing == 0 {
+		if open.Paused+open.Ready+open.Processing == 0 {
 			return nil
 		}
-		if open.Processing > 0 && !waiting {
-			// Claims of the attempt that died: wait for their lease.
+		if !waiting {
 			waiting = true
-			in.rep.emit(event{Ev: evWaiting, Attempt: run.Attempt, N: int(open.Processing)})
+			by, err := in.q.ProcessingByHolder(ctx, run.Instant)
+			if err != nil {
+				return err
+			}
+			e := event{Ev: evWaiting, Attempt: run.Attempt, N: int(open.Ready), By: map[string]int{}}
+			for _, r := range by {
+				e.By[r.Holder] = int(r.N)
+			}
+			in.rep.emit(e)
 		}
 		t := time.NewTimer(in.cfg.SweepEvery)
 		select {
@@ -458,12 +501,12 @@ func (in *instance) sweep(ctx context.Context, rule string) (retried int, err er
 	}
 	in.count(func(n *counters) {
 		n.SweptFailed += to["FAILED"]
-		n.SweptRetry += to["PAUSED"]
+		n.SweptRetry += to["READY"]
 	})
 	if total > 0 || rule == ruleStartup {
 		in.rep.emit(event{Ev: evSwept, Rule: rule, N: total, To: to, By: by})
 	}
-	return to["PAUSED"], nil
+	return to["READY"], nil
 }
 
 // register stores the schedule (idempotent: every instance registers the
@@ -494,9 +537,10 @@ func (in *instance) register(ctx context.Context, demoAt time.Time) error {
 	return nil
 }
 
-// run is the instance's life: the start-up clean-up, then the scheduler
-// until ctx ends. Every instance runs the same scheduler; which one runs an
-// instant is decided in the database.
+// run is the instance's life: the start-up clean-up, then the claim worker
+// and the scheduler until ctx ends. Every instance runs the same worker and
+// the same scheduler; which one runs an instant is decided in the database,
+// and which worker sends a push by its claim.
 func (in *instance) run(ctx context.Context, clocks <-chan time.Time) error {
 	// Start-up clean-up, on every instance whatever its role: after a crash
 	// the instance starting is usually the one that has to clean up.
@@ -509,8 +553,21 @@ func (in *instance) run(ctx context.Context, clocks <-chan time.Time) error {
 		}
 	}
 
+	// A worker that stops on a failure that cannot go away ends the
+	// instance: a server that cannot send must not look healthy.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	var worked claim.Stats
+	var workerErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		worked, workerErr = in.worker.Run(ctx)
+		if workerErr != nil {
+			cancel()
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		if err := in.sched.Run(ctx); err != nil && ctx.Err() == nil {
@@ -533,6 +590,12 @@ loop:
 	in.log.Info("pushresume: stopping")
 	wg.Wait()
 	in.log.Info("pushresume: stopped")
+	in.count(func(n *counters) {
+		n.Claimed, n.Sent, n.Released, n.Lost = worked.Claimed, worked.Succeeded, worked.Released, worked.Lost
+	})
+	if workerErr != nil {
+		return fmt.Errorf("worker: %w", workerErr)
+	}
 	n := in.counters()
 	in.rep.emit(event{Ev: evStopped, Stats: &n})
 	return nil

@@ -3,6 +3,17 @@
 // resumes paused pushes, and whose every instance cleans up requests left
 // PROCESSING by a crashed server when it starts.
 //
+// The job resumes the pushes in one statement (PAUSED → READY). The
+// service's own migration attaches pgclaim's notification trigger to rows
+// entering READY (migrations/00002_push_requests_ready.sql):
+//
+//	SELECT pgclaim_notify_on('push_requests'::regclass, 'status', 'READY');
+//
+// so the resume's commit announces the rows, and the claim worker every
+// instance runs (READY → PROCESSING → SENT) starts sending within
+// milliseconds rather than at its next poll, which stays as the safety net.
+// PAUSED rows are in no state a worker claims: nothing is sent before 09:00.
+//
 // Run the demo (it provisions Postgres itself):
 //
 //	go run ./examples/pushresume
@@ -41,38 +52,50 @@ a container when Docker answers, else a throwaway cluster from the local
 PostgreSQL binaries), seeds paused pushes plus a few requests stuck since
 yesterday, and starts two instances as separate processes:
 
-  1. Each instance migrates (pgclaim's tables and its own), runs the start-up
-     sweep (claimed over 24h ago → FAILED) and starts pgclaim's scheduler
-     (package schedule). Both run the same scheduler; neither is special.
+  1. Each instance migrates (pgclaim's tables and its own; the second of
+     its migrations attaches pgclaim's notification trigger to push_requests
+     for rows entering READY), runs the start-up sweep (claimed over 24h ago
+     → FAILED), and starts a claim worker (package claim: READY →
+     PROCESSING → SENT) and pgclaim's scheduler (package schedule). Both run
+     the same worker and the same scheduler; neither is special. The
+     workers listen for the trigger's announcements; their poll
+     (--worker-poll) is only the safety net. Paused pushes are in no state a
+     worker claims: nothing is sent before 09:00.
   2. The demo clock moves 09:00 two seconds ahead: each instance registers
      the schedule push-resume (daily at that time of day in Asia/Seoul, the
      same definition on both). At 09:00 both schedulers wake; the one that
      takes the schedule's lock records the instant in the ledger
      (pgclaim_schedule_runs, one row per instant) and runs attempt 1 with a
      fresh fence. The other does nothing for it.
-  3. The run claims paused pushes in batches (PAUSED → PROCESSING with a
-     fencing token and a lease) and "sends" each one: a row in sent_pushes
-     written in the transaction that finishes the claim as SENT.
-  4. Mid-run the demo kills that instance with SIGKILL (the Active or the
-     Standby: the scheduler prefers neither; the story below calls it the
-     runner). Its advisory lock
-     goes with its session; its claims stay PROCESSING until their lease
-     runs out.
+  3. The run resumes the pushes paused before 09:00 in one statement
+     (PAUSED → READY). Its commit carries the trigger's NOTIFY: both
+     workers claim at once, in batches (READY → PROCESSING with a fencing
+     token and a lease), and "send" each push: a row in sent_pushes written
+     in the transaction that finishes the claim as SENT. The demo prints
+     how soon after the resume's COMMIT each worker started its first push.
+     The run then waits until none of those rows is READY or PROCESSING.
+  4. Mid-run the demo kills the instance running it with SIGKILL (the
+     Active or the Standby: the scheduler prefers neither; the story below
+     calls it the runner). Its advisory lock goes with its session; its
+     worker's claims stay PROCESSING until their lease runs out. The other
+     worker keeps sending.
   5. The other instance's scheduler finds the lock free within its --poll
      and takes the run over as attempt 2, with a higher fence. Attempt 2
-     does the same work through the same claims: it resumes what attempt 1
-     never claimed, waits for the dead attempt's leases to run out and sweeps
-     those rows back to PAUSED (FAILED once --max-attempts are used), and
-     resumes them. Rows attempt 1 sent stay SENT. The instant ends
-     succeeded, once, at attempt 2.
+     finds nothing left PAUSED (attempt 1's resume committed), waits for the
+     dead worker's leases to run out and sweeps those rows back to READY
+     (FAILED once --max-attempts are used); the trigger announces them and
+     the live worker sends them. Rows already sent stay SENT. The instant
+     ends succeeded, once, at attempt 2.
   6. The killed server comes back (as in the field), runs its start-up sweep,
      registers the schedule (the ledger has the 09:00 run: nothing to catch
      up) and stands by. The demo stops everything and checks the database.
 
-It ends with a table per instance (attempts run, rows resumed, pushes sent,
-rows swept), the 09:00 instant's ledger row, and the overall figures: pushes
-sent, duplicate sends (must be 0), rows left PROCESSING (must be 0). The exit
-status is 1 when any invariant failed.
+It ends with a table per instance (attempts run, rows resumed, rows claimed,
+pushes sent, rows swept), the 09:00 instant's ledger row, and the overall
+figures: pushes sent, duplicate sends (must be 0), rows left PROCESSING or
+READY (must be 0), and the pickup (the resume's COMMIT sent → the first push
+started, measured on this host's clock, not asserted). The exit status is 1
+when any invariant failed.
 
 Usage:
   go run ./examples/pushresume [flags]
@@ -95,7 +118,7 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "an existing database to run in (default: $DATABASE_URL; when neither is set, Postgres is provisioned); its push_requests and sent_pushes are emptied first")
 	fs.IntVar(&cfg.Pushes, "pushes", 200, "paused pushes to seed")
 	fs.IntVar(&cfg.Stuck, "stuck", 3, "requests a crashed server left PROCESSING since yesterday")
-	fs.IntVar(&cfg.KillAfter, "kill-after", 0, "SIGKILL the instance running the 09:00 run once it has started this many sends (default 2/5 of --pushes)")
+	fs.IntVar(&cfg.KillAfter, "kill-after", 0, "SIGKILL the instance running the 09:00 run once this many sends have started, on both instances together (default 2/5 of --pushes)")
 	fs.BoolVar(&cfg.NoKill, "no-kill", false, "let the 09:00 run finish: no failover")
 	fs.BoolVar(&cfg.NoRestart, "no-restart", false, "do not bring the killed server back at the end")
 	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
@@ -106,8 +129,9 @@ func mainArgs(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.DurationVar(&ic.Lease, "lease", 2*time.Second, "claim lease: how soon a dead instance's claims can be swept")
 	fs.DurationVar(&ic.StaleAfter, "stale-after", 24*time.Hour, "the start-up rule: claimed longer ago than this → FAILED")
 	fs.IntVar(&ic.MaxAttempts, "max-attempts", 3, "claims a push gets before a stale claim fails it")
-	fs.DurationVar(&ic.SweepEvery, "sweep-every", 250*time.Millisecond, "how often a run waiting for a dead attempt's claims sweeps again")
+	fs.DurationVar(&ic.SweepEvery, "sweep-every", 250*time.Millisecond, "how often the 09:00 run, waiting for its pushes to be sent, sweeps for a dead instance's claims")
 	fs.DurationVar(&ic.Poll, "poll", time.Second, "the schedulers' poll: how soon a dead runner's instant is taken over")
+	fs.DurationVar(&ic.WorkerPoll, "worker-poll", 10*time.Second, "the claim workers' poll, their safety net: they claim READY rows when the table's trigger announces them")
 	fs.DurationVar(&ic.CatchUp, "catch-up", time.Hour, "the schedule's catch-up window for a missed 09:00")
 	fs.BoolVar(&ic.Verbose, "v", false, "the instances log pgclaim's records to standard error")
 	fs.Usage = func() {

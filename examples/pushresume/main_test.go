@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/examples/pushresume/db"
@@ -83,7 +84,12 @@ func testInstance() instanceConfig {
 		MaxAttempts: 3,
 		SweepEvery:  100 * time.Millisecond,
 		Poll:        500 * time.Millisecond,
-		CatchUp:     time.Hour,
+		// The workers would find READY rows by their poll only after an
+		// hour: every test that sends its pushes shows that the table's
+		// trigger announced them (the resume, the sweeps giving a dead
+		// instance's claims back) and that the workers claimed on it.
+		WorkerPoll: time.Hour,
+		CatchUp:    time.Hour,
 	}
 }
 
@@ -134,7 +140,7 @@ func checkSentOnce(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pushes
 		(SELECT count(*) FROM push_requests WHERE status <> 'FAILED'),
 		(SELECT count(*) FROM push_requests WHERE status = 'SENT'),
 		(SELECT count(*) FROM push_requests WHERE status = 'PROCESSING'),
-		(SELECT count(*) FROM push_requests WHERE status = 'PAUSED'),
+		(SELECT count(*) FROM push_requests WHERE status IN ('PAUSED', 'READY')),
 		(SELECT count(*) FROM sent_pushes),
 		(SELECT count(DISTINCT push_id) FROM sent_pushes),
 		(SELECT count(*) FROM (SELECT push_id FROM sent_pushes GROUP BY push_id HAVING count(*) > 1) d),
@@ -154,7 +160,7 @@ func checkSentOnce(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pushes
 		t.Errorf("%d rows FAILED, want %d", nFailed, failed)
 	}
 	if processing != 0 || paused != 0 {
-		t.Errorf("left PROCESSING %d, PAUSED %d; want 0 and 0", processing, paused)
+		t.Errorf("left PROCESSING %d, PAUSED or READY %d; want 0 and 0", processing, paused)
 	}
 	if sends != pushes || distinct != pushes || dups != 0 {
 		t.Errorf("sent_pushes: %d sends of %d distinct pushes, %d sent more than once; want %d, %d, 0", sends, distinct, dups, pushes, pushes)
@@ -167,7 +173,7 @@ func checkSentOnce(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pushes
 func settled(ctx context.Context, o *orchestrator) func() (bool, error) {
 	return func() (bool, error) {
 		st, err := o.states(ctx)
-		return err == nil && st["PAUSED"] == 0 && st["PROCESSING"] == 0, err
+		return err == nil && st["PAUSED"] == 0 && st["READY"] == 0 && st["PROCESSING"] == 0, err
 	}
 }
 
@@ -183,8 +189,9 @@ func stopAll(t *testing.T, ctx context.Context, o *orchestrator) {
 	}
 }
 
-// The demo command, end to end with small sizes: two instance processes, the
-// Active killed mid-run, the Standby taking over; exit status 0.
+// The demo command, end to end with small sizes: two instance processes whose
+// workers both send the resumed pushes, the runner of the 09:00 run killed
+// mid-run, the other instance taking over; exit status 0.
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
@@ -213,23 +220,45 @@ func TestDemo(t *testing.T) {
 	if res.KilledMid == 0 {
 		t.Error("the Active left no row PROCESSING when killed; the kill was not mid-run")
 	}
-	if res.States["SENT"] != 60 || res.States["FAILED"] != 2 || res.Duplicates != 0 {
-		t.Errorf("states %v, duplicates %d; want 60 SENT, 2 FAILED, 0 duplicates", res.States, res.Duplicates)
+	if res.States["SENT"] != 60 || res.States["FAILED"] != 2 || res.Duplicates != 0 || res.Early != 0 {
+		t.Errorf("states %v, duplicates %d, sent before 09:00 %d; want 60 SENT, 2 FAILED, 0, 0", res.States, res.Duplicates, res.Early)
 	}
 	if r := res.Run; r == nil || r.State != "succeeded" || r.Attempt != 2 || deref(r.Holder) == res.Killed.holder {
 		t.Errorf("the 09:00 row %+v; want succeeded at attempt 2 by the instance not killed", r)
 	}
 	var tookOver bool
 	for _, r := range procRows(res) {
-		if r.role == "completed the run as attempt 2" && r.label != res.Killed.label && r.resumed > 0 {
+		switch {
+		case r.label == res.Killed.label:
+			// It resumed every push, and its worker sent some before
+			// it died.
+			if r.resumed != 60 || r.sent == 0 {
+				t.Errorf("%s resumed %d and sent %d; want 60 resumed, some sent", r.label, r.resumed, r.sent)
+			}
+		case r.role == "completed the run as attempt 2" && r.resumed == 0 && r.sent > 0:
+			// Nothing left to resume: it sent the rest, the dead
+			// worker's claims among them.
 			tookOver = true
 		}
 	}
 	if !tookOver {
-		t.Error("the other instance did not complete the run as attempt 2 and resume the rest")
+		t.Error("the other instance did not complete the run as attempt 2 and send the rest")
 	}
+	// Both workers started pushes after the resume: how soon is printed,
+	// not asserted.
+	if len(res.PickupBy) != 2 {
+		t.Errorf("pickups measured %v; want one per instance that was running at 09:00", res.PickupBy)
+	}
+	t.Logf("pickup: %v (%v)", res.Pickup, res.PickupBy)
 	checkSentOnce(t, context.Background(), d.Pool, 60, 2)
-	for _, want := range []string{"took the run over", "attempt 2 is mine", "duplicate sends                0", "rows left PROCESSING           0", "OK:"} {
+	for _, want := range []string{
+		"worker: claims when the table's trigger announces rows",
+		"resumed 60 pushes in one statement",
+		"first push started",
+		"took the run over", "attempt 2 is mine", "(killed)", "→ READY",
+		"duplicate sends                0", "pushes sent before 09:00       0", "rows left PROCESSING           0",
+		"rows left READY                0", "pickup", "OK:",
+	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
@@ -238,8 +267,9 @@ func TestDemo(t *testing.T) {
 
 // Two instance processes start together on an empty database (both migrate
 // at once) and register the same schedule: at its instant one of them runs
-// it, the ledger holds one row (succeeded at attempt 1), and every push is
-// sent once.
+// it, the ledger holds one row (succeeded at attempt 1), the resume moves
+// every push once, both workers hear of it from the table's trigger and
+// send, and every push is sent once.
 func TestTwoInstancesOneRun(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)
@@ -247,9 +277,13 @@ func TestTwoInstancesOneRun(t *testing.T) {
 	const pushes = 40
 	o := newHarness(t, d, testInstance())
 	var applied []string
+	modes := map[*proc]string{}
 	o.onEvent = func(p *proc, e event) {
 		if e.Ev == evReady && e.Msg != "" {
 			applied = append(applied, e.Msg)
+		}
+		if e.Ev == evWorker {
+			modes[p] = e.Msg
 		}
 	}
 	a, err := o.startInstance("a")
@@ -274,8 +308,10 @@ func TestTwoInstancesOneRun(t *testing.T) {
 	if dupVersions != 0 {
 		t.Errorf("%d migrations recorded twice", dupVersions)
 	}
-	if own := strings.Count(strings.Join(applied, ","), "00001_push_requests.sql"); own != 1 {
-		t.Errorf("the service's migration reported applied %d times (%q); want once", own, applied)
+	for _, m := range []string{"00001_push_requests.sql", "00002_push_requests_ready.sql"} {
+		if own := strings.Count(strings.Join(applied, ","), m); own != 1 {
+			t.Errorf("the service's migration %s reported applied %d times (%q); want once", m, own, applied)
+		}
 	}
 	if _, err := o.q.SeedPaused(ctx, pushes); err != nil {
 		t.Fatal(err)
@@ -312,26 +348,37 @@ func TestTwoInstancesOneRun(t *testing.T) {
 	if runner.holder != deref(runs[0].Holder) {
 		t.Fatalf("ledger holder %q is neither instance (%q, %q)", deref(runs[0].Holder), a.holder, b.holder)
 	}
-	if r, o := runner.stopped, other.stopped; r == nil || o == nil ||
-		r.Attempts != 1 || r.Completed != 1 || o.Attempts != 0 {
-		t.Errorf("counts: runner %+v, other %+v; want one attempt, by the runner", r, o)
+	r, w := runner.stopped, other.stopped
+	if r == nil || w == nil {
+		t.Fatalf("counts: runner %+v, other %+v; want both stopped cleanly", r, w)
 	}
-	if runner.stopped != nil && (runner.stopped.Claimed != pushes || runner.stopped.Sent != pushes) {
-		t.Errorf("runner claimed %d and sent %d; want %d each", runner.stopped.Claimed, runner.stopped.Sent, pushes)
+	if r.Attempts != 1 || r.Completed != 1 || w.Attempts != 0 {
+		t.Errorf("counts: runner %+v, other %+v; want one attempt, by the runner", r, w)
+	}
+	if r.Resumed != pushes || w.Resumed != 0 {
+		t.Errorf("resumed: runner %d, other %d; want %d by the runner's one statement", r.Resumed, w.Resumed, pushes)
+	}
+	// The instances are alike: each worker claims what it can, whichever
+	// instance ran the resume.
+	if r.Claimed+w.Claimed != pushes || r.Sent+w.Sent != pushes || r.Sent == 0 || w.Sent == 0 {
+		t.Errorf("workers: runner claimed %d and sent %d, other claimed %d and sent %d; want %d in all, some by each",
+			r.Claimed, r.Sent, w.Claimed, w.Sent, pushes)
+	}
+	for _, p := range []*proc{a, b} {
+		if !strings.HasPrefix(modes[p], "claims when the table's trigger announces rows") {
+			t.Errorf("%s's worker: %q; want it to claim on the trigger's announcements", p.label, modes[p])
+		}
 	}
 	checkSentOnce(t, ctx, d.Pool, pushes, 0)
-	by, err := o.q.SentByInstance(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(by) != 1 || by[0].Instance != runner.holder {
-		t.Errorf("sends by instance %+v; want all by %s", by, runner.holder)
+	if early, err := o.q.CountSentBefore(ctx, o.fireAt); err != nil || early != 0 {
+		t.Errorf("%d pushes sent before the instant (%v); want 0", early, err)
 	}
 }
 
 // The runner of the instant is killed mid-run: the other instance takes the
-// run over as attempt 2 and is killed mid-run too. A server starting
-// afterwards sweeps the stuck rows at start-up and completes the instant as
+// run over as attempt 2 and is killed mid-run too, both workers holding
+// claims. A server starting afterwards sweeps the stuck rows back to READY
+// at start-up (its worker claims them at once) and completes the instant as
 // attempt 3, the last the schedule allows. Nothing is left PROCESSING,
 // nothing is sent twice, and the ledger holds the instant once.
 func TestKillMidRun(t *testing.T) {
@@ -343,7 +390,9 @@ func TestKillMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	ic := testInstance()
-	ic.SendDelay = 10 * time.Millisecond
+	// Slow sends: the worker of attempt 2's instance, alone once the first
+	// is killed, must still be sending when the takeover comes.
+	ic.SendDelay = 50 * time.Millisecond
 	o := newHarness(t, d, ic)
 	processingBy := func(holder string) int {
 		var n int
@@ -379,7 +428,7 @@ func TestKillMidRun(t *testing.T) {
 	var first, second *proc
 	if err := o.wait(ctx, "attempt 1 to be mid-run", func() bool {
 		for _, p := range []*proc{a, b} {
-			if p.attempt == 1 && (p.sending >= 17 || p.finished != "") {
+			if p.attempt == 1 && (p.sending >= 8 || p.finished != "") {
 				first = p
 				return true
 			}
@@ -405,9 +454,13 @@ func TestKillMidRun(t *testing.T) {
 		t.Fatal("attempt 1 left nothing PROCESSING; the kill was not mid-run")
 	}
 
-	// 2. The other instance takes the run over as attempt 2. Kill it too,
-	// mid-way through.
-	if err := o.wait(ctx, "attempt 2 to be mid-run", func() bool { return second.attempt == 2 && second.sending >= 8 }, nil); err != nil {
+	// 2. The other instance takes the run over as attempt 2 (its worker
+	// has been sending all along). Kill it too, in the middle of a send.
+	if err := o.wait(ctx, "attempt 2 to start", func() bool { return second.attempt == 2 }, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := second.sending
+	if err := o.wait(ctx, "attempt 2 to be mid-run", func() bool { return second.sending >= n+2 }, nil); err != nil {
 		t.Fatal(err)
 	}
 	if second.fence <= first.fence {
@@ -454,8 +507,8 @@ func TestKillMidRun(t *testing.T) {
 			t.Fatal("no start-up sweep from c")
 		}
 	}
-	if startup.N != stuck || startup.To["PAUSED"] != stuck {
-		t.Errorf("c's start-up sweep moved %d rows (%v); want all %d stuck rows back to PAUSED", startup.N, startup.To, stuck)
+	if startup.N != stuck || startup.To["READY"] != stuck {
+		t.Errorf("c's start-up sweep moved %d rows (%v); want all %d stuck rows back to READY", startup.N, startup.To, stuck)
 	}
 	if startup.By[second.holder] == 0 {
 		t.Errorf("c's start-up sweep moved no row of %s (%v)", second.label, startup.By)
@@ -481,6 +534,66 @@ func TestKillMidRun(t *testing.T) {
 	}
 	if c.stopped == nil || c.stopped.Attempts != 1 || c.stopped.Completed != 1 || c.attempt != 3 {
 		t.Errorf("c's counts %+v, attempt %d; want one attempt, the third, completed", c.stopped, c.attempt)
+	}
+}
+
+// The service's migration 00002 attaches pgclaim's trigger to rows entering
+// READY, and only READY: pausing a push announces nothing (no worker may
+// send it before 09:00); the resume announces its rows, once for the
+// statement, at its commit.
+func TestResumeAnnounced(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	d := newDB(t)
+	q := db.New(d.Pool)
+	conn, err := pgx.Connect(ctx, d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	// The trigger's channel, as migration 00014 of pgclaim names it.
+	var channel string
+	if err := d.Pool.QueryRow(ctx, `SELECT 'pgclaim_claim_' || 'push_requests'::regclass::oid`).Scan(&channel); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Payload
+	}
+
+	// Notifications arrive in commit order: had pausing announced
+	// anything, it would come before the marker.
+	if _, err := q.SeedPaused(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "marker" {
+		t.Fatalf("after pausing pushes, heard %q first; want nothing before the marker", got)
+	}
+	now, err := q.DatabaseNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.ResumePaused(ctx, now); err != nil || n != 3 {
+		t.Fatalf("resume moved %d rows (%v); want 3", n, err)
+	}
+	if _, err := d.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel); err != nil {
+		t.Fatal(err)
+	}
+	if got := next(); got != "READY" {
+		t.Errorf("after the resume, heard %q; want READY", got)
+	}
+	if got := next(); got != "marker" {
+		t.Errorf("after the resume's announcement, heard %q; want one announcement for the statement", got)
 	}
 }
 
@@ -546,6 +659,7 @@ func TestDemoRefuses(t *testing.T) {
 		{[]string{"--kill-after", "500"}, "--kill-after"},
 		{[]string{"--send-delay", "3s"}, "--send-delay"},
 		{[]string{"--poll", "0s"}, "--poll"},
+		{[]string{"--worker-poll", "0s"}, "--worker-poll"},
 		{[]string{"extra"}, "unexpected argument"},
 	} {
 		stderr.Reset()

@@ -19,16 +19,19 @@ type proc struct {
 	pid   int
 
 	// Filled from the instance's events by the orchestrator's loop.
-	holder     string
-	ready      bool
-	registered bool      // registered the schedule
-	attempt    int       // the attempt it runs (or ran last); 0: none
-	fence      int64     // that attempt's fence
-	finished   string    // the state its last attempt ended in ("" while running)
-	sending    int       // sends started
-	stopped    *counters // the instance's own counts, at a clean exit
-	seen       counters  // counts gathered from its events
-	swept      int       // rows it swept
+	holder      string
+	ready       bool
+	registered  bool      // registered the schedule
+	attempt     int       // the attempt it runs (or ran last); 0: none
+	fence       int64     // that attempt's fence
+	finished    string    // the state its last attempt ended in ("" while running)
+	sending     int       // sends started
+	firstSend   time.Time // when its first send started, by its clock
+	atResume    bool      // it was running when the first resume committed
+	pickupShown bool      // its pickup was printed
+	stopped     *counters // the instance's own counts, at a clean exit
+	seen        counters  // counts gathered from its events
+	swept       int       // rows it swept
 
 	killed bool
 	exited bool

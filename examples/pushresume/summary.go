@@ -25,6 +25,9 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 	if res.Duplicates, err = o.q.CountDuplicateSends(ctx); err != nil {
 		return err
 	}
+	if res.Early, err = o.q.CountSentBefore(ctx, res.FireAt); err != nil {
+		return err
+	}
 	if res.Odd, err = o.q.CountInconsistent(ctx); err != nil {
 		return err
 	}
@@ -47,11 +50,17 @@ func (o *orchestrator) check(ctx context.Context, res *demoResult) error {
 	if res.Duplicates != 0 {
 		fail("%d pushes were sent more than once", res.Duplicates)
 	}
+	if res.Early != 0 {
+		fail("%d pushes were sent before 09:00", res.Early)
+	}
 	if n := res.States["PROCESSING"]; n != 0 {
 		fail("%d rows were left PROCESSING", n)
 	}
 	if n := res.States["PAUSED"]; n != 0 {
 		fail("%d pushes were never resumed", n)
+	}
+	if n := res.States["READY"]; n != 0 {
+		fail("%d pushes were resumed and never sent", n)
 	}
 	if res.Sends != res.States["SENT"] {
 		fail("%d sends for %d SENT rows", res.Sends, res.States["SENT"])
@@ -84,7 +93,7 @@ type procRow struct {
 	label, role             string
 	pid                     int
 	attempts, completed     int
-	resumed, sent           int
+	resumed, claimed, sent  int
 	sweptFailed, sweptRetry int
 }
 
@@ -96,12 +105,13 @@ func procRows(res *demoResult) []procRow {
 			n = *p.stopped
 		}
 		r := procRow{label: p.label, pid: p.pid, attempts: n.Attempts, completed: n.Completed,
-			resumed: n.Claimed, sent: int(res.SentBy[p.holder]),
+			resumed: n.Resumed, claimed: n.Claimed, sent: int(res.SentBy[p.holder]),
 			sweptFailed: n.SweptFailed, sweptRetry: n.SweptRetry}
 		switch {
 		case p.killed:
-			// Everything it claimed either committed as SENT or was swept.
-			r.resumed = r.sent + p.seen.Claimed
+			// Everything its worker claimed either committed as SENT or
+			// was swept.
+			r.claimed = r.sent + p.seen.Claimed
 			r.role = fmt.Sprintf("ran attempt %d, SIGKILLed", p.attempt)
 		case n.Completed > 0 && p.attempt > 1:
 			r.role = fmt.Sprintf("completed the run as attempt %d", p.attempt)
@@ -129,19 +139,19 @@ func (o *orchestrator) summary(res *demoResult) {
 	w := o.out
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "instance\tpid\trole\tattempts\trows resumed\tpushes sent\trows swept")
+	fmt.Fprintln(tw, "instance\tpid\trole\tattempts\trows resumed\trows claimed\tpushes sent\trows swept")
 	for _, r := range procRows(res) {
 		var swept []string
 		if r.sweptFailed > 0 {
 			swept = append(swept, fmt.Sprintf("%d→FAILED", r.sweptFailed))
 		}
 		if r.sweptRetry > 0 {
-			swept = append(swept, fmt.Sprintf("%d→PAUSED", r.sweptRetry))
+			swept = append(swept, fmt.Sprintf("%d→READY", r.sweptRetry))
 		}
 		if len(swept) == 0 {
 			swept = []string{"0"}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%s\n", r.label, r.pid, r.role, r.attempts, r.resumed, r.sent, strings.Join(swept, ", "))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%s\n", r.label, r.pid, r.role, r.attempts, r.resumed, r.claimed, r.sent, strings.Join(swept, ", "))
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)
@@ -156,8 +166,10 @@ func (o *orchestrator) summary(res *demoResult) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "pushes sent\t%d of %d paused\t%s\n", res.Pushes, seeded, mark(res.Pushes == seeded))
 	fmt.Fprintf(tw, "duplicate sends\t%d\t%s (must be 0)\n", res.Duplicates, mark(res.Duplicates == 0))
+	fmt.Fprintf(tw, "pushes sent before 09:00\t%d\t%s (must be 0)\n", res.Early, mark(res.Early == 0))
 	fmt.Fprintf(tw, "rows left PROCESSING\t%d\t%s (must be 0)\n", res.States["PROCESSING"], mark(res.States["PROCESSING"] == 0))
 	fmt.Fprintf(tw, "rows left PAUSED\t%d\t%s (must be 0)\n", res.States["PAUSED"], mark(res.States["PAUSED"] == 0))
+	fmt.Fprintf(tw, "rows left READY\t%d\t%s (must be 0)\n", res.States["READY"], mark(res.States["READY"] == 0))
 	odd := res.Odd.SentWithoutOneSend + res.Odd.SendsOfUnsent + res.Odd.SendsWithStaleFence
 	fmt.Fprintf(tw, "sends out of step with states\t%d\t%s (must be 0)\n", odd, mark(odd == 0))
 	// FAILED is expected for the rows seeded as stuck since yesterday.
@@ -179,6 +191,16 @@ func (o *orchestrator) summary(res *demoResult) {
 			note = fmt.Sprintf(" (attempt %d, fence %d, died with %s)", k.attempt, k.fence, k.holder)
 		}
 		fmt.Fprintf(tw, "ledger, 09:00 instant\t1 row\t%s at attempt %d, fence %d, by %s%s\n", r.State, r.Attempt, fence, deref(r.Holder), note)
+	}
+	if len(res.PickupBy) > 0 {
+		var by []string
+		for _, p := range res.Procs {
+			if d, ok := res.PickupBy[p.label]; ok {
+				by = append(by, p.label+" "+msText(d))
+			}
+		}
+		fmt.Fprintf(tw, "pickup\t%s\tresume's COMMIT sent → first push started (%s), as measured in this run; unannounced, up to the workers' poll: %s\n",
+			msText(res.Pickup), strings.Join(by, ", "), o.cfg.Instance.WorkerPoll)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w)

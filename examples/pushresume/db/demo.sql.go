@@ -80,6 +80,18 @@ func (q *Queries) CountInconsistent(ctx context.Context) (CountInconsistentRow, 
 	return i, err
 }
 
+const countProcessingBy = `-- name: CountProcessingBy :one
+SELECT count(*) FROM push_requests WHERE status = 'PROCESSING' AND claimed_by = $1
+`
+
+// The rows one holder has claimed and not finished.
+func (q *Queries) CountProcessingBy(ctx context.Context, claimedBy *string) (int64, error) {
+	row := q.db.QueryRow(ctx, countProcessingBy, claimedBy)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const countSends = `-- name: CountSends :one
 SELECT count(*) AS sends, count(DISTINCT push_id) AS pushes FROM sent_pushes
 `
@@ -94,6 +106,20 @@ func (q *Queries) CountSends(ctx context.Context) (CountSendsRow, error) {
 	var i CountSendsRow
 	err := row.Scan(&i.Sends, &i.Pushes)
 	return i, err
+}
+
+const countSentBefore = `-- name: CountSentBefore :one
+SELECT count(*) FROM sent_pushes WHERE sent_at < $1::timestamptz
+`
+
+// Pushes sent before the instant. Workers claim READY rows only, which the
+// instant's resume makes: the design guarantees zero (a worker claiming
+// PAUSED rows would send them as soon as they were paused).
+func (q *Queries) CountSentBefore(ctx context.Context, instant time.Time) (int64, error) {
+	row := q.db.QueryRow(ctx, countSentBefore, instant)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
 }
 
 const databaseNow = `-- name: DatabaseNow :one

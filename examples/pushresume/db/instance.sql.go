@@ -12,23 +12,27 @@ import (
 
 const countOpen = `-- name: CountOpen :one
 SELECT count(*) FILTER (WHERE status = 'PAUSED') AS paused,
+       count(*) FILTER (WHERE status = 'READY') AS ready,
        count(*) FILTER (WHERE status = 'PROCESSING') AS processing
 FROM push_requests
-WHERE status IN ('PAUSED', 'PROCESSING') AND paused_at <= $1::timestamptz
+WHERE status IN ('PAUSED', 'READY', 'PROCESSING') AND paused_at <= $1::timestamptz
 `
 
 type CountOpenRow struct {
 	Paused     int64
+	Ready      int64
 	Processing int64
 }
 
-// Rows a resume run for the instant still has to settle: paused before it
-// and not yet SENT or FAILED. PROCESSING ones are claims of an earlier
-// attempt (its holder died) whose lease has not run out yet.
+// Rows a resume run for the instant still waits for: paused before it and
+// not yet SENT or FAILED. PAUSED ones are not resumed yet; READY ones wait
+// for a worker; PROCESSING ones are claims being sent, or the claims of an
+// instance that died, until their lease runs out and a sweep gives them
+// back.
 func (q *Queries) CountOpen(ctx context.Context, instant time.Time) (CountOpenRow, error) {
 	row := q.db.QueryRow(ctx, countOpen, instant)
 	var i CountOpenRow
-	err := row.Scan(&i.Paused, &i.Processing)
+	err := row.Scan(&i.Paused, &i.Ready, &i.Processing)
 	return i, err
 }
 
@@ -59,8 +63,40 @@ func (q *Queries) LatestRun(ctx context.Context, schedule string) (LatestRunRow,
 	return i, err
 }
 
-const recordSend = `-- name: RecordSend :exec
+const processingByHolder = `-- name: ProcessingByHolder :many
+SELECT coalesce(claimed_by, '')::text AS holder, count(*) AS n
+FROM push_requests
+WHERE status = 'PROCESSING' AND paused_at <= $1::timestamptz
+GROUP BY 1 ORDER BY 1
+`
 
+type ProcessingByHolderRow struct {
+	Holder string
+	N      int64
+}
+
+// The claims under way on rows paused before the instant, per holder.
+func (q *Queries) ProcessingByHolder(ctx context.Context, instant time.Time) ([]ProcessingByHolderRow, error) {
+	rows, err := q.db.Query(ctx, processingByHolder, instant)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ProcessingByHolderRow{}
+	for rows.Next() {
+		var i ProcessingByHolderRow
+		if err := rows.Scan(&i.Holder, &i.N); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const recordSend = `-- name: RecordSend :exec
 INSERT INTO sent_pushes (push_id, fence, instance) VALUES ($1, $2, $3)
 `
 
@@ -70,10 +106,28 @@ type RecordSendParams struct {
 	Instance string
 }
 
-// Queries of an instance of the push service.
 // "Sends" a push: one row per hand-over to the provider, written in the
 // transaction that finishes the claim, stamped with the claim's token.
 func (q *Queries) RecordSend(ctx context.Context, arg RecordSendParams) error {
 	_, err := q.db.Exec(ctx, recordSend, arg.PushID, arg.Fence, arg.Instance)
 	return err
+}
+
+const resumePaused = `-- name: ResumePaused :execrows
+
+UPDATE push_requests SET status = 'READY'
+WHERE status = 'PAUSED' AND paused_at <= $1::timestamptz
+`
+
+// Queries of an instance of the push service.
+// The 09:00 job's resume: the pushes paused before the instant become READY,
+// in one statement. The table's trigger announces them at its commit, and
+// every instance's worker claims them at once. A second attempt of the
+// instant finds nothing left PAUSED and moves nothing.
+func (q *Queries) ResumePaused(ctx context.Context, instant time.Time) (int64, error) {
+	result, err := q.db.Exec(ctx, resumePaused, instant)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

@@ -29,6 +29,10 @@ DELETE FROM pgclaim_schedules WHERE name = $1;
 -- name: DatabaseNow :one
 SELECT clock_timestamp()::timestamptz AS now;
 
+-- name: CountProcessingBy :one
+-- The rows one holder has claimed and not finished.
+SELECT count(*) FROM push_requests WHERE status = 'PROCESSING' AND claimed_by = $1;
+
 -- name: CountByStatus :many
 SELECT status, count(*) AS n FROM push_requests GROUP BY status ORDER BY status;
 
@@ -37,6 +41,12 @@ SELECT status, count(*) AS n FROM push_requests GROUP BY status ORDER BY status;
 SELECT count(*) FROM (
     SELECT push_id FROM sent_pushes GROUP BY push_id HAVING count(*) > 1
 ) AS dup;
+
+-- name: CountSentBefore :one
+-- Pushes sent before the instant. Workers claim READY rows only, which the
+-- instant's resume makes: the design guarantees zero (a worker claiming
+-- PAUSED rows would send them as soon as they were paused).
+SELECT count(*) FROM sent_pushes WHERE sent_at < sqlc.arg(instant)::timestamptz;
 
 -- name: CountSends :one
 SELECT count(*) AS sends, count(DISTINCT push_id) AS pushes FROM sent_pushes;
