@@ -164,7 +164,12 @@
 // ends. The poll stays as the safety net, at WorkerConfig.PollInterval: a
 // lost announcement (the listening connection was down, the row was
 // written without one) costs at most one poll, never a row; after the
-// listening connection comes back, every worker claims once at once.
+// listening connection comes back, every worker claims once at once. While
+// listening, the workers of a process that claim the same rows poll as
+// one: a poll comes PollInterval after the latest claim of any of them, so
+// idle workers cost one statement per PollInterval between them and busy
+// ones none; the listening session itself checks its connection with a
+// message that is no transaction.
 // Behind a connection pooler in transaction mode LISTEN cannot work: the
 // workers poll, and say so once in the log (`pgclaim doctor` tells which a
 // DSN gets).

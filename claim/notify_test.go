@@ -464,33 +464,14 @@ func TestNotifyNoStampede(t *testing.T) {
 	var counters []*claimCounter
 	worked := make(chan int64, rows*2)
 	for range processes {
-		pc, err := pgxpool.ParseConfig(db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cc := &claimCounter{}
+		pool, cc := countedPool(t, ctx, db.URL)
 		counters = append(counters, cc)
-		pc.ConnConfig.Tracer = cc
-		pc.MaxConns = 4
-		pool, err := pgxpool.NewWithConfig(ctx, pc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
 		c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for range perProcess {
-			w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: never, SkipVerify: true,
-				Work: func(_ context.Context, _ pgx.Tx, cl Claim[int64]) error { worked <- cl.Key; return nil }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			wctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); _, _ = w.Run(wctx) }()
-			t.Cleanup(func() { cancel(); <-done })
+			runReporting(t, c, never, worked)
 		}
 	}
 	claims := func() (n int64) {
@@ -528,4 +509,78 @@ func TestNotifyNoStampede(t *testing.T) {
 		t.Errorf("row %d worked twice", id)
 	default:
 	}
+}
+
+// While notifications reach them, the idle workers of one process that
+// claim the same rows poll as one: a claim of any of them is the safety-net
+// poll of all. Three idle workers with a 200 ms PollInterval send about one
+// claim statement per interval between them, not three; a row written
+// without any announcement is still found within about one interval.
+func TestIdleWorkersPollAsOne(t *testing.T) {
+	t.Parallel()
+	const workers, interval = 3, 200 * time.Millisecond
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 0) // no trigger: only the polls find rows
+	ctx := testCtx(t)
+	pool, cc := countedPool(t, ctx, db.URL)
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worked := make(chan int64, 4)
+	for range workers {
+		runReporting(t, c, interval, worked)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for count(t, db.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE $1 || ' %'`, listen.ApplicationName) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the listening session did not start within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	const window = 3 * time.Second
+	before := cc.n.Load()
+	time.Sleep(window)
+	spent := cc.n.Load() - before
+	per := float64(spent) / float64(window/interval)
+	t.Logf("%d idle workers, PollInterval %s: %d claim statements in %s, %.2f per interval", workers, interval, spent, window, per)
+	if per > 1.6 {
+		t.Errorf("%d idle workers sent %.2f claim statements per PollInterval; want about one between them", workers, per)
+	}
+	mustExec(t, db.Pool, `INSERT INTO jobs (id, state) VALUES (1, 'PAUSED')`)
+	expectWorked(t, worked, "a row written without announcement", 1)
+}
+
+// countedPool opens a pool of 4 on url whose claim statements cc counts.
+func countedPool(t *testing.T, ctx context.Context, url string) (*pgxpool.Pool, *claimCounter) {
+	t.Helper()
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := &claimCounter{}
+	pc.ConnConfig.Tracer = cc
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, cc
+}
+
+// runReporting runs a worker on c for the rest of t, polling every poll,
+// that sends each key it works to worked.
+func runReporting(t *testing.T, c *Claimer[int64], poll time.Duration, worked chan<- int64) {
+	t.Helper()
+	w, err := NewWorker(c, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, PollInterval: poll, SkipVerify: true,
+		Work: func(_ context.Context, _ pgx.Tx, cl Claim[int64]) error { worked <- cl.Key; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }

@@ -83,7 +83,10 @@ type WorkerConfig[K any] struct {
 	// pgclaim_notify_on attaches to the table, or Notify) and claims the
 	// moment one arrives; the poll is the safety net that finds rows whose
 	// announcement was lost, or written without one. It also wakes when a
-	// row it sent back with a Retry.Backoff becomes claimable.
+	// row it sent back with a Retry.Backoff becomes claimable. While the
+	// worker listens (Run), its poll is shared with the other workers of
+	// the process claiming the same rows (same pool, claimer statement and
+	// Args): PollInterval after the latest claim of any of them.
 	PollInterval time.Duration
 	// Recover, when set, is the sweeper that gives back the rows of holders
 	// that died (a Sweeper built on the same claimer, typically with a
@@ -404,8 +407,23 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 	sem := make(chan struct{}, w.cfg.Concurrency)
 	var wg sync.WaitGroup
 	inflight := func() int { return len(sem) }
-	wait := func(d time.Duration, onFreed bool) {
-		t := time.NewTimer(d)
+	group := joinPollGroup(w)
+	defer leavePollGroup(group)
+	// wait waits for the next poll, PollInterval after from (the last
+	// claim's start, so that its connection goes back to the pool idle for
+	// less than the interval), or for a wake-up. While notifications
+	// arrive (Run, not Drain), the poll is the group's: PollInterval after
+	// the latest claim of any worker of this process claiming the same
+	// rows.
+	wait := func(from time.Time, onFreed bool) {
+		if !toldMode {
+			toldMode = w.tellMode(ctx, sub, announced)
+		}
+		shared := !drain && sub != nil && sub.Listening()
+		if shared {
+			from = later(from, group.latest())
+		}
+		t := time.NewTimer(time.Until(from.Add(w.cfg.PollInterval)))
 		defer t.Stop()
 		var freed <-chan struct{}
 		if onFreed {
@@ -415,12 +433,22 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 			sub.Idle(inflight() < cap(sem)) // busy: an announcement goes to a worker with room first
 			defer sub.Idle(false)
 		}
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		case <-freed:
-		case <-heard:
-		case <-woken:
+	waiting:
+		for {
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				if shared {
+					if d, mine := group.turn(time.Now(), w.cfg.PollInterval); !mine {
+						t.Reset(d) // another worker of the group claimed since, or polls now
+						continue waiting
+					}
+				}
+			case <-freed:
+			case <-heard:
+			case <-woken:
+			}
+			break
 		}
 		if !toldMode {
 			toldMode = w.tellMode(ctx, sub, announced)
@@ -468,16 +496,17 @@ loop:
 			} else {
 				w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: claim batch failed", slog.Any("error", err)))
 			}
-			wait(w.cfg.PollInterval, false)
+			wait(time.Now(), false)
 			continue
 		}
 		r.writable(ctx)
+		group.claimed(sent)
 		if len(cls) == 0 {
 			<-sem
 			if drain && !busy && !r.othersHold(ctx) {
 				break
 			}
-			wait(w.cfg.PollInterval, drain)
+			wait(sent, drain)
 			continue
 		}
 		if sub != nil && len(cls) == w.cfg.BatchSize {
@@ -525,7 +554,7 @@ loop:
 			// This claim took every row claimable: the next ones are
 			// announced, so claim again when told (or at the poll), not
 			// at once to find nothing.
-			wait(w.cfg.PollInterval, false)
+			wait(sent, false)
 		}
 	}
 	wg.Wait()

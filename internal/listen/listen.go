@@ -490,7 +490,7 @@ func (h *hub) session(ctx context.Context) (up bool, err error) {
 			continue // interrupted for chores, or time to announce
 		}
 		pctx, pcancel := context.WithTimeout(ctx, pingBound)
-		err = c.Ping(pctx)
+		err = ping(pctx, c)
 		pcancel()
 		if err != nil {
 			return true, fmt.Errorf("ping: %w", err)
@@ -559,10 +559,18 @@ func (h *hub) chores(ctx context.Context, c *pgx.Conn, announceAt *time.Time, fi
 		h.mu.Unlock()
 	}
 	h.mu.Lock()
+	// Every group is announced when this session starts listening to a
+	// channel and when a peer unknown so far announced itself; then every
+	// announceEvery the groups that have peers, which would forget this
+	// process otherwise (a process alone on its table stays quiet: a peer
+	// arriving announces itself and is answered).
 	if now := time.Now(); !now.Before(*announceAt) || h.peers.reply || len(add) > 0 {
+		all := h.peers.reply || len(add) > 0
 		for ch, filters := range groups(h.subs) {
 			for _, f := range filters {
-				out = append(out, outgoing{ch, memberNote + f})
+				if all || h.peers.others(ch, f, now) > 0 {
+					out = append(out, outgoing{ch, memberNote + f})
+				}
 			}
 		}
 		h.peers.reply = false
@@ -606,6 +614,23 @@ func (h *hub) exec(ctx context.Context, c *pgx.Conn, sql string, args ...any) er
 	defer cancel()
 	_, err := c.Exec(ctx, sql, args...)
 	return err
+}
+
+// ping checks the session with a bare Sync message, which the server
+// answers without a transaction: listening costs the server's transaction
+// count nothing while nothing is announced (pgx's Ping runs an empty
+// statement, one transaction).
+func ping(ctx context.Context, c *pgx.Conn) error {
+	p := c.PgConn().StartPipeline(ctx)
+	if err := p.Sync(); err != nil {
+		_ = p.Close()
+		return err
+	}
+	if _, err := p.GetResults(); err != nil {
+		_ = p.Close()
+		return err
+	}
+	return p.Close()
 }
 
 func minTime(a, b time.Time) time.Time {
