@@ -120,11 +120,14 @@ func TestNotifyTrigger(t *testing.T) {
 
 // TestNotifyOnRefusesBadInput: a view, a missing column, a value the
 // column's type refuses each fail at attach time with an error naming it;
-// the table's owner, not a superuser, attaches it to an enum column.
+// the table's owner, not a superuser and without CREATE on pgclaim's
+// schema, attaches it to an enum column of a table in its own schema, and
+// detaches it.
 func TestNotifyOnRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
-	owner := roletest.New(t, db, `GRANT CREATE ON SCHEMA public TO ROLE`)
+	owner := roletest.New(t, db, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`, `CREATE SCHEMA app AUTHORIZATION ROLE`,
+		`ALTER USER ROLE SET search_path = app, public`)
 	ctx := testCtx(t)
 	mustExec(t, owner.Pool, `CREATE TYPE job_state AS ENUM ('PAUSED', 'PROCESSING', 'DONE')`)
 	mustExec(t, owner.Pool, `CREATE TABLE items (id bigint PRIMARY KEY, status job_state NOT NULL)`)
@@ -132,7 +135,7 @@ func TestNotifyOnRefusesBadInput(t *testing.T) {
 	for _, c := range []struct{ sql, want string }{
 		{`SELECT pgclaim_notify_on('items_v'::regclass, 'status', 'PAUSED')`, "is not a table"},
 		{`SELECT pgclaim_notify_on('items'::regclass, 'state', 'PAUSED')`, `has no column state`},
-		{`SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSD')`, `'PAUSD' is not a value of column items.status (type job_state)`},
+		{`SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSD')`, `'PAUSD' is not a value of column app.items.status (type app.job_state)`},
 		{`SELECT pgclaim_notify_on('items'::regclass, 'status', NULL)`, "must not be null"},
 	} {
 		_, err := owner.Pool.Exec(ctx, c.sql)
@@ -145,6 +148,30 @@ func TestNotifyOnRefusesBadInput(t *testing.T) {
 	mustExec(t, owner.Pool, `SELECT pgclaim_notify_on('items'::regclass, 'status', 'PAUSED')`) // again: replaces
 	if n := count(t, owner.Pool, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'items'::regclass AND NOT tgisinternal`); n != 2 {
 		t.Fatalf("%d triggers after attaching twice, want 2", n)
+	}
+	fns := `SELECT count(*) FROM pg_proc WHERE proname LIKE 'pgclaim\_notify\_%' AND prorettype = 'trigger'::regtype AND proname <> 'pgclaim_notify_claimable'`
+	if n := count(t, owner.Pool, fns); n != 1 {
+		t.Fatalf("%d trigger functions of pgclaim's after attaching, want 1", n)
+	}
+	conn, err := owner.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	mustExec(t, conn, fmt.Sprintf(`LISTEN "pgclaim_claim_%d"`, count(t, owner.Pool, `SELECT 'items'::regclass::oid::int`)))
+	mustExec(t, owner.Pool, `INSERT INTO items VALUES (1, 'PAUSED')`)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	n, err := conn.Conn().WaitForNotification(wctx)
+	cancel()
+	if err != nil || n.Payload != "PAUSED" {
+		t.Fatalf("the owner's INSERT: notification %v, %v; want PAUSED", n, err)
+	}
+	var was bool
+	if err := owner.Pool.QueryRow(ctx, `SELECT pgclaim_notify_off('items'::regclass, 'status', 'PAUSED')`).Scan(&was); err != nil || !was {
+		t.Fatalf("pgclaim_notify_off: %v, %v; want true", was, err)
+	}
+	if n := count(t, owner.Pool, fns); n != 0 {
+		t.Fatalf("%d trigger functions of pgclaim's after detaching the last trigger, want 0", n)
 	}
 	if err := Notify(ctx, owner.Pool, "nosuch", "PAUSED"); err == nil || !strings.Contains(err.Error(), "nosuch") {
 		t.Fatalf("Notify on a missing table: %v", err)

@@ -53,6 +53,7 @@ var Objects = []Object{
 	{Function, "pgclaim_notify_claimable()", "EXECUTE", "the trigger that announces claimable rows (runs as the writer)"},
 	{Function, "pgclaim_notify_on(regclass, name, text)", "EXECUTE", "attaches that trigger (the table's owner, in its migration)"},
 	{Function, "pgclaim_notify_off(regclass, name, text)", "EXECUTE", "detaches it"},
+	{Function, "pgclaim_notify_fn(name, text, boolean)", "EXECUTE", "keeps the trigger's function of a column and value (called by the two above)"},
 }
 
 // Statements returns the GRANT statements that give role what it needs on
