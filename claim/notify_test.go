@@ -525,8 +525,11 @@ func TestNotifyNoStampede(t *testing.T) {
 	}
 	spent := claims() - before
 	t.Logf("%d rows one at a time, %d processes × %d workers: %d claim statements, %.2f per row", rows, processes, perProcess, spent, float64(spent)/rows)
-	if spent > 4*rows {
-		t.Errorf("%d claim statements for %d rows: more than 4 per row", spent, rows)
+	// Two per row: the two processes an announcement goes to; a worker
+	// whose work ended counts as idle again (2.90 per row when it did not,
+	// its process passing announcements on).
+	if spent > rows*5/2 {
+		t.Errorf("%d claim statements for %d rows: more than 2.5 per row", spent, rows)
 	}
 	if n := count(t, db.Pool, `SELECT count(*) FROM jobs WHERE state = 'DONE'`); n != rows {
 		t.Errorf("%d of %d rows done", n, rows)

@@ -1,10 +1,13 @@
 package claim
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // pollGroup is the workers of this process that claim the same rows: one
@@ -57,18 +60,21 @@ func (g *pollGroup) claimed(t time.Time) {
 	}
 }
 
-// turn reports whether the group's poll is due at now and, if so, takes it
-// (as a claim starting now), so that of the workers whose timers fire
-// together one polls; otherwise how long until it is due.
-func (g *pollGroup) turn(now time.Time, interval time.Duration) (time.Duration, bool) {
+// turn reports whether the group's poll is due within ahead of now and, if
+// so, takes it (as a claim starting at the moment it is due, returned), so
+// that of the workers whose timers fire together one polls; otherwise the
+// moment it is due.
+func (g *pollGroup) turn(now time.Time, ahead, interval time.Duration) (time.Time, bool) {
 	n := now.UnixNano()
 	for {
 		old := g.last.Load()
-		if d := time.Duration(old + int64(interval) - n); d > 0 {
-			return d, false
+		due := old + int64(interval)
+		if due-n > int64(ahead) {
+			return time.Unix(0, due), false
 		}
-		if g.last.CompareAndSwap(old, n) {
-			return 0, true
+		at := max(due, n)
+		if g.last.CompareAndSwap(old, at) {
+			return time.Unix(0, at), true
 		}
 	}
 }
@@ -81,4 +87,29 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// pollAhead is how long before a poll is due its worker takes the
+// connection it claims on.
+const pollAhead = 20 * time.Millisecond
+
+// takeAhead takes a connection of pool for the poll due at due and waits
+// until then (or a wake-up, when the claim goes at once); nil when the pool
+// has none to give now. The caller claims on it and releases it.
+func takeAhead(ctx context.Context, pool *pgxpool.Pool, due time.Time, heard, woken <-chan struct{}) *pgxpool.Conn {
+	actx, cancel := context.WithDeadline(ctx, due)
+	conn, err := pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		return nil // the claim takes one as it always does
+	}
+	t := time.NewTimer(time.Until(due))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-heard:
+	case <-woken:
+	}
+	return conn
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/lockcore"
 	"github.com/pgclaim/pgclaim/internal/pgerr"
@@ -415,6 +416,18 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 	// arrive (Run, not Drain), the poll is the group's: PollInterval after
 	// the latest claim of any worker of this process claiming the same
 	// rows.
+	//
+	// The poll takes its connection from the pool pollAhead before it is
+	// due (held, for the claim), so that the pool hands back the connection
+	// of the last poll, idle for just under a PollInterval of 1 s, without
+	// the ping pgxpool sends first for one idle over a second.
+	var held *pgxpool.Conn
+	defer func() {
+		if held != nil {
+			held.Release()
+		}
+	}()
+	pool, _ := w.c.db.(*pgxpool.Pool)
 	wait := func(from time.Time, onFreed bool) {
 		if !toldMode {
 			toldMode = w.tellMode(ctx, sub, announced)
@@ -423,14 +436,22 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 		if shared {
 			from = later(from, group.latest())
 		}
-		t := time.NewTimer(time.Until(from.Add(w.cfg.PollInterval)))
+		due := from.Add(w.cfg.PollInterval)
+		ahead := time.Duration(0)
+		if pool != nil && inflight() < cap(sem) {
+			ahead = pollAhead
+		}
+		t := time.NewTimer(time.Until(due) - ahead)
 		defer t.Stop()
+		// freed: returns (Drain) or, listening, marks the worker idle again
+		// once its work ends; an announcement goes to a worker with room
+		// first.
 		var freed <-chan struct{}
-		if onFreed {
+		if onFreed || sub != nil {
 			freed = r.freed
 		}
 		if sub != nil {
-			sub.Idle(inflight() < cap(sem)) // busy: an announcement goes to a worker with room first
+			sub.Idle(inflight() < cap(sem))
 			defer sub.Idle(false)
 		}
 	waiting:
@@ -439,12 +460,20 @@ func (w *Worker[K]) run(ctx context.Context, drain bool) (Stats, error) {
 			case <-ctx.Done():
 			case <-t.C:
 				if shared {
-					if d, mine := group.turn(time.Now(), w.cfg.PollInterval); !mine {
-						t.Reset(d) // another worker of the group claimed since, or polls now
+					var mine bool
+					if due, mine = group.turn(time.Now(), ahead, w.cfg.PollInterval); !mine {
+						t.Reset(time.Until(due) - ahead) // another worker of the group claimed since, or polls now
 						continue waiting
 					}
 				}
+				if ahead > 0 {
+					held = takeAhead(ctx, pool, due, heard, woken)
+				}
 			case <-freed:
+				if !onFreed {
+					sub.Idle(inflight() < cap(sem))
+					continue waiting
+				}
 			case <-heard:
 			case <-woken:
 			}
@@ -474,9 +503,17 @@ loop:
 		if lease > 0 {
 			claimCtx, claimCancel = context.WithTimeout(workCtx, lease)
 		}
+		claimer := w.c
+		if held != nil {
+			claimer = &Claimer[K]{db: held, c: w.c.c}
+		}
 		sent := time.Now()
-		cls, err := w.c.ClaimBatch(claimCtx, w.cfg.BatchSize, w.cfg.Args...)
+		cls, err := claimer.ClaimBatch(claimCtx, w.cfg.BatchSize, w.cfg.Args...)
 		claimCancel()
+		if held != nil {
+			held.Release()
+			held = nil
+		}
 		if err != nil {
 			<-sem
 			if workCtx.Err() != nil {
