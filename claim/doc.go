@@ -159,7 +159,7 @@
 // backend pid alike in every process; a chosen process with no idle worker
 // passes it on, and a worker that claimed a full batch wakes another, here
 // or elsewhere. So one row inserted costs a few claim statements, not one
-// per process (8 processes × 2 workers: 3 per row, 9 before). A row a
+// per process (8 processes × 2 workers: 2 per row, 9 before). A row a
 // worker sends back with a RetryPolicy.Backoff wakes it when the backoff
 // ends. The poll stays as the safety net, at WorkerConfig.PollInterval: a
 // lost announcement (the listening connection was down, the row was

@@ -50,8 +50,8 @@ var Objects = []Object{
 	{Function, "pgclaim_fence()", "EXECUTE", "a fencing token for every grant"},
 	{Function, "pgclaim_raise(text, text)", "EXECUTE", "undoes a tick's claim from inside its statement"},
 	{Function, "pgclaim_fence_check()", "EXECUTE", "Migrate at start-up: choose the fence the server allows"},
-	{Function, "pgclaim_notify_claimable()", "EXECUTE", "the trigger that announces claimable rows (runs as the writer)"},
-	{Function, "pgclaim_notify_on(regclass, name, text)", "EXECUTE", "attaches that trigger (the table's owner, in its migration)"},
+	{Function, "pgclaim_notify_claimable()", "EXECUTE", "the trigger function of tables attached under migration 00014 (runs as the writer)"},
+	{Function, "pgclaim_notify_on(regclass, name, text)", "EXECUTE", "attaches the trigger that announces claimable rows (the table's owner, in its migration)"},
 	{Function, "pgclaim_notify_off(regclass, name, text)", "EXECUTE", "detaches it"},
 	{Function, "pgclaim_notify_fn(name, text, boolean)", "EXECUTE", "keeps the trigger's function of a column and value (called by the two above)"},
 }
