@@ -17,6 +17,6 @@ func (c *Claimer[K]) explain(ctx context.Context, err error) error {
 		return nil
 	}
 	t := c.c.t
-	return pgerr.ExplainAt(ctx, c.db, t.pgclaim.Name(), err,
+	return pgerr.ExplainUsing(ctx, c.db, t.pgclaim.Name(), err, []string{"pgclaim_fence()", "pgclaim_fence_seq"},
 		pgerr.Need{Kind: grants.Table, Schema: t.schema, Name: t.name, Privileges: "SELECT, UPDATE"})
 }

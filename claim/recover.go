@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -17,6 +18,10 @@ func (r *run[K]) recover(ctx context.Context, woken chan<- struct{}) (stop func(
 		swept, err := w.cfg.Recover.Sweep(sctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
+			if refusedForGood(err) {
+				r.fail(fmt.Errorf("claim: worker: recovery sweep of %s (WorkerConfig.Recover): %w", w.c.c.t.qname, w.cfg.Recover.explain(ctx, err)))
+				return
+			}
 			w.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: worker: recovery sweep failed",
 				slog.String("table", w.c.c.t.qname), slog.Any("error", err)))
 		}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/pgclaim/pgclaim/internal/pgerr"
 )
 
 // SweeperConfig configures a Sweeper.
@@ -240,7 +242,10 @@ func (s *Sweeper[K]) sweepBatch(ctx context.Context) ([]Swept[K], error) {
 }
 
 // Run sweeps at once and then every interval until ctx is cancelled, when
-// it returns nil. Failed sweeps are logged and retried an interval later.
+// it returns nil. Failed sweeps are logged and retried an interval later;
+// a refusal that cannot go away (a privilege the role lacks, a missing
+// table or column, a state the table refuses) ends Run with that error,
+// naming the GRANT when it is a privilege.
 // Each sweep is bounded by the interval, or 10 seconds when that is longer:
 // a database that stops answering (a silent network) fails the sweep
 // rather than stopping Run (a sweep guards nothing: each batch commits on
@@ -261,6 +266,9 @@ func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 		_, err := s.Sweep(sctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
+			if refusedForGood(err) {
+				return fmt.Errorf("claim: Sweeper.Run on %s: %w", s.c.c.t.qname, s.explain(ctx, err))
+			}
 			s.c.c.report(ctx, Event{}, rec(slog.LevelError, "claim: sweep failed",
 				slog.String("table", s.c.c.t.qname), slog.Any("error", err)))
 		}
@@ -270,4 +278,15 @@ func (s *Sweeper[K]) Run(ctx context.Context, every time.Duration) error {
 		case <-t.C:
 		}
 	}
+}
+
+// refusedForGood reports whether a sweep's err cannot go away by retrying.
+func refusedForGood(err error) bool { return pgerr.Permanent(err) || permanent(err) }
+
+// explain returns err explained by the catalog (Claimer.explain), within
+// cleanupTimeout.
+func (s *Sweeper[K]) explain(ctx context.Context, err error) error {
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	return s.c.explain(ectx, err)
 }

@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/internal/roletest"
 )
 
 type rowState struct {
@@ -407,4 +410,49 @@ func TestSweeperRun(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after cancel")
 	}
+}
+
+// A sweep the server refuses for good (here UPDATE on the table was revoked
+// from the sweeper's role after it started) ends Sweeper.Run with the server's error,
+// and ends a Worker's run whose Recover sweeps with it: neither logs it at
+// every period forever.
+func TestSweepRefusedEndsRun(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 2)
+	reader := roletest.New(t, db, `GRANT SELECT, UPDATE ON jobs TO ROLE`)
+	c, _ := New[int64](db.Pool, jobsTable, pausedOpts)
+	rc, _ := New[int64](reader.Pool, jobsTable, pausedOpts)
+	sw, err := NewSweeper(rc, SweeperConfig[int64]{StaleAfter: time.Hour, Failed: "FAILED", BatchSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorker(rc, WorkerConfig[int64]{Done: "DONE", Failed: "FAILED", BatchSize: 10, Recover: sw, RecoverEvery: 20 * time.Millisecond,
+		SkipVerify: true, Work: func(context.Context, pgx.Tx, Claim[int64]) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db.Pool, `REVOKE UPDATE ON jobs FROM `+reader.Ident())
+	if _, err := c.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	makeStale(t, db.Pool, 1)
+	ends := func(what string, run func(context.Context) error) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := run(rctx)
+		var pe *pgconn.PgError
+		if rctx.Err() != nil || !errors.As(err, &pe) || pe.Code != "42501" {
+			t.Fatalf("%s: returned %v (context: %v); want the refusal at once", what, err, rctx.Err())
+		}
+		if !strings.Contains(err.Error(), "GRANT UPDATE ON TABLE public.jobs") {
+			t.Errorf("%s: %v; want the GRANT that fixes it", what, err)
+		}
+		t.Logf("%s: %v", what, err)
+	}
+	// The worker sweeps first, before it claims: its run ends in the sweep.
+	ends("Sweeper.Run", func(ctx context.Context) error { return sw.Run(ctx, 20*time.Millisecond) })
+	ends("Worker.Run with Recover", func(ctx context.Context) error { _, err := w.Run(ctx); return err })
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +63,14 @@ type Need struct {
 // nothing lacking, it returns Explain(err). Any other error is returned
 // as it is; so is one explained already.
 func ExplainAt(ctx context.Context, q Querier, schema string, err error, needs ...Need) error {
+	return ExplainUsing(ctx, q, schema, err, nil, needs...)
+}
+
+// ExplainUsing is ExplainAt for a call that uses only some of pgclaim's
+// objects: uses names them as grants.Objects does ("pgclaim_fence()",
+// "pgclaim_fence_seq"), so that the explanation names what that call
+// lacks and nothing else; nil means all of them.
+func ExplainUsing(ctx context.Context, q Querier, schema string, err error, uses []string, needs ...Need) error {
 	var pe *pgconn.PgError
 	if q == nil || !errors.As(err, &pe) {
 		return err
@@ -76,7 +85,16 @@ func ExplainAt(ctx context.Context, q Querier, schema string, err error, needs .
 	if errors.As(err, &done) || errors.As(err, &cat) {
 		return err
 	}
-	f, qerr := lookUp(ctx, q, schema, needs)
+	objs := grants.Objects
+	if uses != nil {
+		objs = nil
+		for _, o := range grants.Objects {
+			if slices.Contains(uses, o.Name) {
+				objs = append(objs, o)
+			}
+		}
+	}
+	f, qerr := lookUp(ctx, q, schema, objs, needs)
 	if qerr != nil {
 		return Explain(err)
 	}
@@ -154,7 +172,7 @@ type findings struct {
 	objects       []object
 }
 
-func lookUp(ctx context.Context, q Querier, schema string, needs []Need) (*findings, error) {
+func lookUp(ctx context.Context, q Querier, schema string, objs []grants.Object, needs []Need) (*findings, error) {
 	var kinds, schemas, names, args, privs []string
 	add := func(k grants.Kind, s, name, p string) {
 		a := ""
@@ -163,7 +181,7 @@ func lookUp(ctx context.Context, q Querier, schema string, needs []Need) (*findi
 		}
 		kinds, schemas, names, args, privs = append(kinds, string(k)), append(schemas, s), append(names, name), append(args, a), append(privs, p)
 	}
-	for _, o := range grants.Objects {
+	for _, o := range objs {
 		add(o.Kind, schema, o.Name, o.Privileges)
 	}
 	add(Schema, schema, "", "USAGE")
@@ -183,12 +201,12 @@ func lookUp(ctx context.Context, q Querier, schema string, needs []Need) (*findi
 	if len(f.objects) != len(kinds) {
 		return nil, fmt.Errorf("pgerr: the catalog answered %d objects, not %d", len(f.objects), len(kinds))
 	}
-	for i := range grants.Objects {
+	for i := range objs {
 		f.objects[i].pgclaim = true
 	}
-	f.objects[len(grants.Objects)].pgclaim = true
+	f.objects[len(objs)].pgclaim = true
 	for i, n := range needs {
-		f.objects[len(grants.Objects)+1+i].create = n.ToCreate
+		f.objects[len(objs)+1+i].create = n.ToCreate
 	}
 	return f, nil
 }
