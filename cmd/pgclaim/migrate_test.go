@@ -119,7 +119,7 @@ func TestMigratePartlyApplied(t *testing.T) {
 	db := pgtest.NewDatabase(t)
 	// Forget the migrations after the first, as in a database migrated by
 	// an older release: status reports them pending, and other commands say
-	// so. (00003, 00006, 00007 and 00012 only change indexes and 00013 adds a column if missing, so all can be applied (00014 replaces its functions too)
+	// so. (00003, 00006, 00007 and 00012 only change indexes and 00013 adds a column if missing, so all can be applied (00014 and 00015 replace their functions too)
 	// again, as can 00005, 00008 and 00011, which replace their functions, 00009 and
 	// 00010, which creates only what is missing; 00004's
 	// tables are dropped with 00002's.)
@@ -127,7 +127,11 @@ func TestMigratePartlyApplied(t *testing.T) {
 	exec1(t, db, `DELETE FROM `+pgclaim.VersionTable+` WHERE version_id >= 2`)
 	r := cli(t, "", "migrate", "status", "--database-url", db.URL)
 	wantCode(t, r, exitOK)
-	wantContains(t, "status", r.stdout, "has 13 pending migrations: run 'pgclaim migrate up'")
+	all, err := embeddedMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantContains(t, "status", r.stdout, fmt.Sprintf("has %d pending migrations: run 'pgclaim migrate up'", len(all)-1))
 	if !slices.ContainsFunc(strings.Split(r.stdout, "\n"), func(l string) bool {
 		return slices.Equal(strings.Fields(l), []string{"2", "00002_pgclaim_terms.sql", "pending", "-"})
 	}) {
