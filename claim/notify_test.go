@@ -614,3 +614,50 @@ func runReporting(t *testing.T, c *Claimer[int64], poll time.Duration, worked ch
 	go func() { defer close(done); _, _ = w.Run(wctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
+
+// An idle listening worker's polls, a PollInterval of 1 s apart, get the
+// last poll's connection back from the pool without the ping pgxpool sends
+// first for a connection idle over a second: the poll takes it a moment
+// before it is due. Each such ping is one more transaction a second.
+func TestIdlePollUnpinged(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	createJobs(t, db.Pool, "bigint", 0)
+	ctx := testCtx(t)
+	pc, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pings atomic.Int64
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		if p.IdleDuration > time.Second { // pgxpool's default rule
+			pings.Add(1)
+			return true
+		}
+		return false
+	}
+	cc := &claimCounter{}
+	pc.ConnConfig.Tracer = cc
+	pc.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runReporting(t, c, time.Second, make(chan int64, 1))
+	time.Sleep(1500 * time.Millisecond)
+	p0, c0 := pings.Load(), cc.n.Load()
+	time.Sleep(5 * time.Second)
+	p, n := pings.Load()-p0, cc.n.Load()-c0
+	t.Logf("idle worker, PollInterval 1 s: %d polls and %d pool pings in 5 s", n, p)
+	if n < 3 || n > 6 {
+		t.Errorf("%d polls in 5 s at a PollInterval of 1 s", n)
+	}
+	if p > 1 {
+		t.Errorf("%d pool pings for %d polls; want none", p, n)
+	}
+}
