@@ -50,9 +50,11 @@ func TestPingIsNoTransaction(t *testing.T) {
 	if d < 50 {
 		t.Fatalf("50 pgx Pings: %d transactions counted within 20 s; want at least 50", d)
 	}
-	// d holds the control's 50 and at most the reads of the count.
-	if d > int64(50+reads) {
-		t.Fatalf("50 pings and 50 pgx Pings: %d transactions besides %d reads of the count; want 50 (the pings none)", d-int64(reads), reads)
+	// d holds the control's 50, at most the reads of the count, and (on
+	// PostgreSQL 13) a transaction or two of the two sessions' start; the
+	// pings, counted, would add 50.
+	if d > int64(50+reads+5) {
+		t.Fatalf("50 pings and 50 pgx Pings: %d transactions besides %d reads of the count; want about 50 (the pings none)", d-int64(reads), reads)
 	}
 	t.Logf("50 pings and 50 pgx Pings: %d transactions, %d reads of the count among them", d, reads)
 }
