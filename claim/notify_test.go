@@ -582,8 +582,9 @@ func TestIdleWorkersPollAsOne(t *testing.T) {
 	expectWorked(t, worked, "a row written without announcement", 1)
 }
 
-// countedPool opens a pool of 4 on url whose claim statements cc counts.
-func countedPool(t *testing.T, ctx context.Context, url string) (*pgxpool.Pool, *claimCounter) {
+// countedPool opens a pool of 4 on url whose claim statements cc counts,
+// its configuration changed further by set.
+func countedPool(t *testing.T, ctx context.Context, url string, set ...func(*pgxpool.Config)) (*pgxpool.Pool, *claimCounter) {
 	t.Helper()
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -592,6 +593,9 @@ func countedPool(t *testing.T, ctx context.Context, url string) (*pgxpool.Pool, 
 	cc := &claimCounter{}
 	pc.ConnConfig.Tracer = cc
 	pc.MaxConns = 4
+	for _, f := range set {
+		f(pc)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		t.Fatal(err)
@@ -624,26 +628,16 @@ func TestIdlePollUnpinged(t *testing.T) {
 	db := newDB(t)
 	createJobs(t, db.Pool, "bigint", 0)
 	ctx := testCtx(t)
-	pc, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pings atomic.Int64
-	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		if p.IdleDuration > time.Second { // pgxpool's default rule
-			pings.Add(1)
-			return true
+	pool, cc := countedPool(t, ctx, db.URL, func(pc *pgxpool.Config) {
+		pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+			if p.IdleDuration > time.Second { // pgxpool's default rule
+				pings.Add(1)
+				return true
+			}
+			return false
 		}
-		return false
-	}
-	cc := &claimCounter{}
-	pc.ConnConfig.Tracer = cc
-	pc.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	})
 	c, err := New[int64](pool, jobsTable, Config{From: "PAUSED", To: "PROCESSING", Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
