@@ -42,7 +42,7 @@ type batcher[In, Out any] struct {
 	mu      sync.Mutex
 	calls   []*batchCall[In, Out]
 	sending bool // a goroutine is sending batches
-	last    int  // the number of calls of the last batch sent
+	last    int  // the number of calls of the last batch sent (kept while idle)
 }
 
 type batchCall[In, Out any] struct {
@@ -88,12 +88,12 @@ func (b *batcher[In, Out]) sendAll() {
 		b.mu.Lock()
 		calls := b.calls
 		b.calls = nil
-		b.last = len(calls)
 		if len(calls) == 0 {
 			b.sending = false
 			b.mu.Unlock()
 			return
 		}
+		b.last = len(calls)
 		b.mu.Unlock()
 		b.sendBatch(calls)
 	}

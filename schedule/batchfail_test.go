@@ -17,26 +17,35 @@ import (
 // TestFailedBatchStatementDelaysNoOther: of 100 schedules due at one
 // instant, whose statements go in shared batches, one has its statement
 // refused for good (a trigger raising for its rows, as a user's trigger or
-// constraint would): recording its instant, claiming its run, or recording
-// its outcome. The 99 others start on time regardless, each runs once, and
+// constraint would): recording its instant, claiming its run (on the
+// common path, its run is recorded running: the insert is refused), or
+// recording its outcome. The 99 others start on time regardless, each runs once, and
 // each ends succeeded at its first attempt; only the one refused fails.
 func TestFailedBatchStatementDelaysNoOther(t *testing.T) {
 	const schedules, bad = 100, "onebad-000"
-	for _, tc := range []struct{ name, when string }{
-		{"record", `BEFORE INSERT ON pgclaim_schedule_runs FOR EACH ROW WHEN (NEW.schedule = '` + bad + `')`},
-		{"claim", `BEFORE UPDATE ON pgclaim_schedule_runs FOR EACH ROW
-			WHEN (NEW.schedule = '` + bad + `' AND OLD.state = 'pending' AND NEW.state = 'running')`},
-		{"finish", `BEFORE UPDATE ON pgclaim_schedule_runs FOR EACH ROW
-			WHEN (NEW.schedule = '` + bad + `' AND OLD.state = 'running' AND NEW.state <> 'running')`},
+	for _, tc := range []struct {
+		name string
+		when []string
+	}{
+		{"record", []string{`BEFORE INSERT ON pgclaim_schedule_runs FOR EACH ROW WHEN (NEW.schedule = '` + bad + `')`}},
+		{"claim", []string{`BEFORE UPDATE ON pgclaim_schedule_runs FOR EACH ROW
+			WHEN (NEW.schedule = '` + bad + `' AND OLD.state = 'pending' AND NEW.state = 'running')`,
+			`BEFORE INSERT ON pgclaim_schedule_runs FOR EACH ROW WHEN (NEW.schedule = '` + bad + `' AND NEW.state = 'running')`}},
+		{"finish", []string{`BEFORE UPDATE ON pgclaim_schedule_runs FOR EACH ROW
+			WHEN (NEW.schedule = '` + bad + `' AND OLD.state = 'running' AND NEW.state <> 'running')`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			db := pgtest.NewDatabase(t)
 			if _, err := db.Pool.Exec(ctx, `
 				CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
-				CREATE TRIGGER refuse_bad `+tc.when+` EXECUTE FUNCTION refuse_bad();`); err != nil {
+				BEGIN RAISE EXCEPTION 'refused by the test'; END $$`); err != nil {
 				t.Fatal(err)
+			}
+			for i, when := range tc.when {
+				if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`CREATE TRIGGER refuse_bad_%d %s EXECUTE FUNCTION refuse_bad()`, i, when)); err != nil {
+					t.Fatal(err)
+				}
 			}
 			in := newInstance(t, db, "one", Config{Logger: discard}, nil)
 			type key struct {

@@ -85,21 +85,29 @@
 //
 // Many schedules due at once: an instance attends at most
 // Config.MaxConcurrent schedules at a time (default 100), leaving the rest to
-// instances with room. While more are due than it has room for, it asks in
-// one statement (at most every 100 ms) which of them another instance holds
-// or has already run, and gives the slots that free up to the others: the
-// runs nobody has started, not a look at each schedule in turn. The runners
-// it attends at the same moment share their statements. Each step — taking
-// the locks, reading the schedules and their open runs, seizing the leases,
-// recording the instants, claiming the runs, recording the outcomes,
-// releasing — goes in one statement for every runner waiting for it (over
-// arrays, each row still checking its own schedule's fence), sent as soon as
-// the previous one of its kind has answered; outcomes and releases gather for
-// 5 ms first. So hundreds of schedules due at the top of the hour cost a few
-// statements per step, not a chain of statements per schedule queued for the
-// pool: about 1.3 statements per run at 8 instances × 200 schedules due at
-// once, all instances' try-locks and polls included (docs/BENCHMARKS.md,
-// herd).
+// instances with room. With the default locks, an instance takes the locks
+// of the schedules due at one moment in one statement, up to its room, in
+// name order: each lock goes to the first instance that tries it, as SKIP
+// LOCKED shares out rows, so the instances split the schedules between
+// them without trying the same ones. For each schedule it took that is as
+// it last read it (same version, not paused, the instant before recorded,
+// nothing unfinished) one more statement, for all of them, seizes the
+// leases, records the instants and starts their first attempts; whatever
+// that statement finds changed goes the usual way: the schedule's state is
+// read and decided by its policies. While more are due than it has room
+// for, it asks in one statement (at most every 100 ms) which of the others
+// another instance holds or has already run, and gives the slots that free
+// up to the runs nobody has started. The runners it attends at the same
+// moment share their other statements too — reading the schedules and
+// their open runs, seizing, recording, claiming, recording the outcomes,
+// releasing — each in one statement for every runner waiting for it (over
+// arrays, each row still checking its own schedule's fence), sent as soon
+// as the previous one of its kind has answered; outcomes and releases
+// gather for 5 ms first. So 500 schedules due at one instant on 8
+// instances start in two statements per instance that runs them: about
+// 920 transactions for the instant, the jobs' own 500 inserts, outcomes,
+// releases and polls included, where River's periodic jobs take 870
+// (docs/BENCHMARKS.md, herd).
 //
 // # Locks
 //

@@ -77,9 +77,10 @@ type attemptRun struct {
 	handBack  bool // finish handed the attempt back at shutdown
 }
 
-// attend takes the schedule's lock and, holding it, does what is due. It
-// returns when nothing is left to do now, with the next wake-up.
-func (s *Scheduler) attend(ctx context.Context, e *entry) result {
+// attend takes the schedule's lock (unless pre, taken for it already, is
+// given) and, holding it, does what is due. It returns when nothing is
+// left to do now, with the next wake-up.
+func (s *Scheduler) attend(ctx context.Context, e *entry, pre held) result {
 	r := result{name: e.name}
 	s.mu.Lock()
 	st := e.st
@@ -88,14 +89,20 @@ func (s *Scheduler) attend(ctx context.Context, e *entry) result {
 		sent := time.Now()
 		var err error
 		if st, err = loadSchedule(ctx, s.q, e.name); err != nil {
+			if pre != nil {
+				pre.release()
+			}
 			return s.retryLater(ctx, r, err)
 		}
 		s.observe(sent, st.dbNow)
 		s.setStored(e, st)
 	}
-	h, err := s.locks.acquire(ctx, e.name, st.def.Lease)
-	if err != nil {
-		return s.retryLater(ctx, r, err)
+	h := pre
+	if h == nil {
+		var err error
+		if h, err = s.locks.acquire(ctx, e.name, st.def.Lease); err != nil {
+			return s.retryLater(ctx, r, err)
+		}
 	}
 	if h == nil {
 		// Another instance is the schedule's runner now and records what
@@ -189,78 +196,106 @@ func (s *Scheduler) hold(ctx context.Context, e *entry, h held) result {
 	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	for {
-		st, open, err := s.state(ctx, h, e.name)
+	// The common path: the schedule as last read, its one due instant on
+	// time, started in one statement with the other runners' (startdue.go).
+	var st *stored
+	var open []openRun
+	fast := false
+	s.mu.Lock()
+	cached := e.st
+	s.mu.Unlock()
+	if at, prev, ok := s.dueNow(cached); ok {
+		c := *cached
+		a, err := s.startDue(ctx, h, e, &c, at, prev)
 		if err != nil {
-			if cur != nil {
-				// Keep the attempt; look again soon.
-				st, open = nil, nil
-			} else {
-				return s.retryLater(ctx, r, err)
-			}
+			return s.retryLater(ctx, r, err)
 		}
+		if a != nil {
+			cur, st, fast = a, &c, true
+			fence := a.run.Fence
+			open = []openRun{{instant: at, kind: kindScheduled, state: stateRunning, attempt: a.run.Attempt, fence: &fence, holder: s.holder}}
+			s.setStored(e, st)
+		}
+	}
+	for {
 		var wake time.Time
 		clean := false // this pass read and recorded without error
-		if st != nil && cur == nil && (st.paused || (len(open) == 0 && !due(st))) {
-			// Nothing to write: another instance ran what was due (or the
-			// schedule is paused). The lock goes back without its lease
-			// having been seized.
-			r.wake = s.nextWake(st, open, false)
-			s.setStored(e, st)
-			return r
-		}
-		if st != nil {
-			if err := h.seize(ctx); err != nil {
-				return s.retryLater(ctx, r, err)
-			}
-		}
-		if st != nil {
-			// What this pass writes is added to st and open as it is
-			// written, so the pass reads the database once.
-			s.setStored(e, st)
-			busy, pending := "", false
-			for _, o := range open {
-				switch o.state {
-				case stateRunning, stateRetrying:
-					if busy == "" {
-						busy = fmt.Sprintf("the run of %s is still %s", o.instant.Format(time.RFC3339Nano), o.state)
-					}
-				case statePending:
-					pending = true
-				}
-			}
-			var recErr error
-			if !st.paused {
-				added, err := s.record(ctx, h, st, busy, pending)
-				recErr = err
-				open = mergeOpen(open, added)
-				if st.def.Overlap == OverlapReplace && busy != "" && len(added) > 0 {
-					cur, open = s.replace(ctx, h, e, open, added[len(added)-1].instant, cur)
-				}
-			}
-			if cur == nil && !st.paused {
-				// Even when recording failed (a slow database): a dead
-				// holder's run, a retry or a pending run already read
-				// starts now rather than a poll later.
-				started, err := s.startNext(ctx, h, e, st, open)
-				if err != nil {
-					return s.retryLater(ctx, r, errors.Join(recErr, err))
-				}
-				cur = started
-			}
-			wake = s.nextWake(st, open, cur != nil)
-			clean = recErr == nil
-			if recErr != nil {
-				if cur == nil {
-					return s.retryLater(ctx, r, recErr)
-				}
-				// The attempt runs; the instants are recorded on the next
-				// pass, a poll from now at the latest.
-				s.log.WarnContext(ctx, "schedule: attend", "schedule", e.name, "error", recErr)
-				wake = minTime(wake, s.dbNow().Add(s.cfg.PollInterval))
-			}
+		if fast {
+			// Started by the common path: recorded and claimed cleanly.
+			fast, clean = false, true
+			wake = s.nextWake(st, open, true)
 		} else {
-			wake = s.dbNow().Add(s.cfg.PollInterval)
+			var err error
+			st, open, err = s.state(ctx, h, e.name)
+			if err != nil {
+				if cur != nil {
+					// Keep the attempt; look again soon.
+					st, open = nil, nil
+				} else {
+					return s.retryLater(ctx, r, err)
+				}
+			}
+			if st != nil && cur == nil && (st.paused || (len(open) == 0 && !due(st))) {
+				// Nothing to write: another instance ran what was due (or the
+				// schedule is paused). The lock goes back without its lease
+				// having been seized.
+				r.wake = s.nextWake(st, open, false)
+				s.setStored(e, st)
+				return r
+			}
+			if st != nil {
+				if err := h.seize(ctx); err != nil {
+					return s.retryLater(ctx, r, err)
+				}
+			}
+			if st != nil {
+				// What this pass writes is added to st and open as it is
+				// written, so the pass reads the database once.
+				s.setStored(e, st)
+				busy, pending := "", false
+				for _, o := range open {
+					switch o.state {
+					case stateRunning, stateRetrying:
+						if busy == "" {
+							busy = fmt.Sprintf("the run of %s is still %s", o.instant.Format(time.RFC3339Nano), o.state)
+						}
+					case statePending:
+						pending = true
+					}
+				}
+				var recErr error
+				if !st.paused {
+					added, err := s.record(ctx, h, st, busy, pending)
+					recErr = err
+					open = mergeOpen(open, added)
+					if st.def.Overlap == OverlapReplace && busy != "" && len(added) > 0 {
+						cur, open = s.replace(ctx, h, e, open, added[len(added)-1].instant, cur)
+					}
+				}
+				if cur == nil && !st.paused {
+					// Even when recording failed (a slow database): a dead
+					// holder's run, a retry or a pending run already read
+					// starts now rather than a poll later.
+					started, err := s.startNext(ctx, h, e, st, open)
+					if err != nil {
+						return s.retryLater(ctx, r, errors.Join(recErr, err))
+					}
+					cur = started
+				}
+				wake = s.nextWake(st, open, cur != nil)
+				clean = recErr == nil
+				if recErr != nil {
+					if cur == nil {
+						return s.retryLater(ctx, r, recErr)
+					}
+					// The attempt runs; the instants are recorded on the next
+					// pass, a poll from now at the latest.
+					s.log.WarnContext(ctx, "schedule: attend", "schedule", e.name, "error", recErr)
+					wake = minTime(wake, s.dbNow().Add(s.cfg.PollInterval))
+				}
+			} else {
+				wake = s.dbNow().Add(s.cfg.PollInterval)
+			}
 		}
 		if cur == nil {
 			r.wake = wake

@@ -66,6 +66,10 @@ type held interface {
 	// sessionHeld.seize); a lease lock already is one. Call it before
 	// anything is written under the lock.
 	seize(ctx context.Context) error
+	// seized is seize done by a statement of the caller's, sent at sent,
+	// that seized the lease row with fence (guard fence 0); a lease lock
+	// ignores it.
+	seized(ctx context.Context, fence int64, sent time.Time) error
 }
 
 // guard names the lease a guarded statement checks (zero: none, the
@@ -207,15 +211,25 @@ func (h *sessionHeld) seize(ctx context.Context) error {
 	defer cancel()
 	sent := time.Now()
 	fence, err := l.seizes.do(lctx, leaseCall{name: h.name, lease: h.lease})
-	if err == nil && fence == 0 {
-		err = errors.New("the lease row was not seized")
-	}
-	h.fence = fence
 	if err != nil {
-		h.fence = 0
 		return fmt.Errorf("schedule: %q: take lease: %w", h.schedule, err)
 	}
-	fence, lease := h.fence, h.lease
+	return h.seized(ctx, fence, sent)
+}
+
+// seized makes fence, seized by a statement sent at sent (seize, or the
+// common path's StartDue), the lease's, and renews it while the lock is
+// held.
+func (h *sessionHeld) seized(_ context.Context, fence int64, sent time.Time) error {
+	if h.fence != 0 {
+		return nil
+	}
+	if fence == 0 {
+		return fmt.Errorf("schedule: %q: take lease: the lease row was not seized", h.schedule)
+	}
+	l := h.sch
+	h.fence = fence
+	lease := h.lease
 	h.stopRenew = l.keep(h.keepCtx, "lease", h.schedule, sent, lease, func(ctx context.Context) error {
 		return l.stmts(ctx, func(q *store.Queries) error {
 			_, err := q.ExtendLease(ctx, store.ExtendLeaseParams{Name: h.name, Fence: fence, AtMostUs: us(lease)})
@@ -441,6 +455,8 @@ func (h *leaseHeld) lost() <-chan struct{} { return h.lostc }
 // seize: the lease is the lock, seized with a fresh fence by acquire.
 func (h *leaseHeld) seize(context.Context) error { return h.cause() }
 
+func (h *leaseHeld) seized(context.Context, int64, time.Time) error { return h.cause() }
+
 func (h *leaseHeld) leaseFence() int64 { return h.fence }
 
 func (h *leaseHeld) cause() error {
@@ -525,4 +541,53 @@ func (s *Scheduler) freeze(ctx context.Context) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// acquireUpTo takes, in one statement, the locks of up to n of names in
+// their order (lockcore.TryLocksUpTo), each valid for its leases[i]: the
+// instances with room share out the schedules due at one moment, none
+// trying a lock another took first. It returns the locks taken by index
+// of names, and which of names another holder has (tried and not taken,
+// or held by another runner of this process); the rest were not tried.
+func (l *sessionLocker) acquireUpTo(ctx context.Context, names []string, leases []time.Duration, n int) (map[int]held, map[int]bool, error) {
+	ss := l.sessions()
+	taken := map[int]bool{}
+	var reqs []lockcore.LockRequest
+	var idx []int // reqs[j] is names[idx[j]]
+	var hs []*sessionHeld
+	for i, name := range names {
+		class, key := lockKey(l.s.cfg.Schema, name)
+		free, ok := ss.Reserve(ctx, class, key, 0)
+		if !ok {
+			taken[i] = true // this instance's runner of the schedule has it
+			continue
+		}
+		h := &sessionHeld{sch: l.s, ss: ss, free: free, name: lockName(name), valid: validFor(leases[i], false), lostc: make(chan struct{}),
+			lease: leases[i], schedule: name, keepCtx: ctx}
+		h.lostCtx, h.cancelLost = context.WithCancel(context.Background())
+		reqs = append(reqs, lockcore.LockRequest{Class: class, Key: key, Validity: validFor(leases[i], true), OnLost: func(err error) {
+			h.lose(fmt.Errorf("%w: the lock's session ended: %v", ErrLost, err))
+		}})
+		idx = append(idx, i)
+		hs = append(hs, h)
+	}
+	got, tried, err := ss.TryLocksUpTo(ctx, reqs, n)
+	out := make(map[int]held, len(got))
+	for j, h := range hs {
+		lk, ok := got[j]
+		if !ok {
+			h.cancelLost()
+			h.free()
+			if err == nil && j < tried {
+				taken[idx[j]] = true
+			}
+			continue
+		}
+		h.lk = lk
+		out[idx[j]] = h
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("schedule: take the locks of the schedules due: %w", err)
+	}
+	return out, taken, nil
 }

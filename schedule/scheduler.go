@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -137,6 +138,7 @@ type Scheduler struct {
 	releases batcher[releaseCall, struct{}]  // lease releases, both kinds of lock (lock.go)
 	records  batcher[recordCall, int64]      // the runners' recorded instants (record.go)
 	claims   batcher[claimCall, claimResult] // the runners' claims (attempt.go)
+	starts   batcher[startCall, startResult] // the common path's starts (startdue.go)
 	finishes batcher[finishCall, bool]       // the attempts' outcomes (attempt.go)
 	// retainBatch is the most runs one retention statement deletes
 	// (retainBatch; smaller in tests).
@@ -219,6 +221,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Scheduler, error) {
 	s.acquires.send = s.acquireLeases
 	s.records.send = s.recordMany
 	s.claims.send = s.claimMany
+	s.starts.send, s.starts.gather = s.startMany, startGather
 	s.finishes.send, s.finishes.gather = s.finishMany, finishGather
 	s.releases.send, s.releases.gather = s.releaseLeases, releaseGather
 	s.locks = s.newLocker()
@@ -393,18 +396,19 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer poll.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var askedTaken time.Time // the last untaken
+	var askedTaken time.Time      // the last untaken
+	leftOver := map[string]bool{} // due, not tried by the last shareOut
 	for {
 		entries := s.snapshot()
 		now := s.dbNow()
 		next := time.Time{}
-		start := func(e *entry) {
+		start := func(e *entry, h held) {
 			delete(kicked, e.name)
 			active[e.name] = true
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := s.attend(ctx, e)
+				r := s.attend(ctx, e, h)
 				select {
 				case results <- r:
 				case <-ctx.Done():
@@ -431,7 +435,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			w, known := wake[e.name]
 			if !known || kicked[e.name] {
 				if len(active) < s.cfg.MaxConcurrent {
-					start(e)
+					start(e, nil)
 				}
 				continue // else looked at once an attend returns
 			}
@@ -441,6 +445,24 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			}
 			if !w.IsZero() && (next.IsZero() || w.Before(next)) {
 				next = w
+			}
+		}
+		if room := s.cfg.MaxConcurrent - len(active); room > 0 && len(due) > 1 {
+			// Schedules left over by an earlier share-out (this instance
+			// had no room for them then) may have run since: asked first.
+			if slices.ContainsFunc(due, func(e *entry) bool { return leftOver[e.name] }) && time.Since(askedTaken) >= takenSpacing {
+				askedTaken = time.Now()
+				due = s.untaken(ctx, due, wake)
+			}
+			due = s.shareOut(ctx, due, room, wake, start)
+			clear(leftOver)
+			for _, e := range due {
+				leftOver[e.name] = true
+			}
+			for _, e := range entries {
+				if w := wake[e.name]; !active[e.name] && w.After(now) && (next.IsZero() || w.Before(next)) {
+					next = w
+				}
 			}
 		}
 		if room := s.cfg.MaxConcurrent - len(active); room > 0 && len(due) > room && time.Since(askedTaken) >= takenSpacing {
@@ -456,7 +478,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			if len(active) >= s.cfg.MaxConcurrent {
 				break // looked at once an attend returns
 			}
-			start(e)
+			start(e, nil)
 		}
 		d := time.Hour
 		if !next.IsZero() {

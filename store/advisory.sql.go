@@ -132,6 +132,51 @@ func (q *Queries) AdvisoryTryLocks(ctx context.Context, arg AdvisoryTryLocksPara
 	return items, nil
 }
 
+const advisoryTryLocksUpTo = `-- name: AdvisoryTryLocksUpTo :many
+SELECT k.key::int4 AS lock_key, k.pos::int4 AS pos
+FROM unnest($1::int4[]) WITH ORDINALITY AS k(key, pos)
+WHERE pg_try_advisory_lock($2::int4, k.key)
+LIMIT $3::int
+`
+
+type AdvisoryTryLocksUpToParams struct {
+	LockKeys  []int32
+	LockClass int32
+	UpTo      int32
+}
+
+type AdvisoryTryLocksUpToRow struct {
+	LockKey int32
+	Pos     int32
+}
+
+// Take free locks of (lock_class, lock_keys[i]) without waiting, in the
+// order given, until up_to are taken, and return each key taken with its
+// position in lock_keys (from 1). A key is tried only when LIMIT asks
+// for another row (a plain scan of the array: no sort, no join), so every
+// lock taken is returned, and the keys after the last one returned were
+// not tried when up_to came back. For many callers sharing out a set of
+// locks in one round trip each, as SKIP LOCKED shares out rows.
+func (q *Queries) AdvisoryTryLocksUpTo(ctx context.Context, arg AdvisoryTryLocksUpToParams) ([]AdvisoryTryLocksUpToRow, error) {
+	rows, err := q.db.Query(ctx, advisoryTryLocksUpTo, arg.LockKeys, arg.LockClass, arg.UpTo)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdvisoryTryLocksUpToRow{}
+	for rows.Next() {
+		var i AdvisoryTryLocksUpToRow
+		if err := rows.Scan(&i.LockKey, &i.Pos); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const advisoryUnlock = `-- name: AdvisoryUnlock :one
 SELECT pg_advisory_unlock($1::int4, $2::int4)::boolean AS unlocked
 `

@@ -1124,6 +1124,126 @@ func (q *Queries) SetLocalStatementTimeout(ctx context.Context, timeout string) 
 	return err
 }
 
+const startDue = `-- name: StartDue :many
+WITH v AS (
+    SELECT unnest($1::text[]) AS schedule, unnest($2::timestamptz[]) AS instant,
+           unnest($3::int[]) AS version, unnest($4::timestamptz[]) AS cursor,
+           unnest($5::bigint[]) AS lease_us, unnest($6::bigint[]) AS grace_us,
+           unnest($7::text[]) AS lock_name, unnest($8::bigint[]) AS lock_fence
+), seized AS (
+    INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+    SELECT v.lock_name, $9::text, now(), now() + v.lease_us * interval '1 microsecond', pgclaim_fence()
+    FROM v
+    WHERE v.lock_fence = 0
+    ORDER BY v.lock_name
+    ON CONFLICT (name) DO UPDATE
+    SET holder     = excluded.holder,
+        locked_at  = excluded.locked_at,
+        lock_until = excluded.lock_until,
+        fence      = excluded.fence
+    RETURNING name, fence
+), started AS (
+    INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fence, holder, lease_until, started_at, created_at, late)
+    SELECT v.schedule, v.instant, 'scheduled', 'running', 1, pgclaim_fence(), $9::text,
+           now() + v.lease_us * interval '1 microsecond', clock_timestamp(), statement_timestamp(),
+           clock_timestamp() - v.instant > s.late_after
+    FROM v JOIN pgclaim_schedules s ON s.name = v.schedule
+    WHERE s.version = v.version
+      AND NOT s.paused
+      AND NOT (s.paused_at IS NOT NULL AND v.instant >= s.paused_at AND (s.resumed_at IS NULL OR v.instant <= s.resumed_at))
+      AND v.instant <= now()
+      AND now() - v.instant <= v.grace_us * interval '1 microsecond'
+      AND (SELECT max(r.instant) FROM pgclaim_schedule_runs r
+           WHERE r.schedule = v.schedule AND r.kind = 'scheduled' AND r.instant <= now()) IS NOT DISTINCT FROM v.cursor
+      AND NOT EXISTS (SELECT 1 FROM pgclaim_schedule_runs r
+                      WHERE r.schedule = v.schedule AND r.state IN ('pending', 'running', 'retrying'))
+      AND (v.lock_fence = 0 OR EXISTS (
+        SELECT 1 FROM pgclaim_locks l
+        WHERE l.name = v.lock_name AND l.fence = v.lock_fence AND l.lock_until > now()))
+    ORDER BY v.schedule
+    ON CONFLICT DO NOTHING
+    RETURNING schedule, instant, attempt, fence, late,
+              (extract(epoch FROM clock_timestamp() - instant) * 1000000)::bigint AS lag_us
+)
+SELECT v.schedule::text AS schedule, COALESCE(seized.fence, 0)::bigint AS lease_fence,
+       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us
+FROM v
+LEFT JOIN seized ON seized.name = v.lock_name
+LEFT JOIN started ON started.schedule = v.schedule
+`
+
+type StartDueParams struct {
+	Schedules  []string
+	Instants   []pgtype.Timestamptz
+	Versions   []int32
+	Cursors    []pgtype.Timestamptz
+	LeaseUs    []int64
+	GraceUs    []int64
+	LockNames  []string
+	LockFences []int64
+	Holder     string
+}
+
+type StartDueRow struct {
+	Schedule   string
+	LeaseFence int64
+	Started    bool
+	Attempt    *int32
+	Fence      *int64
+	Late       *bool
+	LagUs      *int64
+}
+
+// The common path of schedules due at one moment, in one statement for
+// all of them: for each schedule whose lock the caller has just taken,
+// seize its lease row with a fresh fence (lock_fence 0; a lease lock,
+// lock_fence > 0, is checked as in RecordInstants instead) and, when the
+// schedule is as the caller last read it and its one due instant is on
+// time, record that instant and start its first attempt, as
+// RecordInstants and ClaimRuns would one after the other. "As last read":
+// the same version, not paused (nor paused over the instant), the newest
+// scheduled instant recorded the one before it, cursor (NULL: none), no run
+// unfinished, the instant come (by now()) and within grace. A schedule
+// that is not gets its lease fence and no run: the caller reads its state
+// and goes the usual way. late and lag are ClaimRuns'.
+func (q *Queries) StartDue(ctx context.Context, arg StartDueParams) ([]StartDueRow, error) {
+	rows, err := q.db.Query(ctx, startDue,
+		arg.Schedules,
+		arg.Instants,
+		arg.Versions,
+		arg.Cursors,
+		arg.LeaseUs,
+		arg.GraceUs,
+		arg.LockNames,
+		arg.LockFences,
+		arg.Holder,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []StartDueRow{}
+	for rows.Next() {
+		var i StartDueRow
+		if err := rows.Scan(
+			&i.Schedule,
+			&i.LeaseFence,
+			&i.Started,
+			&i.Attempt,
+			&i.Fence,
+			&i.Late,
+			&i.LagUs,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const takenSchedules = `-- name: TakenSchedules :many
 SELECT k.name::text AS name
 FROM (SELECT unnest($1::text[]) AS name,

@@ -34,6 +34,12 @@ processes × 100 every 10 s on the server and behind PgBouncer; River's side
 is built from internal/bench/herdriver, a module of its own; --quick runs
 pgclaim's side at 4 × 50 only).
 
+--herd-room N runs the herd at equal room only: pgclaim's MaxConcurrent and
+River's MaxWorkers both N, at 8 × 500 and 64 × 100. With
+PGCLAIM_BENCH_HERD_TRACE=FILE, every statement of the herd's pgclaim pools
+goes to FILE, one line each: instance, statement name, start (Unix µs),
+duration (µs), rows.
+
 Without --database-url a throwaway PostgreSQL is provisioned as the tests do
 (PGCLAIM_TEST_DATABASE_URL, a container, or local PostgreSQL binaries).
 DATABASE_URL is deliberately not read: the benchmark creates and drops
@@ -53,6 +59,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	markdown := f.Bool("markdown", false, "print the report as Markdown instead of plain tables")
 	cpuprofile := f.String("cpuprofile", "", "write a CPU profile of this process (the client side) to this file")
 	jsonFile := f.String("json-file", "", "also write the JSON report to this file")
+	herdRoom := f.Int("herd-room", 0, "run the herd scenario at equal room only: pgclaim's MaxConcurrent and River's MaxWorkers both N, at 8 × 500 and 64 × 100")
 	f.Lookup("database-url").Usage = "run on this server instead of a throwaway one (the role needs CREATEDB; DATABASE_URL is not read)"
 	pos, err := f.parse(args)
 	if err != nil {
@@ -64,7 +71,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if f.json && *markdown {
 		return usagef("--json and --markdown exclude each other")
 	}
-	cfg := bench.Config{Quick: *quick, DatabaseURL: f.url, SVG: *svg, Progress: e.progress}
+	if *herdRoom < 0 {
+		return usagef("--herd-room must not be negative")
+	}
+	cfg := bench.Config{Quick: *quick, DatabaseURL: f.url, SVG: *svg, Progress: e.progress, HerdRoom: *herdRoom}
 	if *scenarios != "" {
 		cfg.Scenarios = strings.Split(*scenarios, ",")
 		for _, s := range cfg.Scenarios {

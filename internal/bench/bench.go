@@ -44,6 +44,10 @@ type Config struct {
 	SVG string
 	// Progress receives progress lines (typically os.Stderr); nil discards.
 	Progress io.Writer
+	// HerdRoom, when set, runs the herd scenario at equal room only: the
+	// shapes of herdRoomShapes, pgclaim's MaxConcurrent and River's
+	// MaxWorkers both HerdRoom.
+	HerdRoom int
 
 	// params overrides the sizes chosen by Quick (tests).
 	params *params
@@ -189,9 +193,9 @@ func fullParams() *params {
 		HerdShapes: []herdShape{
 			{Instances: 8, Schedules: 50, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
 			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, Sides: []string{"pgclaim", "river"}},
-			// River with the room pgclaim's default gives (8 × 100 ≥ 500:
-			// every job in one wave on both sides).
-			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, RiverWorkers: 100, Sides: []string{"river"}},
+			// Equal room: River with the room pgclaim's default gives
+			// (8 × 100 ≥ 500: every job in one wave on both sides).
+			herdRoomShapes(100)[0],
 			// pgclaim with room for 400 of the 500 at once: the last 100
 			// start when the first jobs end.
 			{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, MaxConcurrent: 50, Sides: []string{"pgclaim"}},
@@ -200,6 +204,7 @@ func fullParams() *params {
 			// 64 × (MaxConns + the dedicated sessions) does not fit in 100
 			// connections: the server is sized to the stated budget.
 			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Sides: []string{"pgclaim", "river"}},
+			herdRoomShapes(100)[1],
 			// The same, each instance a process of its own, as a service's
 			// instances run.
 			{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10, Processes: true, Sides: []string{"pgclaim"}},
@@ -459,6 +464,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.Quick {
 			p = quickParams()
 		}
+	}
+	if cfg.HerdRoom > 0 {
+		p.HerdShapes = herdRoomShapes(cfg.HerdRoom)
 	}
 	prog := newProgress(cfg.Progress)
 	start := time.Now()

@@ -90,6 +90,18 @@ func (s herdShape) label() string {
 	return l
 }
 
+// herdRoomShapes are the herd's shapes at equal room: pgclaim's
+// MaxConcurrent and River's MaxWorkers both room, 8 × 500 on a stock
+// server and 64 × 100 on one sized to pgclaim's budget.
+func herdRoomShapes(room int) []herdShape {
+	both := []string{"pgclaim", "river"}
+	return []herdShape{
+		{Instances: 8, Schedules: 500, Period: 10 * time.Second, Instants: 3, MaxConcurrent: room, RiverWorkers: room, Sides: both},
+		{Instances: 64, Schedules: 100, Period: 10 * time.Second, Instants: 3, MaxConnections: 64*(herdPoolConns+schedDedicated) + 10,
+			MaxConcurrent: room, RiverWorkers: room, Sides: both},
+	}
+}
+
 // riverWorkers is MaxWorkers of the shape's River clients.
 func (s herdShape) riverWorkers() int {
 	if s.RiverWorkers > 0 {
@@ -579,6 +591,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 				mu.Unlock()
 				return
 			}
+			in.count.trace, in.count.inst = herdTrace, i
 			it := &inst{in: in, done: make(chan error, 1)}
 			insts[i] = it
 			s, err := schedule.New(in.pool, schedule.Config{Holder: fmt.Sprintf("herd-%d", sh.HolderFrom+i), Logger: log, Hooks: events, LeaseLocks: sh.Bouncer, MaxConcurrent: sh.MaxConcurrent})
@@ -616,6 +629,7 @@ func herdSchedulers(ctx context.Context, url string, sh herdShape, errs *herdErr
 		return nil, nil, 0, nil, firstErr
 	}
 	stop = func() error {
+		defer herdTrace.flush()
 		var err error
 		for _, it := range insts {
 			if it.cancel != nil {

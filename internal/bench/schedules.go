@@ -23,14 +23,25 @@ const schedPoolConns = 4
 
 // stmtCounter counts the statements a pool sends (a pgx tracer): the
 // statement count when pg_stat_statements is not available.
-type stmtCounter struct{ n atomic.Int64 }
+type stmtCounter struct {
+	n     atomic.Int64
+	trace *traceFile
+	inst  int
+}
 
-func (c *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	if c.trace != nil {
+		return c.trace.start(ctx, d)
+	}
 	return ctx
 }
 
-func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *stmtCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if c.trace != nil {
+		c.trace.end(ctx, c.inst, d)
+	}
+}
 
 // schedInstance is one instance of the service: its own pool, and a
 // scheduler or a gate on it.

@@ -38,6 +38,19 @@ SELECT k::int4 AS lock_key
 FROM unnest(sqlc.arg(lock_keys)::int4[]) AS k
 WHERE pg_try_advisory_lock(sqlc.arg(lock_class)::int4, k);
 
+-- name: AdvisoryTryLocksUpTo :many
+-- Take free locks of (lock_class, lock_keys[i]) without waiting, in the
+-- order given, until up_to are taken, and return each key taken with its
+-- position in lock_keys (from 1). A key is tried only when LIMIT asks
+-- for another row (a plain scan of the array: no sort, no join), so every
+-- lock taken is returned, and the keys after the last one returned were
+-- not tried when up_to came back. For many callers sharing out a set of
+-- locks in one round trip each, as SKIP LOCKED shares out rows.
+SELECT k.key::int4 AS lock_key, k.pos::int4 AS pos
+FROM unnest(sqlc.arg(lock_keys)::int4[]) WITH ORDINALITY AS k(key, pos)
+WHERE pg_try_advisory_lock(sqlc.arg(lock_class)::int4, k.key)
+LIMIT sqlc.arg(up_to)::int;
+
 -- name: AdvisoryUnlocks :many
 -- Release each lock of (lock_class, lock_keys[i]) this session holds, in
 -- one round trip, and return the keys released.

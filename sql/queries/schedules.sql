@@ -185,6 +185,65 @@ WHERE s.name = r.schedule
 RETURNING r.schedule::text AS schedule, r.instant, r.attempt, r.fence, r.kind, r.started_at, r.late,
           (extract(epoch FROM clock_timestamp() - r.instant) * 1000000)::bigint AS lag_us;
 
+-- name: StartDue :many
+-- The common path of schedules due at one moment, in one statement for
+-- all of them: for each schedule whose lock the caller has just taken,
+-- seize its lease row with a fresh fence (lock_fence 0; a lease lock,
+-- lock_fence > 0, is checked as in RecordInstants instead) and, when the
+-- schedule is as the caller last read it and its one due instant is on
+-- time, record that instant and start its first attempt, as
+-- RecordInstants and ClaimRuns would one after the other. "As last read":
+-- the same version, not paused (nor paused over the instant), the newest
+-- scheduled instant recorded the one before it, cursor (NULL: none), no run
+-- unfinished, the instant come (by now()) and within grace. A schedule
+-- that is not gets its lease fence and no run: the caller reads its state
+-- and goes the usual way. late and lag are ClaimRuns'.
+WITH v AS (
+    SELECT unnest(sqlc.arg(schedules)::text[]) AS schedule, unnest(sqlc.arg(instants)::timestamptz[]) AS instant,
+           unnest(sqlc.arg(versions)::int[]) AS version, unnest(sqlc.narg(cursors)::timestamptz[]) AS cursor,
+           unnest(sqlc.arg(lease_us)::bigint[]) AS lease_us, unnest(sqlc.arg(grace_us)::bigint[]) AS grace_us,
+           unnest(sqlc.arg(lock_names)::text[]) AS lock_name, unnest(sqlc.arg(lock_fences)::bigint[]) AS lock_fence
+), seized AS (
+    INSERT INTO pgclaim_locks (name, holder, locked_at, lock_until, fence)
+    SELECT v.lock_name, sqlc.arg(holder)::text, now(), now() + v.lease_us * interval '1 microsecond', pgclaim_fence()
+    FROM v
+    WHERE v.lock_fence = 0
+    ORDER BY v.lock_name
+    ON CONFLICT (name) DO UPDATE
+    SET holder     = excluded.holder,
+        locked_at  = excluded.locked_at,
+        lock_until = excluded.lock_until,
+        fence      = excluded.fence
+    RETURNING name, fence
+), started AS (
+    INSERT INTO pgclaim_schedule_runs (schedule, instant, kind, state, attempt, fence, holder, lease_until, started_at, created_at, late)
+    SELECT v.schedule, v.instant, 'scheduled', 'running', 1, pgclaim_fence(), sqlc.arg(holder)::text,
+           now() + v.lease_us * interval '1 microsecond', clock_timestamp(), statement_timestamp(),
+           clock_timestamp() - v.instant > s.late_after
+    FROM v JOIN pgclaim_schedules s ON s.name = v.schedule
+    WHERE s.version = v.version
+      AND NOT s.paused
+      AND NOT (s.paused_at IS NOT NULL AND v.instant >= s.paused_at AND (s.resumed_at IS NULL OR v.instant <= s.resumed_at))
+      AND v.instant <= now()
+      AND now() - v.instant <= v.grace_us * interval '1 microsecond'
+      AND (SELECT max(r.instant) FROM pgclaim_schedule_runs r
+           WHERE r.schedule = v.schedule AND r.kind = 'scheduled' AND r.instant <= now()) IS NOT DISTINCT FROM v.cursor
+      AND NOT EXISTS (SELECT 1 FROM pgclaim_schedule_runs r
+                      WHERE r.schedule = v.schedule AND r.state IN ('pending', 'running', 'retrying'))
+      AND (v.lock_fence = 0 OR EXISTS (
+        SELECT 1 FROM pgclaim_locks l
+        WHERE l.name = v.lock_name AND l.fence = v.lock_fence AND l.lock_until > now()))
+    ORDER BY v.schedule
+    ON CONFLICT DO NOTHING
+    RETURNING schedule, instant, attempt, fence, late,
+              (extract(epoch FROM clock_timestamp() - instant) * 1000000)::bigint AS lag_us
+)
+SELECT v.schedule::text AS schedule, COALESCE(seized.fence, 0)::bigint AS lease_fence,
+       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us
+FROM v
+LEFT JOIN seized ON seized.name = v.lock_name
+LEFT JOIN started ON started.schedule = v.schedule;
+
 -- name: RenewRun :one
 -- Extend a running attempt's lease, only while it holds the run's fence and
 -- its lease has not expired.
