@@ -1,6 +1,3 @@
-// Package budget is the connection budget of one pgclaim instance, in one
-// place: what 'pgclaim doctor' plans max_connections with, and what the
-// packages that hold sessions outside the pool promise to stay within.
 package budget
 
 // DedicatedSessions is how many sessions one instance holds outside its

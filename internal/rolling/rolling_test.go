@@ -1,7 +1,3 @@
-// Package rolling_test checks pgclaim's rolling-upgrade rule
-// (docs/UPGRADING.md): instances of the previous release keep working while
-// the current release's migrations apply and its instances start beside
-// them.
 package rolling_test
 
 import (

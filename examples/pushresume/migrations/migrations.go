@@ -1,4 +1,3 @@
-// Package migrations embeds the push service's own goose migrations.
 package migrations
 
 import "embed"

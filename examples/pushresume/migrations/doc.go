@@ -1,0 +1,2 @@
+// Package migrations embeds the push service's own goose migrations.
+package migrations

@@ -1,0 +1,4 @@
+// Package budget is the connection budget of one pgclaim instance, in one
+// place: what 'pgclaim doctor' plans max_connections with, and what the
+// packages that hold sessions outside the pool promise to stay within.
+package budget

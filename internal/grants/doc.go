@@ -1,0 +1,6 @@
+// Package grants lists the privileges an application role needs on the
+// objects pgclaim's migrations create, and writes the statements that grant
+// them. The list is maintained by hand; a test checks it against the catalog
+// of a migrated database, so a migration that adds an object fails the
+// test until the object is listed here.
+package grants

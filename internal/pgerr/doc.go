@@ -1,0 +1,5 @@
+// Package pgerr classifies the server's errors that retrying cannot cure and
+// explains them: a missing privilege (SQLSTATE 42501) becomes an error naming
+// the privilege and the statement that grants it. Every package of pgclaim
+// that decides whether to retry a statement asks here.
+package pgerr
