@@ -43,12 +43,20 @@ func previousRelease(root string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("git log -- sql/migrations: %w", err)
 	}
+	// The migrations of a commit: its .sql files, not the Go beside them
+	// (a new doc.go is no release).
 	files := func(rev string) (string, error) {
 		out, err := exec.Command("git", "-C", root, "ls-tree", "--name-only", rev, "sql/migrations/").Output()
 		if err != nil {
 			return "", fmt.Errorf("git ls-tree %s sql/migrations: %w", rev, err)
 		}
-		return string(out), nil
+		var sqls []string
+		for _, f := range strings.Fields(string(out)) {
+			if strings.HasSuffix(f, ".sql") {
+				sqls = append(sqls, f)
+			}
+		}
+		return strings.Join(sqls, "\n"), nil
 	}
 	current, err := files("HEAD")
 	if err != nil {
