@@ -53,6 +53,10 @@ func (s *Scheduler) dueNow(st *stored) (at, prev time.Time, ok bool) {
 // together, not at once.
 const startGather = time.Millisecond
 
+// earlyWait is how early a start may come and still wait for its instant
+// on the common path.
+const earlyWait = 50 * time.Millisecond
+
 // dueNowRead bounds how many instants behind its last read a schedule's
 // state may be for the common path (each instance reads only the
 // schedules it ran: the others' runs are not in its state).
@@ -68,18 +72,31 @@ func (s *Scheduler) startDue(ctx context.Context, h held, e *entry, st *stored, 
 		return nil, context.Cause(ctx)
 	}
 	var res startResult
-	sent := time.Now()
-	// Not cut off by ctx once sent, as a claim is not (see claim).
-	err := h.do(context.WithoutCancel(ctx), func(ctx context.Context, _ *store.Queries, g guard) error {
-		var err error
-		res, err = s.starts.do(ctx, startCall{schedule: e.name, instant: at, prev: prev, st: st, grace: s.cfg.Grace, g: g})
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("schedule: %q: start %s: %w", e.name, at.Format(time.RFC3339Nano), err)
-	}
-	if err := h.seized(ctx, res.leaseFence, sent); err != nil {
-		return nil, err
+	for try := 0; ; try++ {
+		sent := time.Now()
+		// Not cut off by ctx once sent, as a claim is not (see claim).
+		err := h.do(context.WithoutCancel(ctx), func(ctx context.Context, _ *store.Queries, g guard) error {
+			var err error
+			res, err = s.starts.do(ctx, startCall{schedule: e.name, instant: at, prev: prev, st: st, grace: s.cfg.Grace, g: g})
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("schedule: %q: start %s: %w", e.name, at.Format(time.RFC3339Nano), err)
+		}
+		if err := h.seized(ctx, res.leaseFence, sent); err != nil {
+			return nil, err
+		}
+		// A wake-up a little ahead of the database's clock (the offset
+		// is an estimate) waits for the instant and tries once more,
+		// rather than go the usual way for a few milliseconds.
+		if res.started || try > 0 || res.early <= 0 || res.early > earlyWait {
+			break
+		}
+		select {
+		case <-time.After(res.early + time.Millisecond):
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
 	}
 	if !res.started {
 		return nil, nil
@@ -121,6 +138,7 @@ type startResult struct {
 	fence      int64
 	late       bool
 	lag        time.Duration
+	early      time.Duration // how long before the instant the statement came
 }
 
 // startMany runs the common path of calls in one statement.
@@ -151,7 +169,7 @@ func (s *Scheduler) startMany(ctx context.Context, calls []startCall) ([]startRe
 			continue
 		}
 		delete(got, c.schedule) // a schedule twice in a batch (never): once
-		out[i].leaseFence = r.LeaseFence
+		out[i].leaseFence, out[i].early = r.LeaseFence, dur(r.EarlyUs)
 		if r.Started && r.Attempt != nil && r.Fence != nil {
 			out[i].started, out[i].attempt, out[i].fence = true, int(*r.Attempt), *r.Fence
 			out[i].late = r.Late != nil && *r.Late

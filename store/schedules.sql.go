@@ -1166,7 +1166,8 @@ WITH v AS (
               (extract(epoch FROM clock_timestamp() - instant) * 1000000)::bigint AS lag_us
 )
 SELECT v.schedule::text AS schedule, COALESCE(seized.fence, 0)::bigint AS lease_fence,
-       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us
+       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us,
+       GREATEST(0, (extract(epoch FROM v.instant - now()) * 1000000)::bigint)::bigint AS early_us
 FROM v
 LEFT JOIN seized ON seized.name = v.lock_name
 LEFT JOIN started ON started.schedule = v.schedule
@@ -1192,6 +1193,7 @@ type StartDueRow struct {
 	Fence      *int64
 	Late       *bool
 	LagUs      *int64
+	EarlyUs    int64
 }
 
 // The common path of schedules due at one moment, in one statement for
@@ -1205,7 +1207,8 @@ type StartDueRow struct {
 // scheduled instant recorded the one before it, cursor (NULL: none), no run
 // unfinished, the instant come (by now()) and within grace. A schedule
 // that is not gets its lease fence and no run: the caller reads its state
-// and goes the usual way. late and lag are ClaimRuns'.
+// and goes the usual way; early_us says how long before the instant by
+// now() the statement came (0: not early). late and lag are ClaimRuns'.
 func (q *Queries) StartDue(ctx context.Context, arg StartDueParams) ([]StartDueRow, error) {
 	rows, err := q.db.Query(ctx, startDue,
 		arg.Schedules,
@@ -1233,6 +1236,7 @@ func (q *Queries) StartDue(ctx context.Context, arg StartDueParams) ([]StartDueR
 			&i.Fence,
 			&i.Late,
 			&i.LagUs,
+			&i.EarlyUs,
 		); err != nil {
 			return nil, err
 		}

@@ -197,7 +197,8 @@ RETURNING r.schedule::text AS schedule, r.instant, r.attempt, r.fence, r.kind, r
 -- scheduled instant recorded the one before it, cursor (NULL: none), no run
 -- unfinished, the instant come (by now()) and within grace. A schedule
 -- that is not gets its lease fence and no run: the caller reads its state
--- and goes the usual way. late and lag are ClaimRuns'.
+-- and goes the usual way; early_us says how long before the instant by
+-- now() the statement came (0: not early). late and lag are ClaimRuns'.
 WITH v AS (
     SELECT unnest(sqlc.arg(schedules)::text[]) AS schedule, unnest(sqlc.arg(instants)::timestamptz[]) AS instant,
            unnest(sqlc.arg(versions)::int[]) AS version, unnest(sqlc.narg(cursors)::timestamptz[]) AS cursor,
@@ -239,7 +240,8 @@ WITH v AS (
               (extract(epoch FROM clock_timestamp() - instant) * 1000000)::bigint AS lag_us
 )
 SELECT v.schedule::text AS schedule, COALESCE(seized.fence, 0)::bigint AS lease_fence,
-       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us
+       (started.schedule IS NOT NULL)::boolean AS started, started.attempt, started.fence, started.late, started.lag_us,
+       GREATEST(0, (extract(epoch FROM v.instant - now()) * 1000000)::bigint)::bigint AS early_us
 FROM v
 LEFT JOIN seized ON seized.name = v.lock_name
 LEFT JOIN started ON started.schedule = v.schedule;
