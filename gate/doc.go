@@ -48,6 +48,25 @@
 // figures, and the floors no ledger of instants goes below, are in
 // docs/BENCHMARKS.md.
 //
+// # Two ledgers of instants
+//
+// schedule's runs (pgclaim_schedule_runs) and this package's ticks
+// (pgclaim_ticks) both record that an instant ran, and they stay two on
+// purpose. A run belongs to a stored schedule: a row of pgclaim_schedules
+// with its spec, time zone, version and pause state (the foreign key says
+// so), and its runner records the instants itself from that definition,
+// with attempts, leases, retries, and the overlap and catch-up policies. A
+// tick belongs to a job whose schedule pgclaim never sees: the cron library
+// of each process (robfig/cron, gocron) decides the instant, and the ledger
+// accepts any instant within Config.SkewTolerance of database time, run once
+// by whichever instance inserts it first, in two statements. Putting ticks
+// in the runs table would mean runs without a stored schedule (the foreign
+// key gone, and with it the guarantee that every run is one of a
+// schedule's instants) or a stored schedule for every cron job (the
+// process's own cron library no longer the one deciding). A service that
+// wants one ledger moves its jobs from the adapters to schedule.Scheduler
+// (docs/gates.md says how the two compare).
+//
 // # Advisory keys
 //
 // Locks use the two-int4 form pg_advisory_lock(AdvisoryClass, hash): see
