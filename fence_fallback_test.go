@@ -14,7 +14,7 @@ import (
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/roletest"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 )

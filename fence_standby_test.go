@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim"
-	"github.com/pgclaim/pgclaim/internal/roletest"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/internal/grants"
 	"github.com/pgclaim/pgclaim/internal/pgerr"
-	"github.com/pgclaim/pgclaim/internal/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/bouncer"
+	"github.com/pgclaim/pgclaim/harness/bouncer"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 )

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/bouncer"
+	"github.com/pgclaim/pgclaim/harness/bouncer"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/internal/listen"
-	"github.com/pgclaim/pgclaim/internal/roletest"
 )
 
 // never is a poll interval no test outlives: a worker polling at it finds

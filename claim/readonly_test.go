@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
-	"github.com/pgclaim/pgclaim/internal/standbytest"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/standbytest"
 )
 
 // TestWorkerReadOnlyServer: the worker's address points at a hot standby

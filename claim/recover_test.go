@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/child"
+	"github.com/pgclaim/pgclaim/harness/child"
 )
 
 // recoverChildEnv names the database a re-run test binary works on as the

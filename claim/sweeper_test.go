@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
-	"github.com/pgclaim/pgclaim/internal/roletest"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 )
 
 type rowState struct {

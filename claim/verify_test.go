@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/roletest"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 )
 
 // stateTable creates table jobs like createJobs (no rows) but with the given

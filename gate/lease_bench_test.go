@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/shedlock"
 	"github.com/pgclaim/pgclaim/internal/lockcore"
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
-	"github.com/pgclaim/pgclaim/internal/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/store"
 )
@@ -32,7 +32,7 @@ func leaseLatency(b *testing.B, ds []time.Duration) {
 // BenchmarkLeaseCycle measures one lock + unlock of a free lock, each
 // variant on the same database: gate.Lease (TryAcquire + Release, with and
 // without its keep-alive goroutine), and the baseline "shedlock-sql": the
-// ShedLock-style cycle of package internal/shedlock against a table of
+// ShedLock-style cycle of package harness/shedlock against a table of
 // ShedLock's shape, with database time — an upsert that takes the row only when expired, and
 // an unlock that keeps at-least, scoped by name and holder (no fencing
 // token).

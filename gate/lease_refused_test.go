@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgclaim/pgclaim/gate"
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/internal/grants"
-	"github.com/pgclaim/pgclaim/internal/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

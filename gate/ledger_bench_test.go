@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/shedlock"
+	"github.com/pgclaim/pgclaim/harness/shedlock"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 
@@ -171,14 +171,14 @@ func BenchmarkBaselineAdvisory(b *testing.B) {
 }
 
 // BenchmarkBaselineShedLock: the lock-table cycle of ShedLock with database
-// time (internal/shedlock) — take the row if free or expired, then unlock,
+// time (harness/shedlock) — take the row if free or expired, then unlock,
 // keeping no at-least.
 func BenchmarkBaselineShedLock(b *testing.B) {
 	db := pgtest.NewDatabase(b)
 	cycles(b, shedLockCycle(b, db.Pool))
 }
 
-// shedLockCycle creates ShedLock's table (package internal/shedlock, the
+// shedLockCycle creates ShedLock's table (package harness/shedlock, the
 // one baseline every pgclaim benchmark compares with) in pool's database and
 // returns one lock + unlock cycle on it.
 func shedLockCycle(b *testing.B, pool *pgxpool.Pool) func(int) error {

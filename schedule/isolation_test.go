@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/store"
 )

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
-	"github.com/pgclaim/pgclaim/internal/standbytest"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/standbytest"
 )
 
 // lockedBuffer is a log the scheduler and the test share.

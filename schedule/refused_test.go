@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgclaim/pgclaim/harness/roletest"
 	"github.com/pgclaim/pgclaim/internal/grants"
-	"github.com/pgclaim/pgclaim/internal/roletest"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

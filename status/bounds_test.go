@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/claim"
-	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/pgtest"
 	_ "github.com/pgclaim/pgclaim/pgtest/pgcontainer" // a container where a Docker engine answers
 	"github.com/pgclaim/pgclaim/status"
+	"github.com/pgclaim/pgclaim/status/inspect"
 	"github.com/pgclaim/pgclaim/status/internal/scenario"
 )
 

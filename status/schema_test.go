@@ -11,10 +11,10 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 	"github.com/pgclaim/pgclaim/status"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 // TestSchemaOfItsOwn: with Config.Schema the page reads an installation in

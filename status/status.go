@@ -22,9 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgclaim/pgclaim/claim"
-	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/internal/qualify"
 	"github.com/pgclaim/pgclaim/schedule"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 // ErrInvalid is wrapped by the errors of New for a bad Config.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgclaim/pgclaim/internal/inspect"
 	"github.com/pgclaim/pgclaim/schedule"
+	"github.com/pgclaim/pgclaim/status/inspect"
 	"github.com/pgclaim/pgclaim/store"
 )
 

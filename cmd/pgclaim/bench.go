@@ -8,7 +8,7 @@ import (
 	"runtime/pprof"
 	"strings"
 
-	"github.com/pgclaim/pgclaim/internal/bench"
+	"github.com/pgclaim/pgclaim/harness/bench"
 )
 
 func init() {
@@ -31,7 +31,7 @@ due at one instant on many instances of a stock server (max_connections
 100) against River's periodic jobs and the robfig adapter (scenario herd:
 8 × 50, 8 × 500 and 64 × 100 every 10 s, 8 × 200 every second, and 64
 processes × 100 every 10 s on the server and behind PgBouncer; River's side
-is built from internal/bench/herdriver, a module of its own; --quick runs
+is built from harness/bench/herdriver, a module of its own; --quick runs
 pgclaim's side at 4 × 50 only).
 
 --herd-room N runs the herd at equal room only: pgclaim's MaxConcurrent and

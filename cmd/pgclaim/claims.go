@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 const claimsAbout = `

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgclaim/pgclaim/internal/bouncer"
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/bouncer"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 const locksAbout = `

@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/gate"
-	"github.com/pgclaim/pgclaim/internal/pgprobe"
+	"github.com/pgclaim/pgclaim/harness/pgprobe"
 	"github.com/pgclaim/pgclaim/pgtest"
 	"github.com/pgclaim/pgclaim/schedule"
 	"github.com/pgclaim/pgclaim/store"

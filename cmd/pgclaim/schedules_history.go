@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 func runSchedulesMissed(ctx context.Context, e *env, args []string) error {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgclaim/pgclaim"
 	"github.com/pgclaim/pgclaim/claim"
-	"github.com/pgclaim/pgclaim/internal/inspect"
+	"github.com/pgclaim/pgclaim/status/inspect"
 )
 
 // tableFlags are the flags naming a claimed table and its columns, shared by

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgclaim/pgclaim/internal/child"
+	"github.com/pgclaim/pgclaim/harness/child"
 )
 
 // proc is one instance process started by the orchestrator.

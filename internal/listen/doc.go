@@ -3,7 +3,9 @@
 // process on that pool subscribes to it, so that listening costs one
 // connection per pool (budget.DedicatedSessions counts it) whatever the number
 // of subscribers. It is taken out of the pool (pgxpool.Conn.Hijack) when
-// the first subscriber arrives and closed when the last one leaves.
+// the first subscriber arrives and closed when the last one leaves. It is
+// part of the foundation that packages claim, gate and schedule stand on,
+// and imports none of them.
 //
 // Subscribers are told three things: a notification on their channel (a
 // wake-up, or a payload), that the connection was (re)established — anything

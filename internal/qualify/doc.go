@@ -3,5 +3,6 @@
 // statements so that every pgclaim_… identifier (its tables, sequence,
 // functions and domains) is qualified with the quoted schema. Nothing then
 // depends on search_path, which behind PgBouncer in transaction mode is no
-// per-client setting.
+// per-client setting. It is part of the foundation that packages claim,
+// gate and schedule stand on, and imports none of them.
 package qualify

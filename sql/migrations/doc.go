@@ -5,7 +5,7 @@
 //
 // Every migration keeps the previous release's statements working (expand
 // now, contract a release later; docs/upgrades.md): during a rolling deploy
-// its instances run while these apply. internal/rolling tests it.
+// its instances run while these apply. harness/rolling tests it.
 //
 // An application whose sqlc queries read pgclaim's tables needs them in its
 // sqlc schema: 'pgclaim schema --out DIR' (command

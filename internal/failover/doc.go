@@ -1,8 +1,0 @@
-// Package failover holds tests of pgclaim across a primary promotion: a real
-// primary with a streaming standby (pgtest.NewPair), asynchronous and
-// synchronous, the standby cut off so that it misses the primary's last
-// WAL, the primary killed and the standby promoted. They check that no
-// fencing token acknowledged before the promotion is granted again after
-// it, and that a zombie holding a token of the old primary can finish,
-// extend or record nothing on the new one.
-package failover

@@ -1,4 +1,0 @@
-// Package standbytest is support for pgclaim's tests against a read-only
-// server: a primary and a streaming hot standby (pgtest.Pair) with a
-// database "app" on which pgclaim's migrations are applied.
-package standbytest
