@@ -43,6 +43,33 @@ type batcher[In, Out any] struct {
 	calls   []*batchCall[In, Out]
 	sending bool // a goroutine is sending batches
 	last    int  // the number of calls of the last batch sent (kept while idle)
+	// want, when set, is how many calls the next batch waits for (see
+	// expect): until full is closed, for at most wait from its first call.
+	// An expectation no call came for by wantBy is dropped.
+	want   int
+	wait   time.Duration
+	wantBy time.Time
+	full   chan struct{}
+}
+
+// expectStale is how long an expectation holds when none of its calls comes.
+const expectStale = time.Second
+
+// expect makes the next batch wait, for at most d from its first call,
+// until n calls have come: the caller has just handed out n calls that
+// are on their way (the runners of one share-out), which then go in one
+// statement rather than the first alone and the others after it.
+func (b *batcher[In, Out]) expect(n int, d time.Duration) {
+	if n < 2 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.want, b.wait, b.wantBy, b.full = n, d, time.Now().Add(expectStale), make(chan struct{})
+	if len(b.calls) >= n {
+		close(b.full)
+		b.want = 0
+	}
 }
 
 type batchCall[In, Out any] struct {
@@ -62,6 +89,10 @@ func (b *batcher[In, Out]) do(ctx context.Context, in In) (Out, error) {
 	c := &batchCall[In, Out]{ctx: ctx, in: in, res: make(chan batchResult[Out], 1)}
 	b.mu.Lock()
 	b.calls = append(b.calls, c)
+	if b.want > 0 && len(b.calls) >= b.want {
+		close(b.full)
+		b.want = 0
+	}
 	if !b.sending {
 		b.sending = true
 		go b.sendAll()
@@ -81,11 +112,23 @@ func (b *batcher[In, Out]) sendAll() {
 	for {
 		b.mu.Lock()
 		gather := b.gather > 0 && b.last > 1
+		full, wait := b.full, b.wait
+		if b.want == 0 || time.Now().After(b.wantBy) {
+			full = nil
+		}
 		b.mu.Unlock()
-		if gather {
+		if full != nil {
+			t := time.NewTimer(wait)
+			select {
+			case <-full:
+			case <-t.C:
+			}
+			t.Stop()
+		} else if gather {
 			time.Sleep(b.gather)
 		}
 		b.mu.Lock()
+		b.want, b.full = 0, nil
 		calls := b.calls
 		b.calls = nil
 		if len(calls) == 0 {

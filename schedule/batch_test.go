@@ -241,3 +241,47 @@ func TestLooksGoToUntakenRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestBatcherExpect: calls announced with expect go in one batch, however
+// far apart they come, rather than the first alone and the others after
+// it; a batch that waits for a call that never comes is sent once the
+// wait is over.
+func TestBatcherExpect(t *testing.T) {
+	var mu sync.Mutex
+	var sizes []int
+	b := &batcher[int, int]{send: func(_ context.Context, ins []int) ([]int, error) {
+		mu.Lock()
+		sizes = append(sizes, len(ins))
+		mu.Unlock()
+		return ins, nil
+	}}
+	b.expect(3, time.Minute)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if out, err := b.do(context.Background(), i); err != nil || out != i {
+				t.Errorf("call %d: %d, %v", i, out, err)
+			}
+		}()
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	mu.Lock()
+	if fmt.Sprint(sizes) != "[3]" {
+		t.Errorf("batches %v, want one of 3", sizes)
+	}
+	sizes = nil
+	mu.Unlock()
+
+	b.expect(2, 50*time.Millisecond) // the second call never comes
+	if _, err := b.do(context.Background(), 7); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(sizes) != "[1]" {
+		t.Errorf("batches %v, want one of 1", sizes)
+	}
+}

@@ -143,7 +143,7 @@ type Scheduler struct {
 	// retainBatch is the most runs one retention statement deletes
 	// (retainBatch; smaller in tests).
 	retainBatch int32
-	offset      atomic.Int64   // database time minus host time, ns
+	clock       dbClock        // the database's time (clock.go)
 	stalled     atomic.Bool    // tests: keepers freeze, as in a stopped process
 	zombies     sync.WaitGroup // attempts replaced (overlap replace) still running
 
@@ -316,21 +316,13 @@ func (s *Scheduler) Register(ctx context.Context, def Definition, job Job) error
 	return nil
 }
 
-// dbNow estimates the database's time from the host's monotonic clock and
-// the last measured offset. It only times wake-ups: every due decision
+// dbNow estimates the database's time from the host's clock (dbClock). It
+// only times wake-ups: every due decision
 // reads now() from the server.
-func (s *Scheduler) dbNow() time.Time {
-	return time.Now().Add(time.Duration(s.offset.Load())).UTC()
-}
+func (s *Scheduler) dbNow() time.Time { return s.clock.now() }
 
 // observe records the database time read by a statement sent at sent.
-func (s *Scheduler) observe(sent time.Time, db time.Time) {
-	if db.IsZero() {
-		return
-	}
-	mid := sent.Add(time.Since(sent) / 2)
-	s.offset.Store(int64(db.Sub(mid)))
-}
+func (s *Scheduler) observe(sent time.Time, db time.Time) { s.clock.observe(sent, db) }
 
 // result is what a holder goroutine reports to Run's loop.
 type result struct {

@@ -53,6 +53,10 @@ func (s *Scheduler) dueNow(st *stored) (at, prev time.Time, ok bool) {
 // together, not at once.
 const startGather = time.Millisecond
 
+// startExpect bounds how long the starts of one share-out wait for each
+// other (batcher.expect), should one of them not come.
+const startExpect = 10 * time.Millisecond
+
 // earlyWait is how early a start may come and still wait for its instant
 // on the common path.
 const earlyWait = 50 * time.Millisecond
